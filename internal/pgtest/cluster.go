@@ -1,0 +1,206 @@
+// Package pgtest provides throwaway PostgreSQL servers for tests and for
+// `scd2sink demo`: a cluster started from the local binaries (initdb as the
+// postgres user when running as root, a free loopback port, fsync off), or
+// the server named by SCD2SINK_TEST_DSN. Nothing here mocks the database.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvDSN names the environment variable that points the tests at an
+// existing server instead of starting one.
+const EnvDSN = "SCD2SINK_TEST_DSN"
+
+// ErrNoPostgres is returned when no server can be provided.
+var ErrNoPostgres = errors.New("no PostgreSQL available: install the server binaries " +
+	"(Debian: apt-get install postgresql) or set " + EnvDSN + " to a DSN of a server " +
+	"where the user may create databases")
+
+// Cluster is a PostgreSQL server the tests may create databases in.
+type Cluster struct {
+	base    *url.URL // DSN of the admin database
+	dataDir string   // set when this process started the server
+	bindir  string
+	runAs   *user.User
+}
+
+// Start returns the server named by SCD2SINK_TEST_DSN, or starts a new one
+// from the local binaries. Stop it with Stop.
+func Start(ctx context.Context) (*Cluster, error) {
+	if dsn := os.Getenv(EnvDSN); dsn != "" {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%s is not a URL DSN: %w", EnvDSN, err)
+		}
+		return &Cluster{base: u}, nil
+	}
+	bindir, err := findBindir()
+	if err != nil {
+		return nil, err
+	}
+	return startLocal(ctx, bindir)
+}
+
+func findBindir() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool { return versionOf(matches[i]) > versionOf(matches[j]) })
+	if len(matches) > 0 {
+		return filepath.Dir(matches[0]), nil
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Dir(real), nil
+		}
+	}
+	return "", ErrNoPostgres
+}
+
+func versionOf(initdb string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdb))))
+	return v
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startLocal(ctx context.Context, bindir string) (*Cluster, error) {
+	c := &Cluster{bindir: bindir}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root needs the postgres user to run initdb: %w", err)
+		}
+		c.runAs = u
+	}
+	dir, err := os.MkdirTemp("", "scd2sink-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c.dataDir = dir
+	if err := c.chown(dir); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust",
+		"--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off "+
+			"-c synchronous_commit=off -c full_page_writes=off -c shared_buffers=512MB "+
+			"-c max_wal_size=4GB -c max_connections=200", port, dir)
+		out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start")
+		if err == nil {
+			c.base = &url.URL{Scheme: "postgres", User: url.User("postgres"),
+				Host: fmt.Sprintf("127.0.0.1:%d", port), Path: "/postgres", RawQuery: "sslmode=disable"}
+			return c, nil
+		}
+		logText, _ := os.ReadFile(filepath.Join(dir, "log"))
+		lastErr = fmt.Errorf("pg_ctl start: %w: %s %s", err, out, logText)
+	}
+	c.Stop()
+	return nil, lastErr
+}
+
+func (c *Cluster) chown(path string) error {
+	if c.runAs == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(c.runAs.Uid)
+	gid, _ := strconv.Atoi(c.runAs.Gid)
+	return os.Chown(path, uid, gid)
+}
+
+func (c *Cluster) run(ctx context.Context, tool string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, tool), args...)
+	cmd.Dir = c.dataDir
+	if c.runAs != nil {
+		uid, _ := strconv.Atoi(c.runAs.Uid)
+		gid, _ := strconv.Atoi(c.runAs.Gid)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	}
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	return cmd.CombinedOutput()
+}
+
+// Stop stops a server this process started and removes its files; for a
+// server from SCD2SINK_TEST_DSN it does nothing.
+func (c *Cluster) Stop() {
+	if c == nil || c.dataDir == "" {
+		return
+	}
+	data := filepath.Join(c.dataDir, "data")
+	if _, err := os.Stat(filepath.Join(data, "postmaster.pid")); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, _ = c.run(ctx, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+		cancel()
+	}
+	_ = os.RemoveAll(c.dataDir)
+}
+
+// DSN returns the DSN of database db on this server.
+func (c *Cluster) DSN(db string) string {
+	u := *c.base
+	u.Path = "/" + db
+	return u.String()
+}
+
+// CreateDatabase creates a fresh, empty database and returns its DSN.
+func (c *Cluster) CreateDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, c.base.String())
+	if err != nil {
+		return "", fmt.Errorf("connecting to the test server: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("creating database %s: %w", name, err)
+	}
+	return c.DSN(name), nil
+}
+
+// DropDatabase drops a database created by CreateDatabase.
+func (c *Cluster) DropDatabase(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, c.base.String())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	return err
+}

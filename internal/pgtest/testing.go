@@ -1,0 +1,71 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	shared    *Cluster
+	sharedErr error
+	once      sync.Once
+	dbCounter atomic.Int64
+)
+
+// Main runs a test binary's tests and stops the shared cluster afterwards.
+// Use it from TestMain: func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if shared != nil {
+		shared.Stop()
+	}
+	return code
+}
+
+func cluster(t testing.TB) *Cluster {
+	t.Helper()
+	once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		shared, sharedErr = Start(ctx)
+	})
+	if sharedErr != nil {
+		t.Fatalf("PostgreSQL for tests: %v", sharedErr)
+	}
+	return shared
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// NewDatabase gives the test a fresh database on the shared throwaway server
+// and returns its DSN; the database is dropped when the test ends.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	c := cluster(t)
+	name := fmt.Sprintf("t%d_%d_%s", os.Getpid(), dbCounter.Add(1),
+		unsafeChars.ReplaceAllString(strings.ToLower(t.Name()), "_"))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, err := c.CreateDatabase(ctx, name)
+	if err != nil {
+		t.Fatalf("PostgreSQL for tests: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.DropDatabase(ctx, name); err != nil {
+			t.Logf("dropping test database %s: %v", name, err)
+		}
+	})
+	return dsn
+}

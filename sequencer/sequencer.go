@@ -1,0 +1,397 @@
+// Package sequencer is scd2sink's per-key reorder buffer.
+//
+// Events wait up to the reorder window for earlier events of the same key and
+// are released in sequence order. When any event of a key is due, every
+// buffered event of that key up to the due one's sequence is released with
+// it, so a key's released events always come out sorted. Exact duplicates
+// (same key, sequence and content) inside the buffer are dropped; a second
+// event with the same key and sequence but other content is a conflict and is
+// released as a dead letter (the first one wins).
+//
+// The sequencer also tracks, per Kafka partition, the commit point: the
+// lowest offset whose event has not been released yet (or one past the
+// highest offset seen when nothing is held). Everything below it has been
+// handed out by Release, Flush or FlushPartitions, or needed no apply.
+//
+// A Sequencer is not safe for concurrent use; one goroutine owns it.
+package sequencer
+
+import (
+	"container/heap"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Config bounds the buffer.
+type Config struct {
+	// ReorderWindow is how long an event may wait for earlier events of its key.
+	ReorderWindow time.Duration
+	// MaxBufferedEvents is the size above which Full reports true and the
+	// caller should pause fetching.
+	MaxBufferedEvents int
+}
+
+// Conflict is an event rejected because another event of its key with the
+// same sequence but different content was accepted first.
+type Conflict struct {
+	Event *change.Event
+	Err   error
+}
+
+// Output is what one Release, Flush or FlushPartitions hands out.
+type Output struct {
+	// Events are ready to apply, grouped by key and sorted by sequence within a key.
+	Events []*change.Event
+	// Conflicts are to be written to the dead-letter table.
+	Conflicts []Conflict
+}
+
+// Len returns the number of items in the output.
+func (o Output) Len() int { return len(o.Events) + len(o.Conflicts) }
+
+// Stats counts what the sequencer did since it was created.
+type Stats struct {
+	Duplicates int64
+	Conflicts  int64
+	Released   int64
+}
+
+type keyRef struct {
+	table string
+	key   string
+}
+
+type item struct {
+	ev       *change.Event
+	deadline time.Time
+}
+
+type keyBuf struct {
+	ref       keyRef
+	items     []item // arrival order
+	scheduled time.Time
+}
+
+type partState struct {
+	offsets  []int64 // pending offsets in arrival order
+	released map[int64]bool
+	next     int64 // one past the highest offset seen
+}
+
+// Sequencer is the reorder buffer. Create it with New.
+type Sequencer struct {
+	cfg   Config
+	now   func() time.Time
+	keys  map[keyRef]*keyBuf
+	parts map[change.Partition]*partState
+	due   deadlineHeap
+	ready Output // keyless events and conflicts, handed out by the next call
+	n     int
+	stats Stats
+}
+
+// New returns an empty Sequencer; now is its clock (time.Now in production,
+// a fake in tests).
+func New(cfg Config, now func() time.Time) *Sequencer {
+	if now == nil {
+		now = time.Now
+	}
+	return &Sequencer{
+		cfg:   cfg,
+		now:   now,
+		keys:  make(map[keyRef]*keyBuf),
+		parts: make(map[change.Partition]*partState),
+	}
+}
+
+func (s *Sequencer) part(p change.Partition) *partState {
+	ps := s.parts[p]
+	if ps == nil {
+		ps = &partState{released: make(map[int64]bool), next: -1}
+		s.parts[p] = ps
+	}
+	return ps
+}
+
+func (s *Sequencer) hold(o change.Origin) {
+	ps := s.part(o.Partition)
+	ps.offsets = append(ps.offsets, o.Offset)
+	if o.Offset+1 > ps.next {
+		ps.next = o.Offset + 1
+	}
+}
+
+func (s *Sequencer) release(o change.Origin) {
+	ps := s.parts[o.Partition]
+	if ps == nil {
+		return
+	}
+	ps.released[o.Offset] = true
+	for len(ps.offsets) > 0 && ps.released[ps.offsets[0]] {
+		delete(ps.released, ps.offsets[0])
+		ps.offsets = ps.offsets[1:]
+	}
+}
+
+// Skip records a message that needs no apply (a tombstone, a heartbeat), so
+// the commit point may pass it.
+func (s *Sequencer) Skip(o change.Origin) {
+	ps := s.part(o.Partition)
+	if o.Offset+1 > ps.next {
+		ps.next = o.Offset + 1
+	}
+}
+
+// Add buffers an event. Keyless events (truncates) are released by the next
+// call to Release.
+func (s *Sequencer) Add(ev *change.Event) {
+	s.hold(ev.Origin)
+	if ev.Key == nil {
+		s.ready.Events = append(s.ready.Events, ev)
+		return
+	}
+	ref := keyRef{ev.Table, ev.KeyID()}
+	kb := s.keys[ref]
+	if kb == nil {
+		kb = &keyBuf{ref: ref}
+		s.keys[ref] = kb
+	}
+	for _, it := range kb.items {
+		if it.ev.Seq.Compare(ev.Seq) != 0 {
+			continue
+		}
+		if it.ev.Hash() == ev.Hash() {
+			s.stats.Duplicates++
+			s.release(ev.Origin)
+		} else {
+			s.stats.Conflicts++
+			s.ready.Conflicts = append(s.ready.Conflicts, Conflict{Event: ev, Err: errConflict(it.ev, ev)})
+		}
+		return
+	}
+	dl := s.now().Add(s.cfg.ReorderWindow)
+	kb.items = append(kb.items, item{ev: ev, deadline: dl})
+	s.n++
+	if len(kb.items) == 1 {
+		kb.scheduled = dl
+		heap.Push(&s.due, dueEntry{at: dl, kb: kb})
+	}
+}
+
+// Len returns the number of buffered events.
+func (s *Sequencer) Len() int { return s.n }
+
+// Full reports whether the buffer holds MaxBufferedEvents or more; the
+// caller should pause fetching until it is not.
+func (s *Sequencer) Full() bool { return s.cfg.MaxBufferedEvents > 0 && s.n >= s.cfg.MaxBufferedEvents }
+
+// Stats returns the counters.
+func (s *Sequencer) Stats() Stats { return s.stats }
+
+// NextDeadline returns when the earliest buffered event becomes due.
+func (s *Sequencer) NextDeadline() (time.Time, bool) {
+	for s.due.Len() > 0 {
+		top := s.due[0]
+		if s.keys[top.kb.ref] == top.kb && top.kb.scheduled.Equal(top.at) {
+			return top.at, true
+		}
+		heap.Pop(&s.due)
+	}
+	return time.Time{}, false
+}
+
+// Release hands out every event that is due at the clock's current time,
+// together with the earlier buffered events of the same keys.
+func (s *Sequencer) Release() Output {
+	now := s.now()
+	out := s.takeReady()
+	for s.due.Len() > 0 && !s.due[0].at.After(now) {
+		e := heap.Pop(&s.due).(dueEntry)
+		kb := e.kb
+		if s.keys[kb.ref] != kb || !kb.scheduled.Equal(e.at) {
+			continue // stale entry
+		}
+		var upto change.Seq
+		for _, it := range kb.items {
+			if it.deadline.After(now) {
+				break
+			}
+			if upto == nil || it.ev.Seq.Compare(upto) > 0 {
+				upto = it.ev.Seq
+			}
+		}
+		s.releaseKey(kb, &out, func(it item) bool { return it.ev.Seq.Compare(upto) <= 0 })
+	}
+	return out
+}
+
+// Flush hands out everything buffered (at shutdown).
+func (s *Sequencer) Flush() Output {
+	out := s.takeReady()
+	for _, kb := range s.sortedKeys() {
+		s.releaseKey(kb, &out, func(item) bool { return true })
+	}
+	return out
+}
+
+// FlushPartitions hands out every buffered event that came from one of
+// parts (before those partitions are revoked).
+func (s *Sequencer) FlushPartitions(parts []change.Partition) Output {
+	set := partSet(parts)
+	out := s.takeReady()
+	for _, kb := range s.sortedKeys() {
+		s.releaseKey(kb, &out, func(it item) bool { return set[it.ev.Origin.Partition] })
+	}
+	return out
+}
+
+// DropPartitions forgets every buffered event of parts without handing it
+// out, and their commit points (after those partitions were lost).
+func (s *Sequencer) DropPartitions(parts []change.Partition) {
+	set := partSet(parts)
+	for ref, kb := range s.keys {
+		kept := kb.items[:0]
+		for _, it := range kb.items {
+			if set[it.ev.Origin.Partition] {
+				s.n--
+			} else {
+				kept = append(kept, it)
+			}
+		}
+		kb.items = kept
+		s.reschedule(ref, kb)
+	}
+	keep := func(ev *change.Event) bool { return !set[ev.Origin.Partition] }
+	s.ready.Events = filter(s.ready.Events, keep)
+	var cs []Conflict
+	for _, c := range s.ready.Conflicts {
+		if keep(c.Event) {
+			cs = append(cs, c)
+		}
+	}
+	s.ready.Conflicts = cs
+	for _, p := range parts {
+		delete(s.parts, p)
+	}
+}
+
+// CommitPoints returns, for every partition seen, the offset below which
+// everything has been handed out: the offset to commit.
+func (s *Sequencer) CommitPoints() map[change.Partition]int64 {
+	out := make(map[change.Partition]int64, len(s.parts))
+	for p, ps := range s.parts {
+		switch {
+		case len(ps.offsets) > 0:
+			out[p] = ps.offsets[0]
+		case ps.next >= 0:
+			out[p] = ps.next
+		}
+	}
+	return out
+}
+
+func (s *Sequencer) takeReady() Output {
+	out := s.ready
+	s.ready = Output{}
+	for _, ev := range out.Events {
+		s.release(ev.Origin)
+	}
+	for _, c := range out.Conflicts {
+		s.release(c.Event.Origin)
+	}
+	s.stats.Released += int64(out.Len())
+	return out
+}
+
+// releaseKey hands out the items of kb selected by take, in sequence order.
+func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
+	var taken []*change.Event
+	kept := kb.items[:0]
+	for _, it := range kb.items {
+		if take(it) {
+			taken = append(taken, it.ev)
+		} else {
+			kept = append(kept, it)
+		}
+	}
+	kb.items = kept
+	sort.SliceStable(taken, func(i, j int) bool { return taken[i].Seq.Compare(taken[j].Seq) < 0 })
+	for _, ev := range taken {
+		s.release(ev.Origin)
+	}
+	s.n -= len(taken)
+	s.stats.Released += int64(len(taken))
+	out.Events = append(out.Events, taken...)
+	s.reschedule(kb.ref, kb)
+}
+
+func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
+	if len(kb.items) == 0 {
+		delete(s.keys, ref)
+		kb.scheduled = time.Time{}
+		return
+	}
+	first := kb.items[0].deadline
+	if !kb.scheduled.Equal(first) {
+		kb.scheduled = first
+		heap.Push(&s.due, dueEntry{at: first, kb: kb})
+	}
+}
+
+func (s *Sequencer) sortedKeys() []*keyBuf {
+	kbs := make([]*keyBuf, 0, len(s.keys))
+	for _, kb := range s.keys {
+		kbs = append(kbs, kb)
+	}
+	sort.Slice(kbs, func(i, j int) bool {
+		if kbs[i].ref.table != kbs[j].ref.table {
+			return kbs[i].ref.table < kbs[j].ref.table
+		}
+		return kbs[i].ref.key < kbs[j].ref.key
+	})
+	return kbs
+}
+
+func partSet(parts []change.Partition) map[change.Partition]bool {
+	set := make(map[change.Partition]bool, len(parts))
+	for _, p := range parts {
+		set[p] = true
+	}
+	return set
+}
+
+func filter(evs []*change.Event, keep func(*change.Event) bool) []*change.Event {
+	var out []*change.Event
+	for _, ev := range evs {
+		if keep(ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+type dueEntry struct {
+	at time.Time
+	kb *keyBuf
+}
+
+type deadlineHeap []dueEntry
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h deadlineHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *deadlineHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func errConflict(first, second *change.Event) error {
+	return fmt.Errorf("conflict: key %v sequence %s already has an event with other content (first at %s@%d, this at %s@%d)",
+		second.Key, second.Seq, first.Origin.Partition, first.Origin.Offset, second.Origin.Partition, second.Origin.Offset)
+}

@@ -1,0 +1,298 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// applyTable applies one table's share of a batch inside tx. It never changes
+// p, so a retried transaction starts from the same plan.
+func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan) (Result, []DeadLetter, error) {
+	var res Result
+	var dead []DeadLetter
+	t := p.t
+	truncs, err := s.loadTruncates(ctx, tx, t)
+	if err != nil {
+		return res, nil, err
+	}
+	known := map[string]bool{}
+	for _, tr := range truncs {
+		known[string(tr.seq)] = true
+	}
+	forced := map[string]*keyPlan{}
+	for _, tr := range p.truncates {
+		if known[string(tr.seq)] {
+			res.Duplicates++
+			continue
+		}
+		known[string(tr.seq)] = true
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)`,
+			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize(), []byte(tr.seq), tr.t); err != nil {
+			return res, nil, fmt.Errorf("recording truncate: %w", err)
+		}
+		truncs = append(truncs, tr)
+		keys, err := t.liveAt(ctx, tx, tr.seq)
+		if err != nil {
+			return res, nil, err
+		}
+		for _, k := range keys {
+			id := keyID(k)
+			if kp := p.keys[id]; kp != nil {
+				forced[id] = kp
+			} else if forced[id] == nil {
+				forced[id] = &keyPlan{id: id, key: k}
+			}
+		}
+		res.Events++
+	}
+	sortEvents(truncs)
+
+	var appendKeys, repair []*keyPlan
+	var repairEvents [][]fevent
+	batchEvents := map[*keyPlan][]fevent{}
+	for _, kp := range p.order {
+		evs, d, dups := dedupeBatch(kp.events)
+		dead = append(dead, d...)
+		res.Duplicates += dups
+		batchEvents[kp] = evs
+		if forced[kp.id] == nil {
+			appendKeys = append(appendKeys, kp)
+		}
+	}
+	latest, err := t.loadLatest(ctx, tx, appendKeys)
+	if err != nil {
+		return res, nil, err
+	}
+	w := &writes{}
+	for i, kp := range appendKeys {
+		evs := batchEvents[kp]
+		if max := latest[i].maxSeq(); max != nil && evs[0].seq.Compare(max) <= 0 {
+			repair = append(repair, kp)
+			repairEvents = append(repairEvents, evs)
+			continue
+		}
+		s.appendKey(t, kp, evs, &latest[i], truncs, w, &res)
+	}
+	for _, kp := range forced {
+		repair = append(repair, kp)
+		repairEvents = append(repairEvents, batchEvents[kp])
+	}
+	hists, err := t.loadHistory(ctx, tx, repair)
+	if err != nil {
+		return res, nil, err
+	}
+	for i, kp := range repair {
+		dead = append(dead, s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)...)
+	}
+	if err := w.exec(ctx, tx, t); err != nil {
+		return res, nil, err
+	}
+	return res, dead, nil
+}
+
+// dedupeBatch drops repeated events of one key inside a batch: the same
+// sequence with the same content is a duplicate, with other content a
+// conflict (the first one wins).
+func dedupeBatch(evs []fevent) ([]fevent, []DeadLetter, int) {
+	var out []fevent
+	var dead []DeadLetter
+	dups := 0
+	for _, e := range evs {
+		if n := len(out); n > 0 && out[n-1].seq.Compare(e.seq) == 0 {
+			if bytes.Equal(out[n-1].hash, e.hash) {
+				dups++
+			} else {
+				dead = append(dead, conflictLetter(e))
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, dead, dups
+}
+
+func conflictLetter(e fevent) DeadLetter {
+	return eventDeadLetter(e.src, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
+		e.src.Key, e.seq))
+}
+
+// mergeTruncates adds the truncates after seq `after` (all when nil) to evs.
+func mergeTruncates(evs, truncs []fevent, after change.Seq) []fevent {
+	var add []fevent
+	for _, tr := range truncs {
+		if after == nil || tr.seq.Compare(after) > 0 {
+			add = append(add, tr)
+		}
+	}
+	if len(add) == 0 {
+		return evs
+	}
+	out := append(append([]fevent(nil), evs...), add...)
+	sortEvents(out)
+	return out
+}
+
+// appendKey folds events that all come after everything the table holds for
+// the key: only the latest version can change.
+func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs []fevent, w *writes, res *Result) {
+	st := foldState{}
+	var orig *version
+	if v := l.v; v != nil {
+		st.prevRow, st.prevT, st.hasPrev = v.row, v.from, true
+		if v.closed && v.to.After(st.prevT) {
+			st.prevT = v.to
+		}
+		if !v.closed {
+			orig = v
+			live := v.clone()
+			live.opener = v.row
+			st.live = live
+		}
+	}
+	if l.sideMaxT != nil && (!st.hasPrev || l.sideMaxT.After(st.prevT)) {
+		st.prevT, st.hasPrev = *l.sideMaxT, true
+	}
+	out := t.fold(&st, mergeTruncates(evs, truncs, l.maxSeq()))
+	if t.spec.Type1Scope == AllVersions && st.prevRow != nil {
+		t.spreadType1(out.versions, st.prevRow)
+		if l.v != nil && !rowsEqual(st.prevRow, l.v.row, t.t1Idx) {
+			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow})
+		}
+	}
+	for _, v := range out.versions {
+		switch {
+		case v.id == 0:
+			w.insVersions = append(w.insVersions, v)
+		case !rowsEqual(v.row, orig.row, allCols(t)):
+			w.full = append(w.full, v)
+		case v.closed:
+			w.closeOnly = append(w.closeOnly, v)
+		}
+		if t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx) && !(v.id != 0 && l.openerSaved) {
+			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash}})
+		}
+	}
+	for _, e := range out.side {
+		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
+	}
+	res.Events += len(evs)
+	res.VersionsOpened += out.opened
+	res.VersionsClosed += out.closed
+}
+
+func allCols(t *table) []int {
+	idx := make([]int, len(t.cols))
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
+// repairKey rebuilds a key's event list from its versions and side rows,
+// adds the batch's new events, folds it from the start and writes the
+// difference. Events already in the table are duplicates or conflicts.
+func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, truncs []fevent, forced bool, w *writes, res *Result) []DeadLetter {
+	var dead []DeadLetter
+	existing := map[string][]byte{}
+	var evs []fevent
+	for _, e := range h.side {
+		existing[string(e.seq)] = e.hash
+		evs = append(evs, e)
+	}
+	for _, v := range h.versions {
+		if _, ok := existing[string(v.seq)]; !ok {
+			existing[string(v.seq)] = v.hash
+			evs = append(evs, fevent{seq: v.seq, op: v.op, t: v.from, row: append([]any(nil), v.row...), hash: v.hash})
+		}
+	}
+	fresh := 0
+	for _, e := range batch {
+		if hash, ok := existing[string(e.seq)]; ok {
+			if bytes.Equal(hash, e.hash) {
+				res.Duplicates++
+			} else {
+				dead = append(dead, conflictLetter(e))
+			}
+			continue
+		}
+		evs = append(evs, e)
+		fresh++
+	}
+	if fresh == 0 && !forced {
+		return dead
+	}
+	evs = append(evs, truncs...)
+	sortEvents(evs)
+	st := foldState{}
+	out := t.fold(&st, evs)
+	if t.spec.Type1Scope == AllVersions {
+		t.spreadType1(out.versions, st.prevRow)
+	}
+	want := out.side
+	if t.spec.Type1Scope == CurrentVersion {
+		for _, v := range out.versions {
+			if !rowsEqual(v.row, v.opener, t.t1Idx) {
+				want = append(want, fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash})
+			}
+		}
+	}
+	old := map[string]*version{}
+	for _, v := range h.versions {
+		old[string(v.seq)] = v
+	}
+	for _, v := range out.versions {
+		o := old[string(v.seq)]
+		if o == nil {
+			w.insVersions = append(w.insVersions, v)
+			res.VersionsOpened++
+			continue
+		}
+		delete(old, string(v.seq))
+		v.id = o.id
+		if !v.sameAs(o) {
+			w.full = append(w.full, v)
+			if v.closed && !o.closed {
+				res.VersionsClosed++
+			}
+		}
+	}
+	for _, o := range old {
+		w.delVersions = append(w.delVersions, o.id)
+	}
+	oldSide := map[string]fevent{}
+	for _, e := range h.side {
+		oldSide[string(e.seq)] = e
+	}
+	for _, e := range want {
+		if o, ok := oldSide[string(e.seq)]; ok {
+			delete(oldSide, string(e.seq))
+			if sameSide(o, e) {
+				continue
+			}
+			w.delSide = append(w.delSide, sideRow{key: kp.key, ev: o})
+		}
+		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
+	}
+	for _, o := range oldSide {
+		w.delSide = append(w.delSide, sideRow{key: kp.key, ev: o})
+	}
+	res.Events += fresh
+	res.Repaired++
+	return dead
+}
+
+func sameSide(a, b fevent) bool {
+	if a.op != b.op || !a.t.Equal(b.t) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
+		return false
+	}
+	for i := range a.row {
+		if canon(a.row[i]) != canon(b.row[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,286 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// keysSource renders "unnest($1::t1[], ...) WITH ORDINALITY AS k(k1, ..., ord)"
+// and its arguments for the given keys; rows come back numbered from 1.
+func (t *table) keysSource(keys []*keyPlan, firstParam int) (string, []any) {
+	var casts []string
+	args := make([]any, len(t.keyIdx))
+	for i, ki := range t.keyIdx {
+		col := make([]any, len(keys))
+		for j, kp := range keys {
+			col[j] = kp.key[i]
+		}
+		args[i] = col
+		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.cols[ki].typeName))
+	}
+	names := quoteIdents(t.keyNames())
+	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
+}
+
+// keyJoin renders "a.k1 = b.k1 AND ...".
+func (t *table) keyJoin(a, b string) string {
+	var parts []string
+	for _, k := range t.keyNames() {
+		q := pgx.Identifier{k}.Sanitize()
+		parts = append(parts, fmt.Sprintf("%s.%s = %s.%s", a, q, b, q))
+	}
+	return strings.Join(parts, " AND ")
+}
+
+func (t *table) colList(prefix string) string {
+	parts := make([]string, len(t.cols))
+	for i, c := range t.cols {
+		parts[i] = prefix + pgx.Identifier{c.name}.Sanitize()
+	}
+	return strings.Join(parts, ", ")
+}
+
+const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.valid_to, h.scd_close_seq"
+
+// latest is what the append path needs to know about a key.
+type latest struct {
+	v           *version // latest version by sequence, nil if none
+	openerSaved bool     // the latest version's opener is in the side table
+	sideMaxSeq  change.Seq
+	sideMaxT    *time.Time
+}
+
+// maxSeq is the highest sequence the table knows for the key.
+func (l *latest) maxSeq() change.Seq {
+	var m change.Seq
+	for _, s := range []change.Seq{l.sideMaxSeq} {
+		if s != nil && (m == nil || s.Compare(m) > 0) {
+			m = s
+		}
+	}
+	if l.v != nil {
+		if m == nil || l.v.seq.Compare(m) > 0 {
+			m = l.v.seq
+		}
+		if l.v.closeSeq != nil && l.v.closeSeq.Compare(m) > 0 {
+			m = l.v.closeSeq
+		}
+	}
+	return m
+}
+
+func scanVersion(vals []any, off int) (*version, error) {
+	v := &version{}
+	var ok bool
+	if v.id, ok = vals[off].(int64); !ok {
+		return nil, fmt.Errorf("scd_id is %T", vals[off])
+	}
+	v.seq = change.Seq(asBytes(vals[off+1]))
+	op, _ := vals[off+2].(string)
+	if op == "" {
+		op = "u"
+	}
+	v.op = change.Op(op[0])
+	v.hash = asBytes(vals[off+3])
+	v.from, _ = vals[off+4].(time.Time)
+	if to, isTime := vals[off+5].(time.Time); isTime {
+		v.to, v.closed = to, true
+	}
+	if cs := asBytes(vals[off+6]); cs != nil {
+		v.closeSeq = change.Seq(cs)
+	}
+	return v, nil
+}
+
+func asBytes(v any) []byte {
+	b, _ := v.([]byte)
+	return b
+}
+
+// loadLatest reads, for each key, its latest version and side-table summary.
+func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]latest, error) {
+	out := make([]latest, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	src, args := t.keysSource(keys, 1)
+	// Clamped times grow with the sequence, so the side row with the highest
+	// sequence also has the latest time.
+	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
+			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
+		FROM %s
+		JOIN LATERAL (SELECT * FROM %s x WHERE %s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
+		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
+		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"),
+		t.side.Sanitize(), t.keyJoin("e", "k"))
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	n := len(t.cols)
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		ord := vals[0].(int64) - 1
+		v, err := scanVersion(vals, 1)
+		if err != nil {
+			return nil, err
+		}
+		v.row = vals[8 : 8+n]
+		l := &out[ord]
+		l.v = v
+		if s := asBytes(vals[8+n]); s != nil {
+			l.sideMaxSeq = change.Seq(s)
+		}
+		if mt, ok := vals[9+n].(time.Time); ok {
+			l.sideMaxT = &mt
+		}
+		l.openerSaved, _ = vals[10+n].(bool)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	// Keys with only side rows (say, deletes of never-seen rows).
+	var missing []*keyPlan
+	var idx []int
+	for i := range out {
+		if out[i].v == nil {
+			missing = append(missing, keys[i])
+			idx = append(idx, i)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	src, args = t.keysSource(missing, 1)
+	q = fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
+		JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
+		src, t.side.Sanitize(), t.keyJoin("e", "k"))
+	rows2, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading side rows of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows2.Close()
+	for rows2.Next() {
+		var ord int64
+		var seq []byte
+		var mt time.Time
+		if err := rows2.Scan(&ord, &seq, &mt); err != nil {
+			return nil, err
+		}
+		l := &out[idx[ord-1]]
+		l.sideMaxSeq, l.sideMaxT = seq, &mt
+	}
+	return out, rows2.Err()
+}
+
+// history is everything the table holds for one key.
+type history struct {
+	versions []*version
+	side     []fevent
+}
+
+// loadHistory reads every version and side row of the keys.
+func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
+	out := make([]history, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	n := len(t.cols)
+	src, args := t.keysSource(keys, 1)
+	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN %s h ON %s ORDER BY k.scd_ord, h.scd_seq`,
+		versionCols, t.colList("h."), src, t.hist.Sanitize(), t.keyJoin("h", "k"))
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
+	}
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		v, err := scanVersion(vals, 1)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		v.row = vals[8 : 8+n]
+		h := &out[vals[0].(int64)-1]
+		h.versions = append(h.versions, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
+	}
+	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, %s FROM %s JOIN %s e ON %s ORDER BY k.scd_ord, e.scd_seq`,
+		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"))
+	rows, err = tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading side rows of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		op, _ := vals[2].(string)
+		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4])}
+		fe.t, _ = vals[3].(time.Time)
+		if fe.op.HasAfter() {
+			fe.row = vals[5 : 5+n]
+		}
+		h := &out[vals[0].(int64)-1]
+		h.side = append(h.side, fe)
+	}
+	return out, rows.Err()
+}
+
+// loadTruncates reads the truncates applied to the table so far.
+func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fevent, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("reading truncates of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	var out []fevent
+	for rows.Next() {
+		var seq []byte
+		var at time.Time
+		if err := rows.Scan(&seq, &at); err != nil {
+			return nil, err
+		}
+		out = append(out, fevent{seq: seq, op: change.OpTruncate, t: at})
+	}
+	return out, rows.Err()
+}
+
+// liveAt returns the keys that have a version live at sequence seq.
+func (t *table) liveAt(ctx context.Context, tx pgx.Tx, seq change.Seq) ([][]any, error) {
+	q := fmt.Sprintf(`SELECT DISTINCT %s FROM %s WHERE scd_seq < $1 AND (scd_close_seq IS NULL OR scd_close_seq > $1)`,
+		quoteIdents(t.keyNames()), t.hist.Sanitize())
+	rows, err := tx.Query(ctx, q, []byte(seq))
+	if err != nil {
+		return nil, fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	var out [][]any
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vals)
+	}
+	return out, rows.Err()
+}

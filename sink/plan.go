@@ -1,0 +1,156 @@
+package sink
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// keyPlan is one key's share of a batch.
+type keyPlan struct {
+	id     string // canonical key identity
+	key    []any  // typed key values, in key column order
+	events []fevent
+	forced bool // re-fold even without new events (a late truncate)
+}
+
+// tablePlan is one table's share of a batch.
+type tablePlan struct {
+	t         *table
+	keys      map[string]*keyPlan
+	order     []*keyPlan
+	truncates []fevent
+}
+
+func (p *tablePlan) keyPlan(key []any) *keyPlan {
+	id := keyID(key)
+	kp := p.keys[id]
+	if kp == nil {
+		kp = &keyPlan{id: id, key: key}
+		p.keys[id] = kp
+		p.order = append(p.order, kp)
+	}
+	return kp
+}
+
+func keyID(key []any) string {
+	parts := make([]any, len(key))
+	for i, v := range key {
+		parts[i] = canon(v)
+	}
+	return change.KeyID(parts)
+}
+
+// plan converts a batch's events into typed rows grouped by table and key.
+// Events that cannot be converted become dead letters.
+func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter) {
+	plans := map[string]*tablePlan{}
+	var dead []DeadLetter
+	for _, ev := range evs {
+		t := s.tables[ev.Table]
+		if t == nil {
+			dead = append(dead, eventDeadLetter(ev, fmt.Errorf("no table is configured for %q", ev.Table)))
+			continue
+		}
+		p := plans[ev.Table]
+		if p == nil {
+			p = &tablePlan{t: t, keys: map[string]*keyPlan{}}
+			plans[ev.Table] = p
+		}
+		fe, key, err := s.toFevent(t, ev)
+		if err != nil {
+			dead = append(dead, eventDeadLetter(ev, err))
+			continue
+		}
+		if ev.Op == change.OpTruncate {
+			p.truncates = append(p.truncates, fe)
+			continue
+		}
+		kp := p.keyPlan(key)
+		kp.events = append(kp.events, fe)
+	}
+	for _, p := range plans {
+		for _, kp := range p.order {
+			sortEvents(kp.events)
+		}
+		sortEvents(p.truncates)
+	}
+	return plans, dead
+}
+
+func sortEvents(evs []fevent) {
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].seq.Compare(evs[j].seq) < 0 })
+}
+
+func (s *Sink) toFevent(t *table, ev *change.Event) (fevent, []any, error) {
+	h := ev.Hash()
+	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: h[:], src: ev}
+	if len(ev.Seq) == 0 {
+		return fe, nil, fmt.Errorf("event has no sequence")
+	}
+	if ev.ValidFrom.IsZero() {
+		return fe, nil, fmt.Errorf("event has no valid-from time")
+	}
+	switch ev.Op {
+	case change.OpTruncate:
+		return fe, nil, nil
+	case change.OpCreate, change.OpRead, change.OpUpdate, change.OpDelete:
+	default:
+		return fe, nil, fmt.Errorf("unknown operation %q", ev.Op.String())
+	}
+	if len(ev.Key) != len(t.keyIdx) {
+		return fe, nil, fmt.Errorf("event has %d key values, table %s has %d key columns", len(ev.Key), t.spec.Target, len(t.keyIdx))
+	}
+	key := make([]any, len(ev.Key))
+	for i, ki := range t.keyIdx {
+		col := &t.cols[ki]
+		if ev.Key[i] == nil {
+			return fe, nil, fmt.Errorf("key column %s is null", col.name)
+		}
+		v, err := s.conv.convert(col, ev.Key[i])
+		if err != nil {
+			return fe, nil, fmt.Errorf("key column %s: %w", col.name, err)
+		}
+		if _, ok := v.(unavailable); ok {
+			return fe, nil, fmt.Errorf("key column %s is unavailable", col.name)
+		}
+		key[i] = v
+	}
+	if ev.Op.HasAfter() {
+		if ev.After == nil {
+			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
+		}
+		row := make([]any, len(t.cols))
+		for name, raw := range ev.After {
+			if t.ignore[name] {
+				continue
+			}
+			i, ok := t.colIdx[name]
+			if !ok {
+				return fe, nil, fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
+			}
+			v, err := s.conv.convert(&t.cols[i], raw)
+			if err != nil {
+				return fe, nil, fmt.Errorf("column %s: %w", name, err)
+			}
+			row[i] = v
+		}
+		for i, ki := range t.keyIdx {
+			row[ki] = key[i]
+		}
+		fe.row = row
+	}
+	return fe, key, nil
+}
+
+// eventDeadLetter renders an event that failed after decoding. The original
+// Kafka bytes are not kept in memory; the record's coordinates identify it.
+func eventDeadLetter(ev *change.Event, err error) DeadLetter {
+	key, _ := json.Marshal(ev.Key)
+	val, _ := json.Marshal(map[string]any{
+		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": ev.After,
+	})
+	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error()}
+}

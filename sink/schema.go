@@ -1,0 +1,245 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Bookkeeping columns of a history table, after the source columns.
+var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash"}
+
+// Bookkeeping columns of the side table <target>_scd_events.
+var sideBookkeeping = []string{"scd_seq", "scd_op", "scd_t", "scd_hash"}
+
+type colInfo struct {
+	name     string
+	oid      uint32
+	typeName string // format_type() without modifier, usable in array casts
+	fullType string // format_type() with modifier, for DDL
+	key      bool
+	tracked  bool
+}
+
+// table is a history table as it exists in the database.
+type table struct {
+	spec   TableSpec
+	hist   pgx.Identifier
+	side   pgx.Identifier
+	view   pgx.Identifier
+	cols   []colInfo
+	colIdx map[string]int
+	keyIdx []int // in spec.Keys order
+	trkIdx []int
+	t1Idx  []int
+	ignore map[string]bool
+}
+
+func quoteIdents(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return strings.Join(q, ", ")
+}
+
+func (t *table) colNames() []string {
+	out := make([]string, len(t.cols))
+	for i, c := range t.cols {
+		out[i] = c.name
+	}
+	return out
+}
+
+func (t *table) keyNames() []string { return t.spec.Keys }
+
+func isBookkeeping(name string) bool {
+	for _, b := range bookkeeping {
+		if b == name {
+			return true
+		}
+	}
+	return name == "scd_t"
+}
+
+// ensureServiceTables creates the offsets, truncates and dead-letter tables.
+func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
+	s := pgx.Identifier{cfg.Schema}.Sanitize()
+	stmts := []string{
+		"CREATE SCHEMA IF NOT EXISTS " + s,
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
+			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
+			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
+			PRIMARY KEY (consumer_group, topic, partition))`, s),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (
+			target text NOT NULL, scd_seq bytea NOT NULL, valid_from timestamptz NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, scd_seq))`, s),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
+			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now())`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()),
+	}
+	return inDDLTx(ctx, pool, "scd2sink service tables", stmts)
+}
+
+func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
+			return err
+		}
+		for _, st := range stmts {
+			if _, err := tx.Exec(ctx, st); err != nil {
+				return fmt.Errorf("%s: %w", firstLine(st), err)
+			}
+		}
+		return nil
+	})
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i > 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// ensureTable creates the history table, its side table and view if missing,
+// adds the columns of extra (name → inferred type) that the table lacks, and
+// reads the table's columns back.
+func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra map[string]string) (*table, error) {
+	t := &table{
+		spec:   spec,
+		hist:   pgx.Identifier{spec.Schema, spec.Target},
+		side:   pgx.Identifier{spec.Schema, spec.Target + "_scd_events"},
+		view:   pgx.Identifier{spec.Schema, spec.Target + "_current"},
+		ignore: map[string]bool{},
+	}
+	for _, c := range spec.IgnoreColumns {
+		t.ignore[c] = true
+	}
+	var defs []string
+	for _, c := range spec.Columns {
+		if !t.ignore[c.Name] {
+			defs = append(defs, pgx.Identifier{c.Name}.Sanitize()+" "+c.Type)
+		}
+	}
+	keyIdents := quoteIdents(spec.Keys)
+	for _, k := range spec.Keys {
+		found := false
+		for _, c := range spec.Columns {
+			found = found || c.Name == k
+		}
+		if !found {
+			defs = append(defs, pgx.Identifier{k}.Sanitize()+" "+keyType(extra[k]))
+		}
+	}
+	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	cols := strings.Join(defs, ",\n")
+	stmts := []string{
+		"CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{spec.Schema}.Sanitize(),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s,
+			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
+			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL
+		) WITH (fillfactor = 70)`, hist, cols),
+		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
+			ADD COLUMN IF NOT EXISTS scd_op text NOT NULL DEFAULT 'u',
+			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea`, hist),
+		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+			pgx.Identifier{spec.Target + "_scd_key_seq"}.Sanitize(), hist, keyIdents),
+	}
+	names := make([]string, 0, len(extra))
+	for n := range extra {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if t.ignore[n] {
+			continue
+		}
+		def := pgx.Identifier{n}.Sanitize() + " " + extra[n]
+		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s", hist, def))
+	}
+	stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist))
+	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
+		return nil, fmt.Errorf("creating history table %s: %w", hist, err)
+	}
+	if err := t.load(ctx, pool); err != nil {
+		return nil, err
+	}
+	// The side table mirrors the history table's source columns and types.
+	stmts = []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL)`, side)}
+	for _, c := range t.cols {
+		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", side, pgx.Identifier{c.name}.Sanitize(), c.fullType))
+	}
+	stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+		pgx.Identifier{spec.Target + "_scd_events_key_seq"}.Sanitize(), side, keyIdents))
+	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
+		return nil, fmt.Errorf("creating side table %s: %w", side, err)
+	}
+	return t, nil
+}
+
+func keyType(inferred string) string {
+	if inferred == "" {
+		return "text"
+	}
+	return inferred
+}
+
+// load reads the table's source columns and classifies them.
+func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
+	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod)
+		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, t.hist.Sanitize())
+	if err != nil {
+		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
+	}
+	var cols []colInfo
+	for rows.Next() {
+		var c colInfo
+		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType); err != nil {
+			return err
+		}
+		if !isBookkeeping(c.name) {
+			cols = append(cols, c)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
+	}
+	tracked := map[string]bool{}
+	for _, c := range t.spec.TrackHistory {
+		tracked[c] = true
+	}
+	t.cols, t.colIdx = cols, map[string]int{}
+	t.keyIdx, t.trkIdx, t.t1Idx = nil, nil, nil
+	for i := range t.cols {
+		c := &t.cols[i]
+		t.colIdx[c.name] = i
+		for _, k := range t.spec.Keys {
+			c.key = c.key || k == c.name
+		}
+		switch {
+		case c.key:
+		case len(tracked) == 0 || tracked[c.name]:
+			c.tracked = true
+			t.trkIdx = append(t.trkIdx, i)
+		default:
+			t.t1Idx = append(t.t1Idx, i)
+		}
+	}
+	for _, k := range t.spec.Keys {
+		i, ok := t.colIdx[k]
+		if !ok {
+			return fmt.Errorf("history table %s has no key column %q", t.hist.Sanitize(), k)
+		}
+		t.keyIdx = append(t.keyIdx, i)
+	}
+	return nil
+}

@@ -1,0 +1,163 @@
+package sink
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
+)
+
+// Type1Scope says which versions of a key a Type 1 (untracked) change overwrites.
+type Type1Scope string
+
+// The Type 1 scopes of DESIGN.md section 3.
+const (
+	AllVersions    Type1Scope = "all_versions"
+	CurrentVersion Type1Scope = "current_version"
+)
+
+// DeletesMode says what a delete does to the current version.
+type DeletesMode string
+
+// The delete modes of DESIGN.md section 3.
+const (
+	DeletesClose  DeletesMode = "close"
+	DeletesIgnore DeletesMode = "ignore"
+)
+
+// Column is one source column of a history table.
+type Column struct {
+	Name string
+	// Type is a PostgreSQL type name used when the sink creates the table
+	// ("text", "bigint", "numeric(10,2)", "timestamptz" ...). An existing
+	// table's own column types win.
+	Type string
+}
+
+// TableSpec describes one history table (one `tables` entry of the config).
+type TableSpec struct {
+	// Target is the history table's name; Schema its schema (default Config.Schema).
+	Target string
+	Schema string
+	// Keys are the business key columns, in order; change.Event.Key follows it.
+	Keys []string
+	// Columns are the source columns (keys included) used to create the table.
+	// Columns that appear in events but not here are added as they come,
+	// with a type inferred from the value.
+	Columns []Column
+	// TrackHistory are the Type 2 columns; empty means every non-key column.
+	TrackHistory []string
+	// IgnoreColumns are never stored.
+	IgnoreColumns []string
+	Type1Scope    Type1Scope
+	Deletes       DeletesMode
+}
+
+// Config is the sink's configuration.
+type Config struct {
+	// Schema holds the service's own tables and is the default for targets.
+	Schema string
+	// DeadLetterTable is the dead-letter table's name (default scd2sink_dead_letters).
+	DeadLetterTable string
+	// ConsumerGroup keys the rows of scd2sink_offsets.
+	ConsumerGroup string
+	// Tables are the history tables, keyed by change.Event.Table == Target.
+	Tables []TableSpec
+	// MaxRetries bounds the retries of one batch on transient errors (0 = 10).
+	MaxRetries int
+	// MaxBackoff caps the wait between retries (0 = 5s).
+	MaxBackoff time.Duration
+	Logger     *zap.Logger
+}
+
+// DeadLetter is an event that could not be applied. It is written to the
+// dead-letter table in the same transaction as the batch it arrived with.
+type DeadLetter struct {
+	Origin change.Origin
+	Table  string
+	Key    []byte
+	Value  []byte
+	Err    string
+}
+
+// Batch is what one transaction applies: released events of any tables and
+// keys (in any order; the sink sorts per key), dead letters from earlier
+// stages, and the commit point per partition that becomes true once the
+// transaction commits.
+type Batch struct {
+	Events      []*change.Event
+	DeadLetters []DeadLetter
+	Offsets     map[change.Partition]int64
+}
+
+// Result counts what one Apply did.
+type Result struct {
+	Events         int // events folded into history
+	Duplicates     int // already applied, dropped
+	DeadLetters    int // written to the dead-letter table
+	VersionsOpened int
+	VersionsClosed int
+	Repaired       int // keys whose history was re-folded because of late events
+	Retries        int
+}
+
+func (r *Result) add(o Result) {
+	r.Events += o.Events
+	r.Duplicates += o.Duplicates
+	r.DeadLetters += o.DeadLetters
+	r.VersionsOpened += o.VersionsOpened
+	r.VersionsClosed += o.VersionsClosed
+	r.Repaired += o.Repaired
+}
+
+func (c *Config) defaults() error {
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
+	if c.DeadLetterTable == "" {
+		c.DeadLetterTable = "scd2sink_dead_letters"
+	}
+	if c.ConsumerGroup == "" {
+		c.ConsumerGroup = "scd2sink"
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = 10
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	seen := map[string]bool{}
+	for i := range c.Tables {
+		t := &c.Tables[i]
+		if t.Target == "" {
+			return fmt.Errorf("table %d: target is empty", i+1)
+		}
+		if seen[t.Target] {
+			return fmt.Errorf("table %s: target appears twice", t.Target)
+		}
+		seen[t.Target] = true
+		if len(t.Keys) == 0 {
+			return fmt.Errorf("table %s: no key columns", t.Target)
+		}
+		if t.Schema == "" {
+			t.Schema = c.Schema
+		}
+		if t.Type1Scope == "" {
+			t.Type1Scope = AllVersions
+		}
+		if t.Type1Scope != AllVersions && t.Type1Scope != CurrentVersion {
+			return fmt.Errorf("table %s: type1_scope %q is not all_versions or current_version", t.Target, t.Type1Scope)
+		}
+		if t.Deletes == "" {
+			t.Deletes = DeletesClose
+		}
+		if t.Deletes != DeletesClose && t.Deletes != DeletesIgnore {
+			return fmt.Errorf("table %s: deletes %q is not close or ignore", t.Target, t.Deletes)
+		}
+	}
+	return nil
+}

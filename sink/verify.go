@@ -1,0 +1,74 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Violation is one broken history invariant.
+type Violation struct {
+	Table string // the history table, schema-qualified
+	Check string // which invariant
+	Key   string // the business key, as a JSON array
+	Info  string // the offending versions
+}
+
+// String formats the violation for people.
+func (v Violation) String() string {
+	return fmt.Sprintf("%s: %s: key %s: %s", v.Table, v.Check, v.Key, v.Info)
+}
+
+// Verify checks the invariants of DESIGN.md section 5 on the history table of
+// target: at most one current version per key; is_current exactly when
+// valid_to is NULL; valid_from <= valid_to; versions of a key never
+// overlap; (key, scd_seq) unique. It returns every violation found.
+func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
+	spec, ok := s.specs[target]
+	if !ok {
+		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
+	}
+	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
+	keys := quoteIdents(spec.Keys)
+	keyJSON := "json_build_array(" + keys + ")::text"
+	checks := []struct{ name, sql string }{
+		{"more than one current version", fmt.Sprintf(
+			`SELECT %s, 'scd_id ' || string_agg(scd_id::text, ', ' ORDER BY scd_id) FROM %s WHERE is_current GROUP BY %s HAVING count(*) > 1`,
+			keyJSON, hist, keys)},
+		{"is_current disagrees with valid_to", fmt.Sprintf(
+			`SELECT %s, format('scd_id %%s is_current %%s valid_to %%s', scd_id, is_current, coalesce(valid_to::text, 'NULL')) FROM %s
+			 WHERE is_current IS DISTINCT FROM (valid_to IS NULL)`, keyJSON, hist)},
+		{"valid_from after valid_to", fmt.Sprintf(
+			`SELECT %s, format('scd_id %%s [%%s, %%s)', scd_id, valid_from, valid_to) FROM %s WHERE valid_to < valid_from`, keyJSON, hist)},
+		{"overlapping versions", fmt.Sprintf(
+			`SELECT k, format('scd_id %%s [%%s, %%s) overlaps scd_id %%s from %%s', scd_id, valid_from, coalesce(valid_to::text, 'open'), next_id, next_from)
+			 FROM (SELECT %s AS k, scd_id, valid_from, valid_to,
+			         lead(scd_id) OVER w AS next_id, lead(valid_from) OVER w AS next_from
+			       FROM %s WINDOW w AS (PARTITION BY %s ORDER BY valid_from, scd_seq)) v
+			 WHERE next_id IS NOT NULL AND (valid_to IS NULL OR valid_to > next_from)`, keyJSON, hist, keys)},
+		{"duplicate (key, scd_seq)", fmt.Sprintf(
+			`SELECT %s, 'scd_id ' || string_agg(scd_id::text, ', ' ORDER BY scd_id) FROM %s GROUP BY %s, scd_seq HAVING count(*) > 1`,
+			keyJSON, hist, keys)},
+	}
+	var out []Violation
+	for _, c := range checks {
+		rows, err := s.pool.Query(ctx, c.sql)
+		if err != nil {
+			return nil, fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
+		}
+		for rows.Next() {
+			v := Violation{Table: hist, Check: c.name}
+			if err := rows.Scan(&v.Key, &v.Info); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,208 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sideRow is a row of the side table to insert or delete.
+type sideRow struct {
+	key []any
+	ev  fevent
+}
+
+// t1Row carries a key's Type 1 values for every one of its versions.
+type t1Row struct {
+	key []any
+	row []any
+}
+
+// writes collects one table's changes of one batch, executed set-based.
+type writes struct {
+	delVersions []int64
+	delSide     []sideRow
+	t1Bulk      []t1Row
+	closeOnly   []*version
+	full        []*version
+	insVersions []*version
+	insSide     []sideRow
+}
+
+// unnest renders "unnest($a::t[], ...) AS alias(n1, ...)" for column arrays.
+func unnest(alias string, first int, types, names []string) string {
+	casts := make([]string, len(types))
+	for i, t := range types {
+		casts[i] = fmt.Sprintf("$%d::%s[]", first+i, t)
+	}
+	return fmt.Sprintf("unnest(%s) AS %s(%s)", strings.Join(casts, ", "), alias, strings.Join(names, ", "))
+}
+
+func column[T any](n int, get func(int) T) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = get(i)
+	}
+	return out
+}
+
+func (t *table) keyTypes() []string {
+	out := make([]string, len(t.keyIdx))
+	for i, ki := range t.keyIdx {
+		out[i] = t.cols[ki].typeName
+	}
+	return out
+}
+
+func genericNames(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return out
+}
+
+// keyMatch renders "h.k1 = x.k0 AND ..." for generic key aliases.
+func (t *table) keyMatch(h, x string) string {
+	parts := make([]string, len(t.keyIdx))
+	for i, k := range t.keyNames() {
+		parts[i] = fmt.Sprintf("%s.%s = %s.k%d", h, pgx.Identifier{k}.Sanitize(), x, i)
+	}
+	return strings.Join(parts, " AND ")
+}
+
+func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
+	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	if len(w.delVersions) > 0 {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {
+			return fmt.Errorf("deleting versions of %s: %w", hist, err)
+		}
+	}
+	if len(w.delSide) > 0 {
+		types := append(t.keyTypes(), "bytea")
+		names := append(genericNames("k", len(t.keyIdx)), "seq")
+		var args []any
+		for i := range t.keyIdx {
+			args = append(args, column(len(w.delSide), func(j int) any { return w.delSide[j].key[i] }))
+		}
+		args = append(args, column(len(w.delSide), func(j int) []byte { return w.delSide[j].ev.seq }))
+		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), t.keyMatch("e", "x"))
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return fmt.Errorf("deleting side rows of %s: %w", side, err)
+		}
+	}
+	if len(w.t1Bulk) > 0 && len(t.t1Idx) > 0 {
+		types, names := t.keyTypes(), genericNames("k", len(t.keyIdx))
+		var args []any
+		for i := range t.keyIdx {
+			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
+		}
+		var sets, lhs, rhs []string
+		for n, ci := range t.t1Idx {
+			types = append(types, t.cols[ci].typeName)
+			names = append(names, fmt.Sprintf("c%d", n))
+			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }))
+			q := pgx.Identifier{t.cols[ci].name}.Sanitize()
+			sets = append(sets, fmt.Sprintf("%s = x.c%d", q, n))
+			lhs = append(lhs, "h."+q)
+			rhs = append(rhs, fmt.Sprintf("x.c%d", n))
+		}
+		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
+			hist, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return fmt.Errorf("updating Type 1 columns of %s: %w", hist, err)
+		}
+	}
+	if len(w.closeOnly) > 0 {
+		vs := w.closeOnly
+		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE h.scd_id = x.id",
+			hist, unnest("x", 1, []string{"bigint", "timestamptz", "bytea"}, []string{"id", "vt", "cs"}))
+		if _, err := tx.Exec(ctx, q,
+			column(len(vs), func(i int) int64 { return vs[i].id }),
+			column(len(vs), func(i int) any { return vs[i].to }),
+			column(len(vs), func(i int) []byte { return vs[i].closeSeq })); err != nil {
+			return fmt.Errorf("closing versions of %s: %w", hist, err)
+		}
+	}
+	if len(w.full) > 0 {
+		if err := w.execFull(ctx, tx, t); err != nil {
+			return err
+		}
+	}
+	if len(w.insVersions) > 0 {
+		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash")
+		rows := make([][]any, len(w.insVersions))
+		for i, iv := range w.insVersions {
+			rows[i] = append(append([]any(nil), iv.row...), versionBook(iv)...)
+		}
+		if _, err := tx.CopyFrom(ctx, t.hist, cols, pgx.CopyFromRows(rows)); err != nil {
+			return fmt.Errorf("inserting versions into %s: %w", hist, err)
+		}
+	}
+	if len(w.insSide) > 0 {
+		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash")
+		rows := make([][]any, len(w.insSide))
+		for i, sr := range w.insSide {
+			row := sr.ev.row
+			if row == nil {
+				row = make([]any, len(t.cols))
+				for k, ki := range t.keyIdx {
+					row[ki] = sr.key[k]
+				}
+			}
+			rows[i] = append(append([]any(nil), row...), []byte(sr.ev.seq), sr.ev.op.String(), sr.ev.t, sr.ev.hash)
+		}
+		if _, err := tx.CopyFrom(ctx, t.side, cols, pgx.CopyFromRows(rows)); err != nil {
+			return fmt.Errorf("inserting side rows into %s: %w", side, err)
+		}
+	}
+	return nil
+}
+
+// versionBook renders a version's bookkeeping columns, in insert order.
+func versionBook(v *version) []any {
+	var to any
+	var cs any
+	if v.closed {
+		to = v.to
+	}
+	if v.closeSeq != nil {
+		cs = []byte(v.closeSeq)
+	}
+	return []any{v.from, to, !v.closed, []byte(v.seq), cs, v.op.String(), v.hash}
+}
+
+func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
+	vs := w.full
+	types := []string{"bigint"}
+	names := []string{"id"}
+	args := []any{column(len(vs), func(i int) int64 { return vs[i].id })}
+	var sets []string
+	for ci, c := range t.cols {
+		if c.key {
+			continue
+		}
+		n := fmt.Sprintf("c%d", ci)
+		types = append(types, c.typeName)
+		names = append(names, n)
+		args = append(args, column(len(vs), func(i int) any { return vs[i].row[ci] }))
+		sets = append(sets, fmt.Sprintf("%s = x.%s", pgx.Identifier{c.name}.Sanitize(), n))
+	}
+	book := []struct{ col, typ string }{
+		{"valid_from", "timestamptz"}, {"valid_to", "timestamptz"}, {"is_current", "boolean"},
+		{"scd_seq", "bytea"}, {"scd_close_seq", "bytea"}, {"scd_op", "text"}, {"scd_hash", "bytea"},
+	}
+	for bi, b := range book {
+		types = append(types, b.typ)
+		names = append(names, "b_"+b.col)
+		args = append(args, column(len(vs), func(i int) any { return versionBook(vs[i])[bi] }))
+		sets = append(sets, fmt.Sprintf("%s = x.b_%s", b.col, b.col))
+	}
+	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE h.scd_id = x.id", t.hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names))
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("rewriting versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	return nil
+}
