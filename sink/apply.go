@@ -2,6 +2,7 @@ package sink
 
 import (
 	"bytes"
+	"slices"
 	"context"
 	"fmt"
 
@@ -173,7 +174,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 			w.closeOnly = append(w.closeOnly, v)
 		}
 		if t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx) && !(v.id != 0 && l.openerSaved) {
-			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash}})
+			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash, unavail: v.unavail}})
 		}
 	}
 	for _, e := range out.side {
@@ -201,12 +202,12 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	var evs []fevent
 	for _, e := range h.side {
 		existing[string(e.seq)] = e.hash
-		evs = append(evs, e)
+		evs = append(evs, t.withPlaceholders(e))
 	}
 	for _, v := range h.versions {
 		if _, ok := existing[string(v.seq)]; !ok {
 			existing[string(v.seq)] = v.hash
-			evs = append(evs, fevent{seq: v.seq, op: v.op, t: v.from, row: append([]any(nil), v.row...), hash: v.hash})
+			evs = append(evs, t.withPlaceholders(fevent{seq: v.seq, op: v.op, t: v.from, row: v.row, hash: v.hash, unavail: v.unavail}))
 		}
 	}
 	fresh := 0
@@ -236,7 +237,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	if t.spec.Type1Scope == CurrentVersion {
 		for _, v := range out.versions {
 			if !rowsEqual(v.row, v.opener, t.t1Idx) {
-				want = append(want, fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash})
+				want = append(want, fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash, unavail: v.unavail})
 			}
 		}
 	}
@@ -285,8 +286,23 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	return dead
 }
 
+// withPlaceholders returns a rebuilt event whose placeholder columns hold the
+// placeholder again (on a copy of its row).
+func (t *table) withPlaceholders(e fevent) fevent {
+	if e.row == nil {
+		return e
+	}
+	e.row = append([]any(nil), e.row...)
+	for _, name := range e.unavail {
+		if i, ok := t.colIdx[name]; ok {
+			e.row[i] = unavailable{}
+		}
+	}
+	return e
+}
+
 func sameSide(a, b fevent) bool {
-	if a.op != b.op || !a.t.Equal(b.t) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
+	if a.op != b.op || !slices.Equal(a.unavail, b.unavail) || !a.t.Equal(b.t) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
 		return false
 	}
 	for i := range a.row {

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"bytes"
+	"slices"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -16,7 +17,11 @@ type fevent struct {
 	t    time.Time
 	row  []any // typed after image; nil for deletes and truncates
 	hash []byte
-	src  *change.Event // nil when rebuilt from the table
+	// unavail names the columns that held Debezium's unavailable-value
+	// placeholder; a rebuilt event gets the placeholder back, so a re-fold
+	// resolves it against the right previous image.
+	unavail []string
+	src     *change.Event // nil when rebuilt from the table
 }
 
 // version is one row of a history table.
@@ -31,6 +36,7 @@ type version struct {
 	closeSeq change.Seq
 	row      []any
 	opener   []any // the opening event's own image, before Type 1 overwrites
+	unavail  []string
 }
 
 func (v *version) clone() *version {
@@ -40,7 +46,7 @@ func (v *version) clone() *version {
 }
 
 func (v *version) sameAs(o *version) bool {
-	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !v.from.Equal(o.from) || v.closed != o.closed ||
+	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !slices.Equal(v.unavail, o.unavail) || !v.from.Equal(o.from) || v.closed != o.closed ||
 		!bytes.Equal(v.closeSeq, o.closeSeq) || len(v.row) != len(o.row) {
 		return false
 	}
@@ -116,7 +122,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 				closeLive(at, e.seq)
 			}
 			if st.live == nil {
-				v := &version{seq: e.seq, op: e.op, hash: e.hash, from: at, row: append([]any(nil), row...), opener: row}
+				v := &version{seq: e.seq, op: e.op, hash: e.hash, from: at, row: append([]any(nil), row...), opener: row, unavail: e.unavail}
 				st.live = v
 				touch(v)
 				out.opened++
@@ -125,7 +131,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			for _, i := range t.t1Idx {
 				st.live.row[i] = row[i]
 			}
-			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, row: row, hash: e.hash, src: e.src})
+			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, row: row, hash: e.hash, unavail: e.unavail, src: e.src})
 		case e.op == change.OpDelete:
 			if t.spec.Deletes == DeletesClose && st.live != nil {
 				closeLive(at, e.seq)

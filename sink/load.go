@@ -45,7 +45,11 @@ func (t *table) colList(prefix string) string {
 	return strings.Join(parts, ", ")
 }
 
-const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.valid_to, h.scd_close_seq"
+const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.valid_to, h.scd_close_seq, h.scd_unavailable"
+
+// rowAt is where the source columns start in a row read with versionCols
+// after the key ordinal.
+const rowAt = 9
 
 // latest is what the append path needs to know about a key.
 type latest struct {
@@ -94,7 +98,19 @@ func scanVersion(vals []any, off int) (*version, error) {
 	if cs := asBytes(vals[off+6]); cs != nil {
 		v.closeSeq = change.Seq(cs)
 	}
+	v.unavail = asStrings(vals[off+7])
 	return v, nil
+}
+
+func asStrings(v any) []string {
+	list, _ := v.([]any)
+	var out []string
+	for _, x := range list {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func asBytes(v any) []byte {
@@ -134,16 +150,16 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 		if err != nil {
 			return nil, err
 		}
-		v.row = vals[8 : 8+n]
+		v.row = vals[rowAt : rowAt+n]
 		l := &out[ord]
 		l.v = v
-		if s := asBytes(vals[8+n]); s != nil {
+		if s := asBytes(vals[rowAt+n]); s != nil {
 			l.sideMaxSeq = change.Seq(s)
 		}
-		if mt, ok := vals[9+n].(time.Time); ok {
+		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
 			l.sideMaxT = &mt
 		}
-		l.openerSaved, _ = vals[10+n].(bool)
+		l.openerSaved, _ = vals[rowAt+2+n].(bool)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
@@ -213,7 +229,7 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 			rows.Close()
 			return nil, err
 		}
-		v.row = vals[8 : 8+n]
+		v.row = vals[rowAt : rowAt+n]
 		h := &out[vals[0].(int64)-1]
 		h.versions = append(h.versions, v)
 	}
@@ -221,7 +237,7 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
 	}
-	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, %s FROM %s JOIN %s e ON %s ORDER BY k.scd_ord, e.scd_seq`,
+	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, %s FROM %s JOIN %s e ON %s ORDER BY k.scd_ord, e.scd_seq`,
 		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"))
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
@@ -234,10 +250,10 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 			return nil, err
 		}
 		op, _ := vals[2].(string)
-		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4])}
+		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5])}
 		fe.t, _ = vals[3].(time.Time)
 		if fe.op.HasAfter() {
-			fe.row = vals[5 : 5+n]
+			fe.row = vals[6 : 6+n]
 		}
 		h := &out[vals[0].(int64)-1]
 		h.side = append(h.side, fe)

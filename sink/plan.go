@@ -140,6 +140,11 @@ func (s *Sink) toFevent(t *table, ev *change.Event) (fevent, []any, error) {
 		for i, ki := range t.keyIdx {
 			row[ki] = key[i]
 		}
+		for i, v := range row {
+			if _, ok := v.(unavailable); ok {
+				fe.unavail = append(fe.unavail, t.cols[i].name)
+			}
+		}
 		fe.row = row
 	}
 	return fe, key, nil

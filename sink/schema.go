@@ -11,11 +11,9 @@ import (
 )
 
 // Bookkeeping columns of a history table, after the source columns.
-var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash"}
+var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
 
 // Bookkeeping columns of the side table <target>_scd_events.
-var sideBookkeeping = []string{"scd_seq", "scd_op", "scd_t", "scd_hash"}
-
 type colInfo struct {
 	name     string
 	oid      uint32
@@ -144,11 +142,13 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s,
 			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
-			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL
+			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
+			scd_unavailable text[]
 		) WITH (fillfactor = 70)`, hist, cols),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
 			ADD COLUMN IF NOT EXISTS scd_op text NOT NULL DEFAULT 'u',
-			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea`, hist),
+			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea,
+			ADD COLUMN IF NOT EXISTS scd_unavailable text[]`, hist),
 		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
 			pgx.Identifier{spec.Target + "_scd_key_seq"}.Sanitize(), hist, keyIdents),
 	}
@@ -173,7 +173,7 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	}
 	// The side table mirrors the history table's source columns and types.
 	stmts = []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL)`, side)}
+			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[])`, side)}
 	for _, c := range t.cols {
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", side, pgx.Identifier{c.name}.Sanitize(), c.fullType))
 	}

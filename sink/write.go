@@ -132,7 +132,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		}
 	}
 	if len(w.insVersions) > 0 {
-		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash")
+		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insVersions))
 		for i, iv := range w.insVersions {
 			rows[i] = append(append([]any(nil), iv.row...), versionBook(iv)...)
@@ -142,7 +142,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		}
 	}
 	if len(w.insSide) > 0 {
-		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash")
+		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insSide))
 		for i, sr := range w.insSide {
 			row := sr.ev.row
@@ -152,7 +152,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 					row[ki] = sr.key[k]
 				}
 			}
-			rows[i] = append(append([]any(nil), row...), []byte(sr.ev.seq), sr.ev.op.String(), sr.ev.t, sr.ev.hash)
+			rows[i] = append(append([]any(nil), row...), []byte(sr.ev.seq), sr.ev.op.String(), sr.ev.t, sr.ev.hash, sr.ev.unavail)
 		}
 		if _, err := tx.CopyFrom(ctx, t.side, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
@@ -171,7 +171,7 @@ func versionBook(v *version) []any {
 	if v.closeSeq != nil {
 		cs = []byte(v.closeSeq)
 	}
-	return []any{v.from, to, !v.closed, []byte(v.seq), cs, v.op.String(), v.hash}
+	return []any{v.from, to, !v.closed, []byte(v.seq), cs, v.op.String(), v.hash, v.unavail}
 }
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
@@ -200,6 +200,15 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		args = append(args, column(len(vs), func(i int) any { return versionBook(vs[i])[bi] }))
 		sets = append(sets, fmt.Sprintf("%s = x.b_%s", b.col, b.col))
 	}
+	// unnest flattens arrays of arrays, so the column list travels joined.
+	types, names = append(types, "text"), append(names, "b_unavail")
+	args = append(args, column(len(vs), func(i int) any {
+		if len(vs[i].unavail) == 0 {
+			return nil
+		}
+		return strings.Join(vs[i].unavail, "\x1f")
+	}))
+	sets = append(sets, `scd_unavailable = string_to_array(x.b_unavail, E'\\x1f')`)
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE h.scd_id = x.id", t.hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("rewriting versions of %s: %w", t.hist.Sanitize(), err)
