@@ -2,9 +2,10 @@ package sink
 
 import (
 	"bytes"
-	"slices"
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -64,7 +65,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan) (Result,
 			appendKeys = append(appendKeys, kp)
 		}
 	}
+	t0 := time.Now()
 	latest, err := t.loadLatest(ctx, tx, appendKeys)
+	trace("loadLatest", t0)
+	t0 = time.Now()
 	if err != nil {
 		return res, nil, err
 	}
@@ -82,6 +86,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan) (Result,
 		repair = append(repair, kp)
 		repairEvents = append(repairEvents, batchEvents[kp])
 	}
+	trace("fold", t0)
 	hists, err := t.loadHistory(ctx, tx, repair)
 	if err != nil {
 		return res, nil, err
@@ -306,7 +311,7 @@ func sameSide(a, b fevent) bool {
 		return false
 	}
 	for i := range a.row {
-		if canon(a.row[i]) != canon(b.row[i]) {
+		if !valuesEqual(a.row[i], b.row[i]) {
 			return false
 		}
 	}

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -176,9 +177,49 @@ func canon(v any) string {
 	return change.Canon(v)
 }
 
+// valuesEqual is canon(a) == canon(b), with fast paths for the common types.
+func valuesEqual(a, b any) bool {
+	switch x := a.(type) {
+	case nil:
+		return b == nil
+	case string:
+		if y, ok := b.(string); ok {
+			return x == y
+		}
+	case int64:
+		if y, ok := b.(int64); ok {
+			return x == y
+		}
+	case int32:
+		if y, ok := b.(int32); ok {
+			return x == y
+		}
+	case bool:
+		if y, ok := b.(bool); ok {
+			return x == y
+		}
+	case float64:
+		if y, ok := b.(float64); ok && x == x && y == y {
+			return x == y
+		}
+	case time.Time:
+		if y, ok := b.(time.Time); ok {
+			return x.Equal(y)
+		}
+	case []byte:
+		if y, ok := b.([]byte); ok {
+			return bytes.Equal(x, y)
+		}
+	}
+	if b == nil {
+		return false
+	}
+	return canon(a) == canon(b)
+}
+
 func rowsEqual(a, b []any, idx []int) bool {
 	for _, i := range idx {
-		if canon(a[i]) != canon(b[i]) {
+		if !valuesEqual(a[i], b[i]) {
 			return false
 		}
 	}

@@ -54,7 +54,7 @@ func (v *version) sameAs(o *version) bool {
 		return false
 	}
 	for i := range v.row {
-		if canon(v.row[i]) != canon(o.row[i]) {
+		if !valuesEqual(v.row[i], o.row[i]) {
 			return false
 		}
 	}

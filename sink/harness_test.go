@@ -207,3 +207,8 @@ func verifyClean(t *testing.T, s *sink.Sink, target string) {
 		t.Errorf("violation: %s", v)
 	}
 }
+
+func newBenchDSN(b *testing.B) string {
+	b.Helper()
+	return pgtest.NewDatabase(b)
+}

@@ -129,7 +129,9 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 	if err := s.prepare(ctx, b.Events); err != nil {
 		return Result{}, err
 	}
+	t0 := time.Now()
 	plans, dead := s.plan(b.Events)
+	trace("plan", t0)
 	dead = append(append([]DeadLetter(nil), b.DeadLetters...), dead...)
 	targets := make([]string, 0, len(plans))
 	for name := range plans {
@@ -155,6 +157,7 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 			res.DeadLetters = len(allDead)
 			return s.writeOffsets(ctx, tx, b.Offsets)
 		})
+
 	})
 	res.Retries = retries
 	return res, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -76,9 +77,11 @@ func (t *table) keyMatch(h, x string) string {
 func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	if len(w.delVersions) > 0 {
+		t0 := time.Now()
 		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {
 			return fmt.Errorf("deleting versions of %s: %w", hist, err)
 		}
+		trace("delVersions", t0)
 	}
 	if len(w.delSide) > 0 {
 		types := append(t.keyTypes(), "bytea")
@@ -109,13 +112,16 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 			lhs = append(lhs, "h."+q)
 			rhs = append(rhs, fmt.Sprintf("x.c%d", n))
 		}
+		t0 := time.Now()
 		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
 			hist, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("updating Type 1 columns of %s: %w", hist, err)
 		}
+		trace("t1bulk", t0)
 	}
 	if len(w.closeOnly) > 0 {
+		t0 := time.Now()
 		vs := w.closeOnly
 		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE h.scd_id = x.id",
 			hist, unnest("x", 1, []string{"bigint", "timestamptz", "bytea"}, []string{"id", "vt", "cs"}))
@@ -125,13 +131,17 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 			column(len(vs), func(i int) []byte { return vs[i].closeSeq })); err != nil {
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
+		trace("closeOnly", t0)
 	}
 	if len(w.full) > 0 {
+		t0 := time.Now()
 		if err := w.execFull(ctx, tx, t); err != nil {
 			return err
 		}
+		trace("full", t0)
 	}
 	if len(w.insVersions) > 0 {
+		t0 := time.Now()
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insVersions))
 		for i, iv := range w.insVersions {
@@ -140,8 +150,10 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		if _, err := tx.CopyFrom(ctx, t.hist, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
+		trace("insVersions", t0)
 	}
 	if len(w.insSide) > 0 {
+		t0 := time.Now()
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insSide))
 		for i, sr := range w.insSide {
@@ -157,6 +169,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		if _, err := tx.CopyFrom(ctx, t.side, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
+		trace("insSide", t0)
 	}
 	return nil
 }

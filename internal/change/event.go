@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/big"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -104,28 +105,26 @@ func (e *Event) Hash() [16]byte {
 
 // KeyID canonically encodes key values.
 func KeyID(key []any) string {
-	var b strings.Builder
+	var b []byte
 	for i, v := range key {
 		if i > 0 {
-			b.WriteByte(0)
+			b = append(b, 0)
 		}
-		writeCanon(&b, v)
+		b = AppendCanon(b, v)
 	}
-	return b.String()
+	return string(b)
 }
 
 // ContentHash digests an event's content. Values are encoded with a type tag,
 // so NULL, "" and 0 differ, and map keys are sorted.
 func ContentHash(op Op, validFrom time.Time, after map[string]any) [16]byte {
-	var b strings.Builder
-	b.WriteByte(byte(op))
-	var ts [8]byte
-	binary.BigEndian.PutUint64(ts[:], uint64(validFrom.UnixNano()))
-	b.Write(ts[:])
+	b := make([]byte, 0, 256)
+	b = append(b, byte(op))
+	b = binary.BigEndian.AppendUint64(b, uint64(validFrom.UnixNano()))
 	if after != nil {
-		writeCanon(&b, after)
+		b = AppendCanon(b, after)
 	}
-	sum := sha256.Sum256([]byte(b.String()))
+	sum := sha256.Sum256(b)
 	var out [16]byte
 	copy(out[:], sum[:16])
 	return out
@@ -133,88 +132,118 @@ func ContentHash(op Op, validFrom time.Time, after map[string]any) [16]byte {
 
 // Canon returns the canonical encoding of one value: a type tag followed by
 // an unambiguous rendering. It is what "compares values exactly" means.
-func Canon(v any) string {
-	var b strings.Builder
-	writeCanon(&b, v)
-	return b.String()
-}
+func Canon(v any) string { return string(AppendCanon(nil, v)) }
 
-func writeCanon(b *strings.Builder, v any) {
+// AppendCanon appends the canonical encoding of v to b.
+func AppendCanon(b []byte, v any) []byte {
 	switch x := v.(type) {
 	case nil:
-		b.WriteString("N")
+		return append(b, 'N')
 	case bool:
 		if x {
-			b.WriteString("B1")
-		} else {
-			b.WriteString("B0")
+			return append(b, 'B', '1')
 		}
+		return append(b, 'B', '0')
 	case string:
-		writeLen(b, 'S', x)
+		return appendLen(b, 'S', x)
 	case json.Number:
-		writeNumber(b, string(x))
+		return appendNumber(b, string(x))
 	case int:
-		writeNumber(b, fmt.Sprint(x))
-	case int8, int16, int32, int64, uint8, uint16, uint32, uint64:
-		writeNumber(b, fmt.Sprint(x))
+		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+	case int16:
+		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+	case int32:
+		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+	case int64:
+		return appendLen(b, 'D', strconv.FormatInt(x, 10))
+	case int8, uint8, uint16, uint32, uint64:
+		return appendNumber(b, fmt.Sprint(x))
 	case float32:
-		writeFloat(b, float64(x))
+		return appendFloat(b, float64(x))
 	case float64:
-		writeFloat(b, x)
+		return appendFloat(b, x)
 	case time.Time:
-		writeLen(b, 'T', x.UTC().Format(time.RFC3339Nano))
+		return appendLen(b, 'T', x.UTC().Format(time.RFC3339Nano))
 	case []byte:
-		writeLen(b, 'X', string(x))
+		return appendLen(b, 'X', string(x))
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		fmt.Fprintf(b, "M%d{", len(keys))
+		b = append(b, 'M')
+		b = strconv.AppendInt(b, int64(len(keys)), 10)
+		b = append(b, '{')
 		for _, k := range keys {
-			writeLen(b, 'S', k)
-			writeCanon(b, x[k])
+			b = appendLen(b, 'S', k)
+			b = AppendCanon(b, x[k])
 		}
-		b.WriteByte('}')
+		return append(b, '}')
 	case []any:
-		fmt.Fprintf(b, "A%d[", len(x))
+		b = append(b, 'A')
+		b = strconv.AppendInt(b, int64(len(x)), 10)
+		b = append(b, '[')
 		for _, e := range x {
-			writeCanon(b, e)
+			b = AppendCanon(b, e)
 		}
-		b.WriteByte(']')
+		return append(b, ']')
 	case fmt.Stringer:
-		writeLen(b, 'O', x.String())
+		return appendLen(b, 'O', x.String())
 	default:
 		raw, err := json.Marshal(x)
 		if err != nil {
 			raw = []byte(fmt.Sprintf("%#v", x))
 		}
-		writeLen(b, 'J', string(raw))
+		return appendLen(b, 'J', string(raw))
 	}
 }
 
-func writeLen(b *strings.Builder, tag byte, s string) {
-	b.WriteByte(tag)
-	fmt.Fprintf(b, "%d:", len(s))
-	b.WriteString(s)
+func appendLen(b []byte, tag byte, s string) []byte {
+	b = append(b, tag)
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
 }
 
-// writeNumber renders integers and decimals so that 1, 1.0 and 1e0 are equal.
-func writeNumber(b *strings.Builder, s string) {
+// plainInt reports whether s is an integer in its shortest form.
+func plainInt(s string) bool {
+	if s == "0" {
+		return true
+	}
+	if strings.HasPrefix(s, "-") {
+		s = s[1:]
+	}
+	if s == "" || s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// appendNumber renders integers and decimals so that 1, 1.0 and 1e0 are equal.
+func appendNumber(b []byte, s string) []byte {
+	if plainInt(s) {
+		return appendLen(b, 'D', s)
+	}
 	if r, ok := new(big.Rat).SetString(s); ok {
-		writeLen(b, 'D', r.RatString())
-		return
+		return appendLen(b, 'D', r.RatString())
 	}
-	writeLen(b, 'S', s)
+	return appendLen(b, 'S', s)
 }
 
-func writeFloat(b *strings.Builder, f float64) {
+func appendFloat(b []byte, f float64) []byte {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
-		writeLen(b, 'F', fmt.Sprint(f))
-		return
+		return appendLen(b, 'F', fmt.Sprint(f))
+	}
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return appendLen(b, 'D', strconv.FormatInt(int64(f), 10))
 	}
 	r := new(big.Rat)
 	r.SetFloat64(f)
-	writeLen(b, 'D', r.RatString())
+	return appendLen(b, 'D', r.RatString())
 }

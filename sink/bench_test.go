@@ -1,0 +1,173 @@
+package sink_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+const (
+	benchKeys   = 50_000
+	benchEvents = 200_000
+	benchBatch  = 10_000
+)
+
+func benchSpec(schema string) sink.TableSpec {
+	return sink.TableSpec{Target: "bench_history", Schema: schema, Keys: []string{"id"},
+		Columns: []sink.Column{{Name: "id", Type: "bigint"}, {Name: "name", Type: "text"}, {Name: "plan", Type: "text"},
+			{Name: "city", Type: "text"}, {Name: "score", Type: "bigint"}},
+		TrackHistory: []string{"plan", "city", "score"}}
+}
+
+// benchEventsFor makes a snapshot of benchKeys rows followed by updates, 90%
+// of them changing a tracked column and 10% only the Type 1 name.
+func benchEventsFor(rng *rand.Rand) []*change.Event {
+	plans := []string{"basic", "pro", "team", "enterprise"}
+	cities := []string{"Wien", "Linz", "Graz", "Salzburg", "Innsbruck"}
+	rows := make([]map[string]any, benchKeys)
+	evs := make([]*change.Event, 0, benchEvents)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := 0; i < benchEvents; i++ {
+		k := i
+		op := change.OpRead
+		if i >= benchKeys {
+			k, op = rng.IntN(benchKeys), change.OpUpdate
+		}
+		at = at.Add(time.Second)
+		row := map[string]any{}
+		if rows[k] == nil {
+			row = map[string]any{"id": json.Number(strconv.Itoa(k)), "name": fmt.Sprintf("customer %d", k),
+				"plan": plans[k%4], "city": cities[k%5], "score": json.Number("0")}
+		} else {
+			for c, v := range rows[k] {
+				row[c] = v
+			}
+			if rng.IntN(10) == 0 {
+				row["name"] = fmt.Sprintf("customer %d v%d", k, i)
+			} else {
+				row["plan"] = plans[rng.IntN(4)]
+				row["score"] = json.Number(strconv.Itoa(i))
+			}
+		}
+		rows[k] = row
+		evs = append(evs, &change.Event{Table: "bench_history", Key: []any{json.Number(strconv.Itoa(k))},
+			Seq: change.MustSeq(int64(i + 1)), Op: op, ValidFrom: at, After: row,
+			Origin: change.Origin{Partition: change.Partition{Topic: "bench"}, Offset: int64(i)}})
+	}
+	return evs
+}
+
+// BenchmarkApply applies 200,000 events (50,000 keys, mostly tracked
+// updates) in batches of 10,000, then COPYs the resulting rows into a table
+// of the same shape and indexes, and reports both rates and their ratio.
+func BenchmarkApply(b *testing.B) {
+	ctx := context.Background()
+	pool := benchPool(b)
+	evs := benchEventsFor(rand.New(rand.NewPCG(1, 2)))
+	for iter := 0; iter < b.N; iter++ {
+		schema := fmt.Sprintf("bench%d", iter)
+		spec := benchSpec(schema)
+		s, err := sink.New(sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}}, pool)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Init(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		var res sink.Result
+		for i := 0; i < len(evs); i += benchBatch {
+			r, err := s.Apply(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
+				Offsets: map[change.Partition]int64{{Topic: "bench"}: int64(i + benchBatch)}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			res.Events += r.Events
+			res.VersionsOpened += r.VersionsOpened
+		}
+		applyDur := time.Since(start)
+		sink.TraceDump()
+		b.StopTimer()
+		rows, copyDur := copyBaseline(b, pool, schema)
+		eps := float64(res.Events) / applyDur.Seconds()
+		rps := float64(rows) / copyDur.Seconds()
+		b.ReportMetric(eps, "events/s")
+		b.ReportMetric(rps, "copy_rows/s")
+		b.ReportMetric(eps/rps, "ratio")
+		b.Logf("applied %d events (%d versions) in %s: %.0f events/s; COPY of %d rows in %s: %.0f rows/s; ratio %.2f",
+			res.Events, res.VersionsOpened, applyDur.Round(time.Millisecond), eps, rows, copyDur.Round(time.Millisecond), rps, eps/rps)
+		vs, err := s.Verify(ctx, spec.Target)
+		if err != nil || len(vs) > 0 {
+			b.Fatalf("verify: %v %v", err, vs)
+		}
+	}
+}
+
+// copyBaseline COPYs the history table's rows into a fresh table of the same
+// shape and indexes, in batches of benchBatch rows, and times only the COPY.
+func copyBaseline(b *testing.B, pool *pgxpool.Pool, schema string) (int, time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	hist := pgx.Identifier{schema, "bench_history"}
+	cp := pgx.Identifier{schema, "bench_copy"}
+	if _, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)", cp.Sanitize(), hist.Sanitize())); err != nil {
+		b.Fatal(err)
+	}
+	cols := []string{"id", "name", "plan", "city", "score", "valid_from", "valid_to", "is_current",
+		"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
+	rs, err := pool.Query(ctx, fmt.Sprintf("SELECT %s FROM %s ORDER BY scd_id", quoted(cols), hist.Sanitize()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var all [][]any
+	for rs.Next() {
+		v, err := rs.Values()
+		if err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, v)
+	}
+	rs.Close()
+	start := time.Now()
+	for i := 0; i < len(all); i += benchBatch {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, cp, cols, pgx.CopyFromRows(all[i:min(i+benchBatch, len(all))]))
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return len(all), time.Since(start)
+}
+
+func quoted(cols []string) string {
+	out := ""
+	for i, c := range cols {
+		if i > 0 {
+			out += ", "
+		}
+		out += pgx.Identifier{c}.Sanitize()
+	}
+	return out
+}
+
+func benchPool(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	pool, err := pgxpool.New(context.Background(), newBenchDSN(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
