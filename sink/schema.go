@@ -145,12 +145,19 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
 			scd_unavailable text[]
 		) WITH (fillfactor = 70)`, hist, cols),
-		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
+		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_id bigint GENERATED ALWAYS AS IDENTITY,
+			ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
 			ADD COLUMN IF NOT EXISTS scd_op text NOT NULL DEFAULT 'u',
 			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea,
 			ADD COLUMN IF NOT EXISTS scd_unavailable text[]`, hist),
 		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
 			pgx.Identifier{spec.Target + "_scd_key_seq"}.Sanitize(), hist, keyIdents),
+		// A pre-created table may lack the primary key on scd_id.
+		fmt.Sprintf(`DO $$ BEGIN
+			IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = '%[1]s'::regclass AND indisunique
+				AND indkey::int2[] = ARRAY[(SELECT attnum FROM pg_attribute WHERE attrelid = '%[1]s'::regclass AND attname = 'scd_id')]::int2[]) THEN
+				CREATE UNIQUE INDEX ON %[2]s (scd_id);
+			END IF; END $$`, strings.ReplaceAll(hist, "'", "''"), hist),
 	}
 	names := make([]string, 0, len(extra))
 	for n := range extra {
@@ -205,6 +212,10 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		var c colInfo
 		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType); err != nil {
 			return err
+		}
+		if c.name == "scd_seq" && c.typeName != "bytea" {
+			rows.Close()
+			return fmt.Errorf("history table %s has scd_seq of type %s; scd2sink keeps sequences as bytea", t.hist.Sanitize(), c.typeName)
 		}
 		if !isBookkeeping(c.name) {
 			cols = append(cols, c)
