@@ -52,23 +52,31 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			keyJSON, hist, keys)},
 	}
 	var out []Violation
+	_, err := s.withRetry(ctx, "verifying "+hist, func(ctx context.Context) error {
+		out = nil
+		return s.verify(ctx, hist, checks, &out)
+	})
+	return out, err
+}
+
+func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, sql string }, out *[]Violation) error {
 	for _, c := range checks {
 		rows, err := s.pool.Query(ctx, c.sql)
 		if err != nil {
-			return nil, fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
+			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
 		}
 		for rows.Next() {
 			v := Violation{Table: hist, Check: c.name}
 			if err := rows.Scan(&v.Key, &v.Info); err != nil {
 				rows.Close()
-				return nil, err
+				return err
 			}
-			out = append(out, v)
+			*out = append(*out, v)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
+			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
 		}
 	}
-	return out, nil
+	return nil
 }

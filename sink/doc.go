@@ -1,0 +1,78 @@
+// Package sink applies change events to SCD Type 2 history tables in
+// PostgreSQL, exactly as the reference fold of DESIGN.md section 5 defines,
+// whatever order the events arrive in and however often they are delivered.
+//
+// # Tables
+//
+// For a target T the sink keeps:
+//
+//   - T, the history table: the source columns, then scd_id (identity),
+//     valid_from, valid_to, is_current, scd_seq (the sequence of the event that
+//     opened the version), and the bookkeeping columns scd_close_seq (the
+//     sequence of the event that closed it), scd_op (the opening operation),
+//     scd_hash (a digest of the opening event's content) and scd_unavailable
+//     (the columns the opening event sent as Debezium's unavailable-value
+//     placeholder). A unique index covers (key columns, scd_seq); the table
+//     has fillfactor 70 and no index on the columns a close changes, so
+//     closing a version is a HOT update.
+//   - T_current, a view of the current versions.
+//   - T_scd_events, the side table: every event that opened no version
+//     (no-op and Type-1-only updates, deletes), with its sequence, operation,
+//     clamped time, content digest and row image; and, with type1_scope
+//     current_version, the opening event of a version whose Type 1 columns a
+//     later event overwrote. In a history of mostly tracked changes it stays
+//     small: its size is the number of events that changed no tracked column.
+//   - scd2sink_truncates in the service schema: every truncate per target.
+//
+// # Why this state is enough
+//
+// A key's full event list can be rebuilt from the table: the side rows, plus
+// the opening event of every version that has no side row (its row image is
+// the version's row, its time the version's valid_from), plus the table's
+// truncates. The versions' rows keep the opening event's tracked values
+// verbatim; only Type 1 columns are overwritten, and that is harmless:
+// with all_versions every version ends up with the Type 1 values of the key's
+// last event anyway, and with current_version the opener's own image is
+// saved in the side table before its first overwrite.
+//
+// Times are stored clamped (t = max(valid_from, t of the previous event)).
+// Clamped times can stand in for the raw ones when folding again: inserting
+// a late event with time r changes every later event's time to
+// max(old t, r), which is what folding the clamped times with r gives.
+//
+// # Applying a batch
+//
+// One transaction per batch. Events are converted to the target's column
+// types (failures become dead letters), grouped by table and key, sorted by
+// sequence, and repeated events inside the batch dropped (same content) or
+// dead-lettered (other content: the first one wins).
+//
+// The append path covers keys whose new events all come after everything the
+// table holds for them (compared with the latest version's opening and
+// closing sequence and the side table's highest sequence). One query reads
+// the latest version of every such key; the fold runs in Go; then, for all
+// keys at once: one UPDATE closes versions (by scd_id, through unnest), one
+// COPY inserts new versions, one COPY inserts side rows, and with
+// all_versions one UPDATE spreads changed Type 1 values to older versions.
+//
+// The repair path covers keys with a late or repeated event: their whole
+// history is read, the event list rebuilt, the new events added (an event
+// whose sequence is already there is a duplicate if its digest matches, else
+// a conflict for the dead-letter table), folded from scratch, and the
+// difference written: versions matched by opening sequence are updated in
+// place (their scd_id survives), others inserted or deleted; side rows
+// likewise. A truncate re-folds every key that had a version live at its
+// sequence. Re-applying an applied event therefore changes nothing.
+//
+// Dead letters and the batch's Kafka offsets (scd2sink_offsets) are written
+// in the same transaction. Serialization failures, deadlocks and lost
+// connections retry the whole transaction with capped backoff; anything else
+// is returned.
+//
+// # Limits
+//
+// Key columns must not be NULL (such events are dead-lettered). JSON column
+// values compare after decoding into Go values, so numbers beyond float64
+// precision inside JSON compare rounded. A truncate re-folds every key live at
+// its sequence in one transaction, which for very large tables is slow.
+package sink
