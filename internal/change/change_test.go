@@ -1,0 +1,139 @@
+package change
+
+import (
+	"encoding/json"
+	"math/big"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestSeqOrdersLikeItsComponents(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	randPart := func() any {
+		switch rng.IntN(5) {
+		case 0:
+			return int64(rng.IntN(2000) - 1000)
+		case 1:
+			return json.Number(strconv.Itoa(rng.IntN(1 << 30)))
+		case 2:
+			return strconv.Itoa(rng.IntN(300)) // digits compare numerically
+		case 3:
+			return []string{"a", "ab", "b", "a\x00b", ""}[rng.IntN(5)]
+		default:
+			return new(big.Int).Lsh(big.NewInt(int64(rng.IntN(100))), 70).String()
+		}
+	}
+	cmpPart := func(a, b any) int {
+		num := func(x any) (*big.Int, bool) {
+			switch v := x.(type) {
+			case int64:
+				return big.NewInt(v), true
+			case json.Number:
+				n, ok := new(big.Int).SetString(string(v), 10)
+				return n, ok
+			case string:
+				n, ok := new(big.Int).SetString(v, 10)
+				return n, ok
+			}
+			return nil, false
+		}
+		na, oka := num(a)
+		nb, okb := num(b)
+		switch {
+		case oka && okb:
+			return na.Cmp(nb)
+		case oka:
+			return -1
+		case okb:
+			return 1
+		}
+		sa, sb := a.(string), b.(string)
+		switch {
+		case sa < sb:
+			return -1
+		case sa > sb:
+			return 1
+		}
+		return 0
+	}
+	for i := 0; i < 20000; i++ {
+		n, m := 1+rng.IntN(3), 1+rng.IntN(3)
+		a, b := make([]any, n), make([]any, m)
+		for j := range a {
+			a[j] = randPart()
+		}
+		for j := range b {
+			b[j] = randPart()
+		}
+		want := 0
+		for j := 0; j < n && j < m && want == 0; j++ {
+			want = cmpPart(a[j], b[j])
+		}
+		if want == 0 {
+			want = map[bool]int{true: -1, false: 1}[n < m]
+			if n == m {
+				want = 0
+			}
+		}
+		if got := MustSeq(a...).Compare(MustSeq(b...)); got != want {
+			t.Fatalf("%v vs %v: Compare %d, want %d", a, b, got, want)
+		}
+	}
+}
+
+func TestSeqOf(t *testing.T) {
+	tests := []struct {
+		name    string
+		parts   []any
+		want    string
+		wantErr bool
+	}{
+		{"lsn", []any{json.Number("24023928")}, "[24023928]", false},
+		{"debezium source.sequence", []any{`["24023928","24023960"]`, json.Number("24023960")}, "[24023928,24023960,24023960]", false},
+		{"mysql binlog", []any{"mysql-bin.000003", json.Number("154"), json.Number("0")}, `["mysql-bin.000003",154,0]`, false},
+		{"null", []any{nil}, "", true},
+		{"boolean", []any{true}, "", true},
+		{"empty", nil, "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := SeqOf(tc.parts...)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err %v, wantErr %v", err, tc.wantErr)
+			}
+			if err == nil && s.String() != tc.want {
+				t.Fatalf("got %s, want %s", s, tc.want)
+			}
+		})
+	}
+}
+
+func TestCanonAndHash(t *testing.T) {
+	distinct := []any{nil, "", json.Number("0"), "0", false, []byte{}, map[string]any{}, []any{}}
+	seen := map[string]any{}
+	for _, v := range distinct {
+		c := Canon(v)
+		if prev, ok := seen[c]; ok {
+			t.Fatalf("%#v and %#v encode alike", prev, v)
+		}
+		seen[c] = v
+	}
+	equal := [][2]any{{json.Number("1"), json.Number("1.0")}, {int64(5), json.Number("5")}, {1.5, json.Number("1.50")},
+		{map[string]any{"a": 1, "b": "x"}, map[string]any{"b": "x", "a": 1}}}
+	for _, p := range equal {
+		if Canon(p[0]) != Canon(p[1]) {
+			t.Errorf("%#v and %#v should encode alike", p[0], p[1])
+		}
+	}
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := ContentHash(OpUpdate, at, map[string]any{"x": "a|b", "y": "c"})
+	b := ContentHash(OpUpdate, at, map[string]any{"x": "a", "y": "b|c"})
+	if a == b {
+		t.Fatal("values with a delimiter inside hash alike")
+	}
+	if ContentHash(OpUpdate, at, nil) == ContentHash(OpCreate, at, nil) {
+		t.Fatal("operation not in the hash")
+	}
+}
