@@ -13,6 +13,7 @@ test: lint
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # The engine benchmark of issue 2: our events/s against a raw COPY of the
 # same rows, reported as a ratio.

@@ -13,7 +13,6 @@ type keyPlan struct {
 	id     string // canonical key identity
 	key    []any  // typed key values, in key column order
 	events []fevent
-	forced bool // re-fold even without new events (a late truncate)
 }
 
 // tablePlan is one table's share of a batch.

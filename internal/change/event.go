@@ -211,9 +211,7 @@ func plainInt(s string) bool {
 	if s == "0" {
 		return true
 	}
-	if strings.HasPrefix(s, "-") {
-		s = s[1:]
-	}
+	s = strings.TrimPrefix(s, "-")
 	if s == "" || s[0] == '0' {
 		return false
 	}
