@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -13,7 +12,7 @@ import (
 
 // applyTable applies one table's share of a batch inside tx. It never changes
 // p, so a retried transaction starts from the same plan.
-func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan) (Result, []DeadLetter, error) {
+func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error) {
 	var res Result
 	var dead []DeadLetter
 	t := p.t
@@ -65,28 +64,40 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan) (Result,
 			appendKeys = append(appendKeys, kp)
 		}
 	}
-	t0 := time.Now()
-	latest, err := t.loadLatest(ctx, tx, appendKeys)
-	trace("loadLatest", t0)
-	t0 = time.Now()
+	states := make([]*latest, len(appendKeys))
+	var uncached []*keyPlan
+	var uncachedAt []int
+	for i, kp := range appendKeys {
+		if l, ok := s.cache.get(cacheKey{t, kp.id}); ok {
+			states[i] = l
+		} else {
+			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
+		}
+	}
+	loaded, err := t.loadLatest(ctx, tx, uncached)
 	if err != nil {
 		return res, nil, err
+	}
+	for j, i := range uncachedAt {
+		states[i] = &loaded[j]
 	}
 	w := &writes{}
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
-		if max := latest[i].maxSeq(); max != nil && evs[0].seq.Compare(max) <= 0 {
+		if max := states[i].maxSeq(); max != nil && evs[0].seq.Compare(max) <= 0 {
 			repair = append(repair, kp)
 			repairEvents = append(repairEvents, evs)
 			continue
 		}
-		s.appendKey(t, kp, evs, &latest[i], truncs, w, &res)
+		ops.set(cacheKey{t, kp.id}, s.appendKey(t, kp, evs, states[i], truncs, w, &res))
 	}
 	for _, kp := range forced {
 		repair = append(repair, kp)
 		repairEvents = append(repairEvents, batchEvents[kp])
 	}
-	trace("fold", t0)
+	for _, kp := range repair {
+		ops.drop = append(ops.drop, cacheKey{t, kp.id})
+	}
 	hists, err := t.loadHistory(ctx, tx, repair)
 	if err != nil {
 		return res, nil, err
@@ -143,8 +154,9 @@ func mergeTruncates(evs, truncs []fevent, after change.Seq) []fevent {
 }
 
 // appendKey folds events that all come after everything the table holds for
-// the key: only the latest version can change.
-func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs []fevent, w *writes, res *Result) {
+// the key: only the latest version can change. It returns what the table
+// will hold for the key once the batch commits.
+func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs []fevent, w *writes, res *Result) *latest {
 	st := foldState{}
 	var orig *version
 	if v := l.v; v != nil {
@@ -163,22 +175,29 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		st.prevT, st.hasPrev = *l.sideMaxT, true
 	}
 	out := t.fold(&st, mergeTruncates(evs, truncs, l.maxSeq()))
+	for _, v := range out.versions {
+		v.key = kp.key
+	}
 	if t.spec.Type1Scope == AllVersions && st.prevRow != nil {
 		t.spreadType1(out.versions, st.prevRow)
 		if l.v != nil && !rowsEqual(st.prevRow, l.v.row, t.t1Idx) {
-			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow})
+			var below change.Seq
+			if orig != nil {
+				below = orig.seq // the live version is rewritten below
+			}
+			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: below})
 		}
 	}
 	for _, v := range out.versions {
 		switch {
-		case v.id == 0:
+		case !v.stored:
 			w.insVersions = append(w.insVersions, v)
 		case !rowsEqual(v.row, orig.row, allCols(t)):
 			w.full = append(w.full, v)
 		case v.closed:
 			w.closeOnly = append(w.closeOnly, v)
 		}
-		if t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx) && !(v.id != 0 && l.openerSaved) {
+		if t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx) && !(v.stored && l.openerSaved) {
 			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash, unavail: v.unavail}})
 		}
 	}
@@ -188,6 +207,23 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	res.Events += len(evs)
 	res.VersionsOpened += out.opened
 	res.VersionsClosed += out.closed
+
+	next := &latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
+	if n := len(out.versions); n > 0 {
+		last := out.versions[n-1]
+		next.v = last.clone()
+		next.v.stored = true
+		next.openerSaved = (last.stored && l.openerSaved) ||
+			(t.spec.Type1Scope == CurrentVersion && !rowsEqual(last.row, last.opener, t.t1Idx))
+	} else if l.v != nil && t.spec.Type1Scope == AllVersions && st.prevRow != nil {
+		next.v = l.v.clone() // its Type 1 columns changed with the key's
+		t.spreadType1([]*version{next.v}, st.prevRow)
+	}
+	if n := len(out.side); n > 0 {
+		at := out.side[n-1].t
+		next.sideMaxSeq, next.sideMaxT = out.side[n-1].seq, &at
+	}
+	return next
 }
 
 func allCols(t *table) []int {
@@ -235,6 +271,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	sortEvents(evs)
 	st := foldState{}
 	out := t.fold(&st, evs)
+	for _, v := range out.versions {
+		v.key = kp.key
+	}
 	if t.spec.Type1Scope == AllVersions {
 		t.spreadType1(out.versions, st.prevRow)
 	}
@@ -258,7 +297,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 			continue
 		}
 		delete(old, string(v.seq))
-		v.id = o.id
+		v.id, v.stored = o.id, true
 		if !v.sameAs(o) {
 			w.full = append(w.full, v)
 			if v.closed && !o.closed {

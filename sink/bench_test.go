@@ -86,9 +86,22 @@ func BenchmarkApply(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		var res sink.Result
-		for i := 0; i < len(evs); i += benchBatch {
-			r, err := s.Apply(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
-				Offsets: map[change.Partition]int64{{Topic: "bench"}: int64(i + benchBatch)}})
+		// The pipeline prepares the next batch while the previous one is applied.
+		prepared := make(chan *sink.Prepared, 1)
+		go func() {
+			defer close(prepared)
+			for i := 0; i < len(evs); i += benchBatch {
+				p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
+					Offsets: map[change.Partition]int64{{Topic: "bench"}: int64(i + benchBatch)}})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				prepared <- p
+			}
+		}()
+		for p := range prepared {
+			r, err := s.ApplyPrepared(ctx, p)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -96,7 +109,6 @@ func BenchmarkApply(b *testing.B) {
 			res.VersionsOpened += r.VersionsOpened
 		}
 		applyDur := time.Since(start)
-		sink.TraceDump()
 		b.StopTimer()
 		rows, copyDur := copyBaseline(b, pool, schema)
 		eps := float64(res.Events) / applyDur.Seconds()

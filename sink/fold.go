@@ -26,7 +26,9 @@ type fevent struct {
 
 // version is one row of a history table.
 type version struct {
-	id       int64 // scd_id; 0 while not yet inserted
+	key      []any // typed key values
+	id       int64 // scd_id when read from the table, else 0
+	stored   bool  // the version is in the table (read or cached)
 	seq      change.Seq
 	op       change.Op
 	hash     []byte

@@ -79,7 +79,7 @@ func (l *latest) maxSeq() change.Seq {
 }
 
 func scanVersion(vals []any, off int) (*version, error) {
-	v := &version{}
+	v := &version{stored: true}
 	var ok bool
 	if v.id, ok = vals[off].(int64); !ok {
 		return nil, fmt.Errorf("scd_id is %T", vals[off])

@@ -218,12 +218,23 @@ func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64) {
 	}
 	sc := genScenario(rng, schema)
 	batches := deliver(rng, sc.events)
-	s := newSink(t, pool, schema, sc.specs...)
+	// Two writers take turns on one partition, as around a rebalance; each
+	// must notice the other's batches (scd2sink_offsets) before trusting
+	// what it remembers.
+	sinks := []*sink.Sink{newSink(t, pool, schema, sc.specs...), newSink(t, pool, schema, sc.specs...)}
+	s := sinks[0]
+	part := change.Partition{Topic: "prop", Partition: 0}
 	for i, b := range batches {
-		if rng.IntN(8) == 0 { // a restart: nothing kept in memory
-			s = newSink(t, pool, schema, sc.specs...)
+		w := 0
+		if rng.IntN(5) == 0 {
+			w = 1
 		}
-		if _, err := s.Apply(context.Background(), sink.Batch{Events: b}); err != nil {
+		if rng.IntN(8) == 0 { // a restart: nothing kept in memory
+			sinks[w] = newSink(t, pool, schema, sc.specs...)
+		}
+		s = sinks[w]
+		batch := sink.Batch{Events: b, Offsets: map[change.Partition]int64{part: int64(i + 1)}}
+		if _, err := s.Apply(context.Background(), batch); err != nil {
 			t.Fatalf("seed %d batch %d: %v", seed, i, err)
 		}
 	}

@@ -3,7 +3,9 @@ package sink
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,16 +15,21 @@ import (
 	"go.uber.org/zap"
 )
 
-// Sink applies batches of change events to SCD2 history tables. It is not
-// safe for concurrent use: one goroutine calls Apply at a time, and batches
-// must be applied in the order their offsets were released.
+// Sink applies batches of change events to SCD2 history tables. Apply (or
+// ApplyPrepared) is called from one goroutine at a time, in the order the
+// batches' offsets were released; Prepare may run beside it.
 type Sink struct {
+	mu     sync.Mutex // guards tables against Prepare running beside Init
 	cfg    Config
 	pool   *pgxpool.Pool
 	log    *zap.Logger
 	conv   converter
 	specs  map[string]TableSpec
 	tables map[string]*table
+	cache  *stateCache
+	// written is the offset this Sink last recorded per partition; another
+	// value in scd2sink_offsets means another writer applied that partition.
+	written map[change.Partition]int64
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -32,7 +39,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		return nil, err
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
-		specs: map[string]TableSpec{}, tables: map[string]*table{}}
+		specs: map[string]TableSpec{}, tables: map[string]*table{},
+		cache: newStateCache(cfg.CacheKeys), written: map[change.Partition]int64{}}
 	for _, t := range cfg.Tables {
 		s.specs[t.Target] = t
 	}
@@ -42,6 +50,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 // Init creates the service's own tables and every configured history table
 // that declares its columns, retrying transient errors.
 func (s *Sink) Init(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	_, err := s.withRetry(ctx, "creating tables", func(ctx context.Context) error {
 		if err := ensureServiceTables(ctx, s.pool, &s.cfg); err != nil {
 			return err
@@ -125,26 +135,59 @@ func contains(list []string, s string) bool {
 // Apply folds a batch into the history tables, writes its dead letters and
 // records its offsets, all in one transaction, retried as a whole on
 // transient errors. A returned error means nothing of the batch was applied.
+// It is Prepare followed by ApplyPrepared.
 func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
-	if err := s.prepare(ctx, b.Events); err != nil {
+	p, err := s.Prepare(ctx, b)
+	if err != nil {
 		return Result{}, err
 	}
-	t0 := time.Now()
-	plans, dead := s.plan(b.Events)
-	trace("plan", t0)
-	dead = append(append([]DeadLetter(nil), b.DeadLetters...), dead...)
-	targets := make([]string, 0, len(plans))
-	for name := range plans {
-		targets = append(targets, name)
+	return s.ApplyPrepared(ctx, p)
+}
+
+// Prepared is a batch ready for ApplyPrepared.
+type Prepared struct {
+	offsets map[change.Partition]int64
+	plans   map[string]*tablePlan
+	targets []string
+	dead    []DeadLetter
+}
+
+// Prepare does the CPU-bound half of applying a batch: it creates tables and
+// columns met for the first time, converts values to the column types,
+// digests and groups the events. A caller may prepare the next batch while
+// ApplyPrepared applies the previous one (one goroutine each); prepared
+// batches must still be applied in order.
+func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.prepare(ctx, b.Events); err != nil {
+		return nil, err
 	}
-	sort.Strings(targets) // a fixed lock order across instances
+	plans, dead := s.plan(b.Events)
+	p := &Prepared{offsets: b.Offsets, plans: plans,
+		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
+	for name := range plans {
+		p.targets = append(p.targets, name)
+	}
+	sort.Strings(p.targets) // a fixed lock order across instances
+	return p, nil
+}
+
+// ApplyPrepared applies a prepared batch; see Apply.
+func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+	plans, dead, targets := p.plans, p.dead, p.targets
+	b := Batch{Offsets: p.offsets}
 	var res Result
+	var ops *cacheOps
 	retries, err := s.withRetry(ctx, "applying batch", func(ctx context.Context) error {
-		res = Result{}
+		res, ops = Result{}, &cacheOps{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if err := s.fence(ctx, tx, b.Offsets); err != nil {
+				return err
+			}
 			allDead := dead
 			for _, name := range targets {
-				r, d, err := s.applyTable(ctx, tx, plans[name])
+				r, d, err := s.applyTable(ctx, tx, plans[name], ops)
 				if err != nil {
 					return fmt.Errorf("applying batch to %s: %w", name, err)
 				}
@@ -160,7 +203,71 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 
 	})
 	res.Retries = retries
-	return res, err
+	if err != nil {
+		s.cache.reset()
+		return res, err
+	}
+	s.cache.apply(ops)
+	for p, o := range b.Offsets {
+		s.written[p] = o
+	}
+	return res, nil
+}
+
+// Forget empties the Sink's memory of what it wrote. The consumer calls it
+// when partitions are assigned, revoked or lost.
+func (s *Sink) Forget() {
+	s.cache.reset()
+	s.written = map[change.Partition]int64{}
+}
+
+// fence serialises writers of the batch's partitions (a transaction-scoped
+// advisory lock per partition, taken in a fixed order) and empties the
+// cache if another writer applied one of them since this Sink did.
+func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64) error {
+	if len(offsets) == 0 {
+		return nil
+	}
+	parts := make([]change.Partition, 0, len(offsets))
+	for p := range offsets {
+		parts = append(parts, p)
+	}
+	sort.Slice(parts, func(i, j int) bool {
+		if parts[i].Topic != parts[j].Topic {
+			return parts[i].Topic < parts[j].Topic
+		}
+		return parts[i].Partition < parts[j].Partition
+	})
+	locks := make([]int64, len(parts))
+	topics := make([]string, len(parts))
+	nums := make([]int32, len(parts))
+	for i, p := range parts {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", s.cfg.ConsumerGroup, p.Topic, p.Partition)
+		locks[i] = int64(h.Sum64())
+		topics[i], nums[i] = p.Topic, p.Partition
+	}
+	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
+		return fmt.Errorf("locking partitions: %w", err)
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset FROM %s.scd2sink_offsets o
+		JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p WHERE o.consumer_group = $1`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
+	if err != nil {
+		return fmt.Errorf("reading scd2sink_offsets: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p change.Partition
+		var off int64
+		if err := rows.Scan(&p.Topic, &p.Partition, &off); err != nil {
+			return err
+		}
+		if w, ok := s.written[p]; !ok || w != off {
+			s.cache.reset()
+		}
+	}
+	return rows.Err()
 }
 
 func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLetter) error {

@@ -68,7 +68,10 @@ type Config struct {
 	MaxRetries int
 	// MaxBackoff caps the wait between retries (0 = 5s).
 	MaxBackoff time.Duration
-	Logger     *zap.Logger
+	// CacheKeys bounds how many keys' latest state the Sink remembers between
+	// batches (0 = 200,000; negative = none). See stateCache.
+	CacheKeys int
+	Logger    *zap.Logger
 }
 
 // DeadLetter is an event that could not be applied. It is written to the
@@ -126,6 +129,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.CacheKeys == 0 {
+		c.CacheKeys = 200_000
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
 )
 
 // sideRow is a row of the side table to insert or delete.
@@ -15,10 +15,13 @@ type sideRow struct {
 	ev  fevent
 }
 
-// t1Row carries a key's Type 1 values for every one of its versions.
+// t1Row carries a key's Type 1 values for its versions below sequence
+// below (all of them when nil): the versions from below on are rewritten
+// whole anyway.
 type t1Row struct {
-	key []any
-	row []any
+	key   []any
+	row   []any
+	below change.Seq
 }
 
 // writes collects one table's changes of one batch, executed set-based.
@@ -77,11 +80,9 @@ func (t *table) keyMatch(h, x string) string {
 func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	if len(w.delVersions) > 0 {
-		t0 := time.Now()
 		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {
 			return fmt.Errorf("deleting versions of %s: %w", hist, err)
 		}
-		trace("delVersions", t0)
 	}
 	if len(w.delSide) > 0 {
 		types := append(t.keyTypes(), "bytea")
@@ -102,6 +103,8 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		for i := range t.keyIdx {
 			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
 		}
+		types, names = append(types, "bytea"), append(names, "below")
+		args = append(args, column(len(w.t1Bulk), func(j int) []byte { return w.t1Bulk[j].below }))
 		var sets, lhs, rhs []string
 		for n, ci := range t.t1Idx {
 			types = append(types, t.cols[ci].typeName)
@@ -112,36 +115,30 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 			lhs = append(lhs, "h."+q)
 			rhs = append(rhs, fmt.Sprintf("x.c%d", n))
 		}
-		t0 := time.Now()
-		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
+		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below) AND ROW(%s) IS DISTINCT FROM ROW(%s)",
 			hist, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("updating Type 1 columns of %s: %w", hist, err)
 		}
-		trace("t1bulk", t0)
 	}
 	if len(w.closeOnly) > 0 {
-		t0 := time.Now()
 		vs := w.closeOnly
-		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE h.scd_id = x.id",
-			hist, unnest("x", 1, []string{"bigint", "timestamptz", "bytea"}, []string{"id", "vt", "cs"}))
-		if _, err := tx.Exec(ctx, q,
-			column(len(vs), func(i int) int64 { return vs[i].id }),
-			column(len(vs), func(i int) any { return vs[i].to }),
-			column(len(vs), func(i int) []byte { return vs[i].closeSeq })); err != nil {
+		types, names, args := t.versionKeys(vs)
+		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
+		args = append(args, column(len(vs), func(i int) any { return vs[i].to }),
+			column(len(vs), func(i int) []byte { return vs[i].closeSeq }))
+		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq",
+			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"))
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
-		trace("closeOnly", t0)
 	}
 	if len(w.full) > 0 {
-		t0 := time.Now()
 		if err := w.execFull(ctx, tx, t); err != nil {
 			return err
 		}
-		trace("full", t0)
 	}
 	if len(w.insVersions) > 0 {
-		t0 := time.Now()
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insVersions))
 		for i, iv := range w.insVersions {
@@ -150,10 +147,8 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		if _, err := tx.CopyFrom(ctx, t.hist, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
-		trace("insVersions", t0)
 	}
 	if len(w.insSide) > 0 {
-		t0 := time.Now()
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable")
 		rows := make([][]any, len(w.insSide))
 		for i, sr := range w.insSide {
@@ -169,9 +164,18 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		if _, err := tx.CopyFrom(ctx, t.side, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
-		trace("insSide", t0)
 	}
 	return nil
+}
+
+// versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
+func (t *table) versionKeys(vs []*version) (types, names []string, args []any) {
+	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.keyIdx)), "seq")
+	for i := range t.keyIdx {
+		args = append(args, column(len(vs), func(j int) any { return vs[j].key[i] }))
+	}
+	args = append(args, column(len(vs), func(j int) []byte { return vs[j].seq }))
+	return types, names, args
 }
 
 // versionBook renders a version's bookkeeping columns, in insert order.
@@ -189,9 +193,7 @@ func versionBook(v *version) []any {
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
-	types := []string{"bigint"}
-	names := []string{"id"}
-	args := []any{column(len(vs), func(i int) int64 { return vs[i].id })}
+	types, names, args := t.versionKeys(vs)
 	var sets []string
 	for ci, c := range t.cols {
 		if c.key {
@@ -208,6 +210,9 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		{"scd_seq", "bytea"}, {"scd_close_seq", "bytea"}, {"scd_op", "text"}, {"scd_hash", "bytea"},
 	}
 	for bi, b := range book {
+		if b.col == "scd_seq" {
+			continue // matched on, not set
+		}
 		types = append(types, b.typ)
 		names = append(names, "b_"+b.col)
 		args = append(args, column(len(vs), func(i int) any { return versionBook(vs[i])[bi] }))
@@ -222,7 +227,8 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		return strings.Join(vs[i].unavail, "\x1f")
 	}))
 	sets = append(sets, `scd_unavailable = string_to_array(x.b_unavail, E'\\x1f')`)
-	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE h.scd_id = x.id", t.hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names))
+	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND h.scd_seq = x.seq", t.hist.Sanitize(), strings.Join(sets, ", "),
+		unnest("x", 1, types, names), t.keyMatch("h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("rewriting versions of %s: %w", t.hist.Sanitize(), err)
 	}
