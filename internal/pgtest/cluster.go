@@ -29,8 +29,8 @@ const EnvDSN = "SCD2SINK_TEST_DSN"
 
 // ErrNoPostgres is returned when no server can be provided.
 var ErrNoPostgres = errors.New("no PostgreSQL available: install the server binaries " +
-	"(Debian: apt-get install postgresql) or set " + EnvDSN + " to a DSN of a server " +
-	"where the user may create databases")
+	"(Debian: apt-get install postgresql), run a Docker engine, or set " + EnvDSN +
+	" to a DSN of a server where the user may create databases")
 
 // Cluster is a PostgreSQL server the tests may create databases in.
 type Cluster struct {
@@ -38,10 +38,12 @@ type Cluster struct {
 	dataDir string   // set when this process started the server
 	bindir  string
 	runAs   *user.User
+	stop    func() // stops a container
 }
 
 // Start returns the server named by SCD2SINK_TEST_DSN, or starts a new one
-// from the local binaries. Stop it with Stop.
+// from the local binaries, or else in Docker through testcontainers-go.
+// Stop it with Stop.
 func Start(ctx context.Context) (*Cluster, error) {
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
 		u, err := url.Parse(dsn)
@@ -52,7 +54,11 @@ func Start(ctx context.Context) (*Cluster, error) {
 	}
 	bindir, err := findBindir()
 	if err != nil {
-		return nil, err
+		c, cerr := startContainer(ctx)
+		if cerr != nil {
+			return nil, fmt.Errorf("%w (%v)", ErrNoPostgres, cerr)
+		}
+		return c, nil
 	}
 	return startLocal(ctx, bindir)
 }
@@ -162,6 +168,10 @@ func (c *Cluster) run(ctx context.Context, tool string, args ...string) ([]byte,
 // Stop stops a server this process started and removes its files; for a
 // server from SCD2SINK_TEST_DSN it does nothing.
 func (c *Cluster) Stop() {
+	if c != nil && c.stop != nil {
+		c.stop()
+		return
+	}
 	if c == nil || c.dataDir == "" {
 		return
 	}
