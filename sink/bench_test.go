@@ -28,9 +28,9 @@ func benchSpec(schema string) sink.TableSpec {
 		TrackHistory: []string{"plan", "city", "score"}}
 }
 
-// benchEventsFor makes a snapshot of benchKeys rows followed by updates, 90%
-// of them changing a tracked column and 10% only the Type 1 name.
-func benchEventsFor(rng *rand.Rand) []*change.Event {
+// benchEventsFor makes a snapshot of benchKeys rows followed by updates;
+// type1PerMille of them change only the Type 1 name, the others a tracked column.
+func benchEventsFor(rng *rand.Rand, type1PerMille int) []*change.Event {
 	plans := []string{"basic", "pro", "team", "enterprise"}
 	cities := []string{"Wien", "Linz", "Graz", "Salzburg", "Innsbruck"}
 	rows := make([]map[string]any, benchKeys)
@@ -51,7 +51,7 @@ func benchEventsFor(rng *rand.Rand) []*change.Event {
 			for c, v := range rows[k] {
 				row[c] = v
 			}
-			if rng.IntN(10) == 0 {
+			if rng.IntN(1000) < type1PerMille {
 				row["name"] = fmt.Sprintf("customer %d v%d", k, i)
 			} else {
 				row["plan"] = plans[rng.IntN(4)]
@@ -69,12 +69,24 @@ func benchEventsFor(rng *rand.Rand) []*change.Event {
 // BenchmarkApply applies 200,000 events (50,000 keys, mostly tracked
 // updates) in batches of 10,000, then COPYs the resulting rows into a table
 // of the same shape and indexes, and reports both rates and their ratio.
+// "mixed" has 10% Type-1-only updates (each rewrites every version of its
+// key, type1_scope all_versions); "tracked" has none.
 func BenchmarkApply(b *testing.B) {
-	ctx := context.Background()
 	pool := benchPool(b)
-	evs := benchEventsFor(rand.New(rand.NewPCG(1, 2)))
+	for _, w := range []struct {
+		name    string
+		perMill int
+	}{{"mixed", 100}, {"tracked", 0}} {
+		b.Run(w.name, func(b *testing.B) {
+			benchApply(b, pool, w.name, benchEventsFor(rand.New(rand.NewPCG(1, 2)), w.perMill))
+		})
+	}
+}
+
+func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Event) {
+	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
-		schema := fmt.Sprintf("bench%d", iter)
+		schema := fmt.Sprintf("bench_%s_%d", name, iter)
 		spec := benchSpec(schema)
 		s, err := sink.New(sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}}, pool)
 		if err != nil {
@@ -118,6 +130,9 @@ func BenchmarkApply(b *testing.B) {
 		b.ReportMetric(eps/rps, "ratio")
 		b.Logf("applied %d events (%d versions) in %s: %.0f events/s; COPY of %d rows in %s: %.0f rows/s; ratio %.2f",
 			res.Events, res.VersionsOpened, applyDur.Round(time.Millisecond), eps, rows, copyDur.Round(time.Millisecond), rps, eps/rps)
+		var upd, hot, ins int64
+		_ = pool.QueryRow(ctx, "SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'bench_history'", schema).Scan(&upd, &hot, &ins)
+		b.Logf("history table: %d inserts, %d updates (%d HOT)", ins, upd, hot)
 		vs, err := s.Verify(ctx, spec.Target)
 		if err != nil || len(vs) > 0 {
 			b.Fatalf("verify: %v %v", err, vs)
