@@ -1,0 +1,345 @@
+// Package config reads scd2sink's YAML configuration (DESIGN.md section 3):
+// strict decoding (an unknown key is an error naming it and its line),
+// defaults, the defaults: block, environment overrides and validation. Every
+// error is an *Error naming the offending key; the command exits 2 on it.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	Kafka           Kafka          `yaml:"kafka"`
+	Postgres        Postgres       `yaml:"postgres"`
+	SchemaRegistry  SchemaRegistry `yaml:"schema_registry"`
+	Sequencer       Sequencer      `yaml:"sequencer"`
+	Sink            Sink           `yaml:"sink"`
+	HTTP            HTTP           `yaml:"http"`
+	Log             Log            `yaml:"log"`
+	ShutdownTimeout time.Duration  `yaml:"shutdown_timeout"`
+	Defaults        TableDefaults  `yaml:"defaults"`
+	Tables          []Table        `yaml:"tables"`
+}
+
+// Kafka is the kafka: block.
+type Kafka struct {
+	Brokers     []string `yaml:"brokers"`
+	GroupID     string   `yaml:"group_id"`
+	ClientID    string   `yaml:"client_id"`
+	StartOffset string   `yaml:"start_offset"`
+	TLS         TLS      `yaml:"tls"`
+	SASL        SASL     `yaml:"sasl"`
+}
+
+// TLS is kafka.tls.
+type TLS struct {
+	Enabled  bool   `yaml:"enabled"`
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// SASL is kafka.sasl.
+type SASL struct {
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	Password  string `yaml:"password"`
+}
+
+// Postgres is the postgres: block.
+type Postgres struct {
+	DSN    string `yaml:"dsn"`
+	Schema string `yaml:"schema"`
+}
+
+// SchemaRegistry is the schema_registry: block (format debezium-avro only).
+type SchemaRegistry struct {
+	URL      string `yaml:"url"`
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+}
+
+// Sequencer is the sequencer: block.
+type Sequencer struct {
+	ReorderWindow     time.Duration `yaml:"reorder_window"`
+	MaxBufferedEvents int           `yaml:"max_buffered_events"`
+}
+
+// Sink is the sink: block.
+type Sink struct {
+	BatchMaxEvents  int           `yaml:"batch_max_events"`
+	BatchMaxWait    time.Duration `yaml:"batch_max_wait"`
+	DeadLetterTable string        `yaml:"dead_letter_table"`
+}
+
+// HTTP is the http: block.
+type HTTP struct {
+	Addr *string `yaml:"addr"` // nil: default; "": disabled
+}
+
+// Log is the log: block.
+type Log struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// TableDefaults is the defaults: block; each table entry may override it.
+type TableDefaults struct {
+	Format     string `yaml:"format"`
+	Connector  string `yaml:"connector"`
+	ValidFrom  string `yaml:"valid_from"`
+	Deletes    string `yaml:"deletes"`
+	Type1Scope string `yaml:"type1_scope"`
+}
+
+// Table is one tables: entry.
+type Table struct {
+	Topic         string   `yaml:"topic"`
+	Target        string   `yaml:"target"`
+	Keys          []string `yaml:"keys"`
+	Format        string   `yaml:"format"`
+	Connector     string   `yaml:"connector"`
+	SequenceBy    []string `yaml:"sequence_by"`
+	ValidFrom     string   `yaml:"valid_from"`
+	TrackHistory  []string `yaml:"track_history"`
+	IgnoreColumns []string `yaml:"ignore_columns"`
+	Type1Scope    string   `yaml:"type1_scope"`
+	Deletes       string   `yaml:"deletes"`
+}
+
+// Error is a configuration error: Key names the offending key (as a path
+// like tables[1].type1_scope), Msg says why.
+type Error struct {
+	Key string
+	Msg string
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return "configuration: " + e.Msg
+	}
+	return fmt.Sprintf("configuration: %s: %s", e.Key, e.Msg)
+}
+
+func errf(key, format string, args ...any) *Error {
+	return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Path resolves the configuration file: flag, then $SCD2SINK_CONFIG, then
+// scd2sink.yaml in the working directory.
+func Path(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := os.Getenv("SCD2SINK_CONFIG"); env != "" {
+		return env
+	}
+	return "scd2sink.yaml"
+}
+
+// Load reads, completes and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{Key: "", Msg: fmt.Sprintf("cannot read %s: %v", path, errors.Unwrap(err))}
+	}
+	return Parse(raw, os.LookupEnv)
+}
+
+var (
+	yamlUnknown = regexp.MustCompile(`line (\d+): field (\S+) not found in type config\.(\w+)`)
+	yamlLine    = regexp.MustCompile(`line (\d+): (.*)`)
+)
+
+// keyLines maps each line of raw that holds a key to that key's path
+// (kafka.brokers, tables[1].deletes ...), to name keys in decoder errors.
+func keyLines(raw []byte) map[int]string {
+	out := map[int]string{}
+	var root yaml.Node
+	if yaml.Unmarshal(raw, &root) != nil {
+		return out
+	}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := n.Content[i].Value
+				if path != "" {
+					p = path + "." + p
+				}
+				out[n.Content[i].Line] = p
+				out[n.Content[i+1].Line] = p
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				p := fmt.Sprintf("%s[%d]", path, i)
+				if _, taken := out[c.Line]; !taken || c.Kind != yaml.MappingNode {
+					out[c.Line] = p
+				}
+				walk(c, p)
+			}
+		}
+	}
+	walk(&root, "")
+	return out
+}
+
+// Parse decodes raw YAML, applies env (os.LookupEnv in production) and the
+// defaults, and validates the result.
+func Parse(raw []byte, env func(string) (string, bool)) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(err, keyLines(raw))
+	}
+	if err := c.applyEnv(env); err != nil {
+		return nil, err
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// yamlError turns the YAML decoder's message into one naming the key.
+func yamlError(err error, lines map[int]string) error {
+	msg := err.Error()
+	if m := yamlUnknown.FindStringSubmatch(msg); m != nil {
+		return &Error{Key: m[2], Msg: fmt.Sprintf("unknown key at line %s (in the %s block); check its spelling", m[1], blockName(m[3]))}
+	}
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		var line int
+		fmt.Sscan(m[1], &line)
+		if key, ok := lines[line]; ok {
+			return &Error{Key: key, Msg: fmt.Sprintf("line %d: %s", line, strings.ReplaceAll(m[2], "!!str ", ""))}
+		}
+	}
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
+	return &Error{Msg: "invalid YAML: " + msg}
+}
+
+func blockName(goType string) string {
+	names := map[string]string{"Config": "top", "Kafka": "kafka", "TLS": "kafka.tls", "SASL": "kafka.sasl",
+		"Postgres": "postgres", "SchemaRegistry": "schema_registry", "Sequencer": "sequencer", "Sink": "sink",
+		"HTTP": "http", "Log": "log", "TableDefaults": "defaults", "Table": "tables"}
+	if n, ok := names[goType]; ok {
+		return n
+	}
+	return goType
+}
+
+func (c *Config) applyEnv(env func(string) (string, bool)) error {
+	if v, ok := env("SCD2SINK_KAFKA_BROKERS"); ok {
+		c.Kafka.Brokers = nil
+		for _, b := range strings.Split(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.Kafka.Brokers = append(c.Kafka.Brokers, b)
+			}
+		}
+	}
+	set := func(name string, dst *string) {
+		if v, ok := env(name); ok {
+			*dst = v
+		}
+	}
+	set("SCD2SINK_POSTGRES_DSN", &c.Postgres.DSN)
+	set("SCD2SINK_KAFKA_SASL_PASSWORD", &c.Kafka.SASL.Password)
+	set("SCD2SINK_SCHEMA_REGISTRY_PASSWORD", &c.SchemaRegistry.Password)
+	set("SCD2SINK_LOG_LEVEL", &c.Log.Level)
+	if v, ok := env("SCD2SINK_HTTP_ADDR"); ok {
+		c.HTTP.Addr = &v
+	}
+	return nil
+}
+
+// DefaultHTTPAddr is where /metrics, /healthz and /readyz are served by default.
+const DefaultHTTPAddr = "127.0.0.1:9464"
+
+func (c *Config) applyDefaults() {
+	or := func(dst *string, def string) {
+		if *dst == "" {
+			*dst = def
+		}
+	}
+	or(&c.Kafka.GroupID, "scd2sink")
+	or(&c.Kafka.ClientID, "scd2sink")
+	or(&c.Kafka.StartOffset, "earliest")
+	or(&c.Postgres.Schema, "public")
+	if c.Sequencer.ReorderWindow == 0 {
+		c.Sequencer.ReorderWindow = 2 * time.Second
+	}
+	if c.Sequencer.MaxBufferedEvents == 0 {
+		c.Sequencer.MaxBufferedEvents = 200000
+	}
+	if c.Sink.BatchMaxEvents == 0 {
+		c.Sink.BatchMaxEvents = 10000
+	}
+	if c.Sink.BatchMaxWait == 0 {
+		c.Sink.BatchMaxWait = 250 * time.Millisecond
+	}
+	or(&c.Sink.DeadLetterTable, "scd2sink_dead_letters")
+	if c.HTTP.Addr == nil {
+		addr := DefaultHTTPAddr
+		c.HTTP.Addr = &addr
+	}
+	or(&c.Log.Level, "info")
+	or(&c.Log.Format, "json")
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	d := &c.Defaults
+	or(&d.Format, "debezium-json")
+	or(&d.Connector, "postgresql")
+	or(&d.ValidFrom, "source.ts_ms")
+	or(&d.Deletes, "close")
+	or(&d.Type1Scope, "all_versions")
+	for i := range c.Tables {
+		t := &c.Tables[i]
+		or(&t.Format, d.Format)
+		or(&t.Connector, d.Connector)
+		or(&t.ValidFrom, d.ValidFrom)
+		or(&t.Deletes, d.Deletes)
+		or(&t.Type1Scope, d.Type1Scope)
+		if t.Target == "" && t.Topic != "" {
+			parts := strings.Split(t.Topic, ".")
+			t.Target = parts[len(parts)-1] + "_history"
+		}
+		if len(t.SequenceBy) == 0 {
+			t.SequenceBy = DefaultSequenceBy[t.Connector]
+		}
+	}
+}
+
+// DefaultSequenceBy is the sequence_by of each connector when a table does not set it.
+var DefaultSequenceBy = map[string][]string{
+	"postgresql": {"source.lsn"},
+	"mysql":      {"source.file", "source.pos", "source.row"},
+	"sqlserver":  {"source.commit_lsn", "source.change_lsn", "source.event_serial_no"},
+}
+
+// HTTPAddr returns the HTTP listen address; empty means disabled.
+func (c *Config) HTTPAddr() string {
+	if c.HTTP.Addr == nil {
+		return DefaultHTTPAddr
+	}
+	return *c.HTTP.Addr
+}

@@ -1,0 +1,160 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+kafka:
+  brokers: ["127.0.0.1:9092"]
+postgres:
+  dsn: "postgres://user:s3cret@127.0.0.1:5432/db"
+tables:
+  - topic: shop.public.customers
+`
+
+func noEnv(string) (string, bool) { return "", false }
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := c.Tables[0]
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"group", c.Kafka.GroupID, "scd2sink"},
+		{"start", c.Kafka.StartOffset, "earliest"},
+		{"schema", c.Postgres.Schema, "public"},
+		{"window", c.Sequencer.ReorderWindow, 2 * time.Second},
+		{"buffer", c.Sequencer.MaxBufferedEvents, 200000},
+		{"batch", c.Sink.BatchMaxEvents, 10000},
+		{"wait", c.Sink.BatchMaxWait, 250 * time.Millisecond},
+		{"dead letters", c.Sink.DeadLetterTable, "scd2sink_dead_letters"},
+		{"http", c.HTTPAddr(), "127.0.0.1:9464"},
+		{"shutdown", c.ShutdownTimeout, 30 * time.Second},
+		{"target", tb.Target, "customers_history"},
+		{"format", tb.Format, "debezium-json"},
+		{"sequence", strings.Join(tb.SequenceBy, ","), "source.lsn"},
+		{"valid_from", tb.ValidFrom, "source.ts_ms"},
+		{"scope", tb.Type1Scope, "all_versions"},
+		{"deletes", tb.Deletes, "close"},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s: got %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+}
+
+func TestDefaultsBlockAndConnector(t *testing.T) {
+	c, err := Parse([]byte(minimal+`
+  - topic: inv.dbo.items
+    connector: sqlserver
+    deletes: close
+defaults:
+  connector: mysql
+  deletes: ignore
+  type1_scope: current_version
+`), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.Tables[0].SequenceBy, ","); got != "source.file,source.pos,source.row" || c.Tables[0].Deletes != "ignore" {
+		t.Errorf("table 0: %v %s", got, c.Tables[0].Deletes)
+	}
+	if got := strings.Join(c.Tables[1].SequenceBy, ","); got != "source.commit_lsn,source.change_lsn,source.event_serial_no" ||
+		c.Tables[1].Deletes != "close" || c.Tables[1].Type1Scope != "current_version" {
+		t.Errorf("table 1: %v %s %s", got, c.Tables[1].Deletes, c.Tables[1].Type1Scope)
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	env := map[string]string{
+		"SCD2SINK_KAFKA_BROKERS":       "a:1, b:2",
+		"SCD2SINK_POSTGRES_DSN":        "postgres://other@h/db",
+		"SCD2SINK_KAFKA_SASL_PASSWORD": "pw",
+		"SCD2SINK_LOG_LEVEL":           "debug",
+		"SCD2SINK_HTTP_ADDR":           "",
+	}
+	c, err := Parse([]byte(minimal), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.Kafka.Brokers, ",") != "a:1,b:2" || c.Postgres.DSN != env["SCD2SINK_POSTGRES_DSN"] ||
+		c.Kafka.SASL.Password != "pw" || c.Log.Level != "debug" || c.HTTPAddr() != "" {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+// TestBadValues: every key's bad value is an *Error naming that key, and no
+// message carries the DSN's password.
+func TestBadValues(t *testing.T) {
+	tests := []struct {
+		name, yaml, key string
+	}{
+		{"unknown top key", minimal + "colour: blue\n", "colour"},
+		{"misspelled nested key", strings.Replace(minimal, "brokers:", "broker:", 1), "broker"},
+		{"unknown table key", minimal + "    targt: x\n", "targt"},
+		{"no brokers", strings.Replace(minimal, `["127.0.0.1:9092"]`, "[]", 1), "kafka.brokers"},
+		{"broker without port", strings.Replace(minimal, `127.0.0.1:9092`, "kafka", 1), "kafka.brokers[0]"},
+		{"start offset", minimal + "  start_offset: middle\n", ""},
+		{"dsn missing", strings.Replace(minimal, `dsn: "postgres://user:s3cret@127.0.0.1:5432/db"`, `schema: public`, 1), "postgres.dsn"},
+		{"dsn invalid", strings.Replace(minimal, `postgres://user:s3cret@127.0.0.1:5432/db`, "postgres://user:s3cret@127.0.0.1:notaport/db", 1), "postgres.dsn"},
+		{"schema", minimal + "sequencer:\n  reorder_window: -1s\n", "sequencer.reorder_window"},
+		{"duration", minimal + "sequencer:\n  reorder_window: soon\n", "sequencer.reorder_window"},
+		{"number", minimal + "sink:\n  batch_max_events: many\n", "sink.batch_max_events"},
+		{"list", minimal + "    keys: id\n", "tables[0].keys"},
+		{"buffer", minimal + "sequencer:\n  max_buffered_events: -5\n", "sequencer.max_buffered_events"},
+		{"batch", minimal + "sink:\n  batch_max_events: -1\n", "sink.batch_max_events"},
+		{"wait", minimal + "sink:\n  batch_max_wait: -1ms\n", "sink.batch_max_wait"},
+		{"dead letter table", minimal + "sink:\n  dead_letter_table: \"a;b\"\n", "sink.dead_letter_table"},
+		{"http", minimal + "http:\n  addr: nowhere\n", "http.addr"},
+		{"log level", minimal + "log:\n  level: loud\n", "log.level"},
+		{"log format", minimal + "log:\n  format: xml\n", "log.format"},
+		{"shutdown", minimal + "shutdown_timeout: -1s\n", "shutdown_timeout"},
+		{"sasl mechanism", minimal + "  sasl:\n    mechanism: MAGIC\n", ""},
+		{"no tables", strings.Split(minimal, "tables:")[0], "tables"},
+		{"duplicate topic", minimal + "  - topic: shop.public.customers\n    target: other\n", "tables[1].topic"},
+		{"duplicate target", minimal + "  - topic: x.y.customers\n", "tables[1].target"},
+		{"bad target", minimal + "    target: \"drop table\"\n", "tables[0].target"},
+		{"format", minimal + "    format: protobuf\n", "tables[0].format"},
+		{"avro without registry", minimal + "    format: debezium-avro\n", "schema_registry.url"},
+		{"connector", minimal + "    connector: oracle\n", "tables[0].connector"},
+		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
+		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
+		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
+		{"duplicate key", minimal + "    keys: [a, a]\n", "tables[0].keys"},
+		{"tracked key", minimal + "    keys: [a]\n    track_history: [a]\n", "tables[0].track_history"},
+		{"tracked and ignored", minimal + "    track_history: [b]\n    ignore_columns: [b]\n", "tables[0].track_history"},
+		{"defaults scope", minimal + "defaults:\n  type1_scope: x\n", "defaults.type1_scope"},
+		{"not yaml", "kafka: [", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), noEnv)
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %v, want a *config.Error", err)
+			}
+			if tc.key != "" && ce.Key != tc.key {
+				t.Fatalf("error names %q, want %q: %v", ce.Key, tc.key, err)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
+
+func TestUnknownKeyNamesLine(t *testing.T) {
+	_, err := Parse([]byte(minimal+"    track_histroy: [a]\n"), noEnv)
+	if err == nil || !strings.Contains(err.Error(), "track_histroy") || !strings.Contains(err.Error(), "line 8") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -1,0 +1,210 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+func oneOf(key, value string, allowed ...string) error {
+	if slices.Contains(allowed, value) {
+		return nil
+	}
+	return errf(key, "%q is not one of %v", value, allowed)
+}
+
+// Validate checks every value and returns the first error, naming its key.
+func (c *Config) Validate() error {
+	checks := []func() error{c.validateKafka, c.validateServices, c.validateTables}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateKafka() error {
+	k := c.Kafka
+	if len(k.Brokers) == 0 {
+		return errf("kafka.brokers", "at least one broker is required (or set SCD2SINK_KAFKA_BROKERS)")
+	}
+	for i, b := range k.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return errf(fmt.Sprintf("kafka.brokers[%d]", i), "%q is not host:port", b)
+		}
+	}
+	if err := oneOf("kafka.start_offset", k.StartOffset, "earliest", "latest"); err != nil {
+		return err
+	}
+	if k.TLS.Enabled {
+		for key, f := range map[string]string{"kafka.tls.ca_file": k.TLS.CAFile, "kafka.tls.cert_file": k.TLS.CertFile, "kafka.tls.key_file": k.TLS.KeyFile} {
+			if f == "" {
+				continue
+			}
+			if _, err := os.Stat(f); err != nil {
+				return errf(key, "cannot read %s", f)
+			}
+		}
+		if (k.TLS.CertFile == "") != (k.TLS.KeyFile == "") {
+			return errf("kafka.tls.key_file", "cert_file and key_file go together")
+		}
+	}
+	if err := oneOf("kafka.sasl.mechanism", k.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"); err != nil {
+		return err
+	}
+	if k.SASL.Mechanism != "" && k.SASL.Username == "" {
+		return errf("kafka.sasl.username", "is required with mechanism %s", k.SASL.Mechanism)
+	}
+	return nil
+}
+
+func (c *Config) validateServices() error {
+	if c.Postgres.DSN == "" {
+		return errf("postgres.dsn", "is required (or set SCD2SINK_POSTGRES_DSN)")
+	}
+	if _, err := pgconn.ParseConfig(c.Postgres.DSN); err != nil {
+		// pgconn's message can quote the DSN with its password: say less.
+		return errf("postgres.dsn", "is not a valid PostgreSQL connection string")
+	}
+	if !identifier.MatchString(c.Postgres.Schema) {
+		return errf("postgres.schema", "%q is not a plain identifier", c.Postgres.Schema)
+	}
+	if c.SchemaRegistry.URL != "" {
+		if u, err := url.Parse(c.SchemaRegistry.URL); err != nil || u.Host == "" {
+			return errf("schema_registry.url", "%q is not a URL", c.SchemaRegistry.URL)
+		}
+	}
+	if c.Sequencer.ReorderWindow < 0 {
+		return errf("sequencer.reorder_window", "must not be negative")
+	}
+	if c.Sequencer.MaxBufferedEvents < 1 {
+		return errf("sequencer.max_buffered_events", "must be at least 1")
+	}
+	if c.Sink.BatchMaxEvents < 1 {
+		return errf("sink.batch_max_events", "must be at least 1")
+	}
+	if c.Sink.BatchMaxWait <= 0 {
+		return errf("sink.batch_max_wait", "must be positive")
+	}
+	if !identifier.MatchString(c.Sink.DeadLetterTable) {
+		return errf("sink.dead_letter_table", "%q is not a plain identifier", c.Sink.DeadLetterTable)
+	}
+	if addr := c.HTTPAddr(); addr != "" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return errf("http.addr", "%q is not host:port", addr)
+		}
+	}
+	if err := oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error"); err != nil {
+		return err
+	}
+	if err := oneOf("log.format", c.Log.Format, "json", "console"); err != nil {
+		return err
+	}
+	if c.ShutdownTimeout <= 0 {
+		return errf("shutdown_timeout", "must be positive")
+	}
+	d := c.Defaults
+	for _, chk := range []error{
+		oneOf("defaults.format", d.Format, "debezium-json", "debezium-avro"),
+		oneOf("defaults.connector", d.Connector, "postgresql", "mysql", "sqlserver"),
+		oneOf("defaults.deletes", d.Deletes, "close", "ignore"),
+		oneOf("defaults.type1_scope", d.Type1Scope, "all_versions", "current_version"),
+	} {
+		if chk != nil {
+			return chk
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateTables() error {
+	if len(c.Tables) == 0 {
+		return errf("tables", "at least one table is required")
+	}
+	topics, targets := map[string]int{}, map[string]int{}
+	for i, t := range c.Tables {
+		key := func(field string) string { return fmt.Sprintf("tables[%d].%s", i, field) }
+		if t.Topic == "" {
+			return errf(key("topic"), "is required")
+		}
+		if j, dup := topics[t.Topic]; dup {
+			return errf(key("topic"), "%q is also tables[%d].topic", t.Topic, j)
+		}
+		topics[t.Topic] = i
+		if !identifier.MatchString(t.Target) {
+			return errf(key("target"), "%q is not a plain identifier", t.Target)
+		}
+		if j, dup := targets[t.Target]; dup {
+			return errf(key("target"), "%q is also tables[%d].target", t.Target, j)
+		}
+		targets[t.Target] = i
+		if err := oneOf(key("format"), t.Format, "debezium-json", "debezium-avro"); err != nil {
+			return err
+		}
+		if t.Format == "debezium-avro" {
+			if c.SchemaRegistry.URL == "" {
+				return errf("schema_registry.url", "is required by %s (format debezium-avro)", key("format"))
+			}
+			return errf(key("format"), "debezium-avro is not supported by this build yet; use debezium-json")
+		}
+		if err := oneOf(key("connector"), t.Connector, "postgresql", "mysql", "sqlserver"); err != nil {
+			return err
+		}
+		if len(t.SequenceBy) == 0 {
+			return errf(key("sequence_by"), "must name at least one envelope path")
+		}
+		for j, p := range t.SequenceBy {
+			if p == "" {
+				return errf(fmt.Sprintf("tables[%d].sequence_by[%d]", i, j), "is empty")
+			}
+		}
+		if t.ValidFrom == "" {
+			return errf(key("valid_from"), "is empty")
+		}
+		if err := oneOf(key("type1_scope"), t.Type1Scope, "all_versions", "current_version"); err != nil {
+			return err
+		}
+		if err := oneOf(key("deletes"), t.Deletes, "close", "ignore"); err != nil {
+			return err
+		}
+		if err := distinct(key("keys"), t.Keys); err != nil {
+			return err
+		}
+		for _, col := range t.TrackHistory {
+			if slices.Contains(t.Keys, col) {
+				return errf(key("track_history"), "%q is a key column", col)
+			}
+			if slices.Contains(t.IgnoreColumns, col) {
+				return errf(key("track_history"), "%q is also in ignore_columns", col)
+			}
+		}
+		for _, col := range t.IgnoreColumns {
+			if slices.Contains(t.Keys, col) {
+				return errf(key("ignore_columns"), "%q is a key column", col)
+			}
+		}
+	}
+	return nil
+}
+
+func distinct(key string, list []string) error {
+	seen := map[string]bool{}
+	for _, s := range list {
+		if s == "" {
+			return errf(key, "contains an empty name")
+		}
+		if seen[s] {
+			return errf(key, "%q appears twice", s)
+		}
+		seen[s] = true
+	}
+	return nil
+}
