@@ -73,6 +73,7 @@ const Unavailable = "__debezium_unavailable_value"
 type Event struct {
 	Table     string // the configured target table this event belongs to
 	Key       []any
+	KeyNames  []string // the key columns, when the table configures none
 	Seq       Seq
 	Op        Op
 	ValidFrom time.Time

@@ -1,0 +1,124 @@
+package consumer
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+var rules = []Rule{
+	{Topic: "shop.public.customers", Target: "customers_history", Keys: []string{"customer_id"},
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"},
+	{Topic: "shop.public.orders", Target: "orders_history", SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "ts_ms"},
+	{Topic: "inv.items", Target: "items_history", Keys: []string{"sku"},
+		SequenceBy: []string{"source.file", "source.pos", "source.row"}, ValidFrom: "source.ts_ms"},
+}
+
+func origin(topic string) change.Origin {
+	return change.Origin{Partition: change.Partition{Topic: topic, Partition: 2}, Offset: 17}
+}
+
+const withSchema = `{"schema":{"type":"struct","fields":[
+  {"type":"struct","field":"before","fields":[{"type":"string","field":"customer_id"}]},
+  {"type":"struct","field":"after","fields":[
+    {"type":"string","field":"customer_id"},
+    {"type":"int64","name":"io.debezium.time.MicroTimestamp","field":"signed_up"},
+    {"type":"int32","name":"io.debezium.time.Date","field":"birthday"},
+    {"type":"bytes","name":"org.apache.kafka.connect.data.Decimal","parameters":{"scale":"2"},"field":"balance"},
+    {"type":"string","name":"io.debezium.time.ZonedTimestamp","field":"seen"}]}]},
+ "payload":{"before":null,"after":{"customer_id":"C1","signed_up":1767225600000000,"birthday":20454,"balance":"/zg=","seen":"2026-01-02T03:04:05Z"},
+  "source":{"lsn":24023928,"ts_ms":1767225600000},"op":"c","ts_ms":1767225600123}}`
+
+func TestDecode(t *testing.T) {
+	d := NewDecoder(rules)
+	t.Run("with schema: logical types", func(t *testing.T) {
+		ev, err := d.Decode(origin("shop.public.customers"), []byte(`{"customer_id":"C1"}`), []byte(withSchema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		day := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		if ev.Op != change.OpCreate || ev.Seq.String() != "[24023928]" || !ev.ValidFrom.Equal(day) || ev.Key[0] != "C1" {
+			t.Fatalf("event %+v", ev)
+		}
+		if got := ev.After["signed_up"]; got != day {
+			t.Errorf("signed_up %v", got)
+		}
+		if got := ev.After["birthday"].(time.Time); got.Format("2006-01-02") != "2026-01-01" {
+			t.Errorf("birthday %v", got)
+		}
+		if got := ev.After["balance"]; got != json.Number("-2.00") {
+			t.Errorf("balance %v", got)
+		}
+	})
+	t.Run("without schema, key fields from the message key", func(t *testing.T) {
+		ev, err := d.Decode(origin("shop.public.orders"), []byte(`{"shop":1,"order_id":"A-9"}`),
+			[]byte(`{"before":{"shop":1,"order_id":"A-9"},"after":null,"source":{"sequence":"[\"100\",\"120\"]","lsn":120},"op":"d","ts_ms":1767225600000}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Op != change.OpDelete || ev.Seq.String() != "[100,120,120]" || strings.Join(ev.KeyNames, ",") != "shop,order_id" ||
+			ev.Key[0] != json.Number("1") || ev.Key[1] != "A-9" || ev.After != nil {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("mysql binlog position, key from after", func(t *testing.T) {
+		ev, err := d.Decode(origin("inv.items"), nil,
+			[]byte(`{"after":{"sku":"X","qty":3},"source":{"file":"mysql-bin.000003","pos":154,"row":0,"ts_ms":1767225600000},"op":"u"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Key[0] != "X" || ev.Seq.String() != `["mysql-bin.000003",154,0]` {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("truncate", func(t *testing.T) {
+		ev, err := d.Decode(origin("shop.public.customers"), nil, []byte(`{"source":{"lsn":5,"ts_ms":1767225600000},"op":"t"}`))
+		if err != nil || ev.Op != change.OpTruncate || ev.Key != nil {
+			t.Fatalf("event %+v, %v", ev, err)
+		}
+	})
+}
+
+func TestDecodeSkipsAndRejects(t *testing.T) {
+	d := NewDecoder(rules)
+	key := []byte(`{"customer_id":"C1"}`)
+	ok := `"after":{"customer_id":"C1"},"source":{"lsn":1,"ts_ms":1}`
+	tests := []struct {
+		name, topic string
+		key, value  []byte
+		skip        bool
+		want        string
+	}{
+		{"tombstone", "shop.public.customers", key, nil, true, ""},
+		{"null payload", "shop.public.customers", key, []byte(`{"schema":{},"payload":null}`), true, ""},
+		{"heartbeat", "shop.public.customers", key, []byte(`{"ts_ms":1767225600000}`), true, ""},
+		{"malformed JSON", "shop.public.customers", key, []byte(`{"op":`), false, "not Debezium JSON"},
+		{"binary garbage", "shop.public.customers", key, []byte{0xff, 0xfe, 0x00, 0x01}, false, "not Debezium JSON"},
+		{"missing op", "shop.public.customers", key, []byte(`{` + ok + `}`), false, "no op"},
+		{"unknown op", "shop.public.customers", key, []byte(`{"op":"x",` + ok + `}`), false, "unknown operation"},
+		{"missing sequence", "shop.public.customers", key, []byte(`{"op":"u","after":{"customer_id":"C1"},"source":{"ts_ms":1}}`), false, "sequence path source.lsn is missing"},
+		{"missing key", "shop.public.customers", nil, []byte(`{"op":"u","after":{"name":"x"},"source":{"lsn":1,"ts_ms":1}}`), false, "key column customer_id is missing"},
+		{"no after", "shop.public.customers", key, []byte(`{"op":"u","source":{"lsn":1,"ts_ms":1}}`), false, "no after image"},
+		{"no valid_from", "shop.public.customers", key, []byte(`{"op":"u","after":{"customer_id":"C1"},"source":{"lsn":1}}`), false, "valid_from path"},
+		{"unknown topic", "other", key, []byte(`{}`), false, "no table is configured"},
+		{"no key at all", "shop.public.orders", nil, []byte(`{"op":"c","after":{"a":1},"source":{"sequence":"[\"1\"]","lsn":1},"ts_ms":1}`), false, "message key"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := d.Decode(origin(tc.topic), tc.key, tc.value)
+			if tc.skip {
+				if !errors.Is(err, ErrSkip) {
+					t.Fatalf("got %v, want a skip", err)
+				}
+				return
+			}
+			if err == nil || errors.Is(err, ErrSkip) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
