@@ -232,3 +232,25 @@ func TestSchemaEvolutionAndTypes(t *testing.T) {
 		t.Fatalf("current views: %v", err)
 	}
 }
+
+// TestKeysFromEvents: a table that configures no keys takes them from the
+// events (the Kafka key's fields), and after a restart from the table.
+func TestKeysFromEvents(t *testing.T) {
+	pool := newPool(t)
+	spec := sink.TableSpec{Target: "orders_history"}
+	s := newSink(t, pool, "public", spec)
+	ev := func(seq int64, status string) *change.Event {
+		return &change.Event{Table: "orders_history", Key: []any{json.Number("1"), "A-9"}, KeyNames: []string{"shop", "order_id"},
+			Seq: change.MustSeq(seq), Op: change.OpUpdate, ValidFrom: day.Add(time.Duration(seq) * time.Hour),
+			After: map[string]any{"shop": json.Number("1"), "order_id": "A-9", "status": status}}
+	}
+	apply(t, s, ev(1, "new"), ev(2, "paid"))
+	s2 := newSink(t, pool, "public", spec)
+	apply(t, s2, ev(3, "shipped"))
+	withKeys := sink.TableSpec{Target: "orders_history", Schema: "public", Keys: []string{"shop", "order_id"}}
+	got := historyLines(t, pool, withKeys, []string{"status"})
+	if len(got) != 3 || !strings.Contains(got[2], "status=shipped") {
+		t.Fatalf("history %v", got)
+	}
+	verifyClean(t, s2, "orders_history")
+}

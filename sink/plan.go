@@ -50,7 +50,11 @@ func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter) {
 	for _, ev := range evs {
 		t := s.tables[ev.Table]
 		if t == nil {
-			dead = append(dead, eventDeadLetter(ev, fmt.Errorf("no table is configured for %q", ev.Table)))
+			err := fmt.Errorf("no table is configured for %q", ev.Table)
+			if _, ok := s.specs[ev.Table]; ok {
+				err = fmt.Errorf("table %s has no key columns yet: configure keys, or send keyed events first", ev.Table)
+			}
+			dead = append(dead, eventDeadLetter(ev, err))
 			continue
 		}
 		p := plans[ev.Table]

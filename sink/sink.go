@@ -57,7 +57,15 @@ func (s *Sink) Init(ctx context.Context) error {
 			return err
 		}
 		for _, spec := range s.cfg.Tables {
-			if len(spec.Columns) == 0 {
+			if len(spec.Keys) == 0 {
+				keys, err := s.existingKeys(ctx, spec)
+				if err != nil {
+					return err
+				}
+				spec.Keys = keys
+				s.specs[spec.Target] = spec
+			}
+			if len(spec.Columns) == 0 || len(spec.Keys) == 0 {
 				continue
 			}
 			t, err := ensureTable(ctx, s.pool, spec, nil)
@@ -71,6 +79,20 @@ func (s *Sink) Init(ctx context.Context) error {
 	return err
 }
 
+// existingKeys reads the key columns of an existing history table from its
+// (key columns, scd_seq) index; none when the table does not exist yet.
+func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT a.attname FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+		WHERE n.nspname = $1 AND c.relname = $2 AND a.attname <> 'scd_seq'
+		ORDER BY array_position(i.indkey::int2[], a.attnum)`, spec.Schema, spec.Target+"_scd_key_seq")
+	if err != nil {
+		return nil, fmt.Errorf("reading the key of %s: %w", spec.Target, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // prepare creates tables met for the first time and adds columns that
 // events carry but their tables lack. DDL runs in its own transactions.
 func (s *Sink) prepare(ctx context.Context, evs []*change.Event) error {
@@ -79,6 +101,13 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event) error {
 		spec, ok := s.specs[ev.Table]
 		if !ok {
 			continue
+		}
+		if len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
+			spec.Keys = ev.KeyNames
+			s.specs[ev.Table] = spec
+		}
+		if len(spec.Keys) == 0 {
+			continue // no key known yet: a truncate, or dead letters to come
 		}
 		t := s.tables[ev.Table]
 		note := func(name string, v any) {

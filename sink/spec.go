@@ -41,6 +41,7 @@ type TableSpec struct {
 	Target string
 	Schema string
 	// Keys are the business key columns, in order; change.Event.Key follows it.
+	// When empty, the first event's KeyNames (the Kafka key's fields) decide.
 	Keys []string
 	// Columns are the source columns (keys included) used to create the table.
 	// Columns that appear in events but not here are added as they come,
@@ -146,9 +147,6 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("table %s: target appears twice", t.Target)
 		}
 		seen[t.Target] = true
-		if len(t.Keys) == 0 {
-			return fmt.Errorf("table %s: no key columns", t.Target)
-		}
 		if t.Schema == "" {
 			t.Schema = c.Schema
 		}

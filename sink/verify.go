@@ -29,6 +29,16 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	if !ok {
 		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
 	}
+	if len(spec.Keys) == 0 {
+		keys, err := s.existingKeys(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		if len(keys) == 0 {
+			return nil, nil // the table does not exist yet
+		}
+		spec.Keys = keys
+	}
 	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
 	keys := quoteIdents(spec.Keys)
 	keyJSON := "json_build_array(" + keys + ")::text"
