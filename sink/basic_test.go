@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -55,9 +56,9 @@ func TestAppendAndLate(t *testing.T) {
 	apply(t, s, late)
 	apply(t, s, evs[1]) // redelivered
 	all := append(evs, late)
-	want := modelLines(spec, custCols, modelFold(spec, custCols, all))
-	got := historyLines(t, pool, spec, custCols)
-	if d := diffLines(want, got); d != "" {
+	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, all))
+	got := scdtest.HistoryLines(t, pool, spec, custCols)
+	if d := scdtest.DiffLines(want, got); d != "" {
 		t.Fatalf("history differs from the fold:\n%s", d)
 	}
 	verifyClean(t, s, spec.Target)

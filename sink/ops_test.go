@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -134,7 +135,7 @@ func TestDeadLettersAndOffsets(t *testing.T) {
 	if err != nil || offs[p] != 9 {
 		t.Fatalf("offsets %v %v, want %s at 9", offs, err, p)
 	}
-	if got := historyLines(t, pool, spec, custCols); len(got) != 1 || !strings.Contains(got[0], "name=a ") {
+	if got := scdtest.HistoryLines(t, pool, spec, custCols); len(got) != 1 || !strings.Contains(got[0], "name=a ") {
 		t.Fatalf("history %v", got)
 	}
 }
@@ -183,9 +184,9 @@ func TestRetriesLostConnections(t *testing.T) {
 	if killed.Load() == 0 || retries == 0 {
 		t.Fatalf("killed %d backends, %d retries: the test did not exercise a failure", killed.Load(), retries)
 	}
-	want := modelLines(spec, custCols, modelFold(spec, custCols, evs))
+	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, evs))
 	fresh := openPool(t, pool.Config().ConnString()) // pool may hold connections killed while idle
-	if d := diffLines(want, historyLines(t, fresh, spec, custCols)); d != "" {
+	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, fresh, spec, custCols)); d != "" {
 		t.Fatalf("history differs after %d retries:\n%s", retries, d)
 	}
 	verifyClean(t, s, spec.Target)
@@ -248,7 +249,7 @@ func TestKeysFromEvents(t *testing.T) {
 	s2 := newSink(t, pool, "public", spec)
 	apply(t, s2, ev(3, "shipped"))
 	withKeys := sink.TableSpec{Target: "orders_history", Schema: "public", Keys: []string{"shop", "order_id"}}
-	got := historyLines(t, pool, withKeys, []string{"status"})
+	got := scdtest.HistoryLines(t, pool, withKeys, []string{"status"})
 	if len(got) != 3 || !strings.Contains(got[2], "status=shipped") {
 		t.Fatalf("history %v", got)
 	}

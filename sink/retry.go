@@ -13,6 +13,11 @@ import (
 	"go.uber.org/zap"
 )
 
+// IsTransient reports whether an error from Apply is worth retrying later
+// (the database was unreachable or the transaction lost a race); anything
+// else is permanent.
+func IsTransient(err error) bool { return isTransient(err) }
+
 // isTransient reports whether err is worth retrying: serialization failures,
 // deadlocks, lost or refused connections, and server shutdowns.
 func isTransient(err error) bool {

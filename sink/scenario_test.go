@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -61,11 +62,11 @@ func TestSeedScenario(t *testing.T) {
 			for _, b := range order(seedEvents()) {
 				apply(t, s, b...)
 			}
-			got := historyLines(t, pool, spec, custCols)
-			if d := diffLines(seedWant, got); d != "" {
+			got := scdtest.HistoryLines(t, pool, spec, custCols)
+			if d := scdtest.DiffLines(seedWant, got); d != "" {
 				t.Fatalf("seed history is wrong:\n%s", d)
 			}
-			if d := diffLines(modelLines(spec, custCols, modelFold(spec, custCols, seedEvents())), got); d != "" {
+			if d := scdtest.DiffLines(scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, seedEvents())), got); d != "" {
 				t.Fatalf("differs from the reference fold:\n%s", d)
 			}
 			verifyClean(t, s, spec.Target)
@@ -215,17 +216,17 @@ func TestFieldNotes(t *testing.T) {
 				}
 				s2 := newSink(t, pool, schema, spec) // a restart replays everything
 				apply(t, s2, c.evs...)
-				got := historyLines(t, pool, spec, custCols)
+				got := scdtest.HistoryLines(t, pool, spec, custCols)
 				norm := spec
 				if norm.Type1Scope == "" {
 					norm.Type1Scope = sink.AllVersions
 				}
-				want := modelLines(norm, custCols, modelFold(norm, custCols, c.evs))
-				if dd := diffLines(want, got); dd != "" {
+				want := scdtest.ModelLines(norm, custCols, scdtest.Fold(norm, custCols, c.evs))
+				if dd := scdtest.DiffLines(want, got); dd != "" {
 					t.Fatalf("arrival %v: differs from the fold:\n%s", arrived, dd)
 				}
 				if c.want != nil {
-					if dd := diffLines(c.want, got); dd != "" {
+					if dd := scdtest.DiffLines(c.want, got); dd != "" {
 						t.Fatalf("arrival %v: differs from the expected history:\n%s", arrived, dd)
 					}
 				}

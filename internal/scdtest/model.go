@@ -1,4 +1,7 @@
-package sink_test
+// Package scdtest holds what the tests of several packages share: the
+// reference fold of DESIGN.md section 5 and readers that render history
+// tables and model histories alike, line by line, for comparison.
+package scdtest
 
 import (
 	"sort"
@@ -8,8 +11,8 @@ import (
 	"github.com/scd2sink/scd2sink/sink"
 )
 
-// mVersion is one version of the reference model.
-type mVersion struct {
+// Version is one version of the reference model.
+type Version struct {
 	key     string
 	seq     string // change.Seq bytes
 	row     map[string]any
@@ -18,11 +21,11 @@ type mVersion struct {
 	current bool
 }
 
-// modelFold is the reference fold of DESIGN.md section 5, written as plainly
+// Fold is the reference fold of DESIGN.md section 5, written as plainly
 // as possible: group by key, drop exact duplicates, sort by sequence, fold.
 // Truncates (events with a nil key) apply to every key: they close what is
 // live and then move the key's time on.
-func modelFold(spec sink.TableSpec, cols []string, evs []*change.Event) []mVersion {
+func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 	tracked := map[string]bool{}
 	if len(spec.TrackHistory) > 0 {
 		for _, c := range spec.TrackHistory {
@@ -57,7 +60,7 @@ func modelFold(spec sink.TableSpec, cols []string, evs []*change.Event) []mVersi
 		}
 		byKey[e.KeyID()] = append(byKey[e.KeyID()], e)
 	}
-	var out []mVersion
+	var out []Version
 	for _, list := range byKey {
 		list = append(list, truncs...)
 		sort.SliceStable(list, func(i, j int) bool { return list[i].Seq.Compare(list[j].Seq) < 0 })
@@ -68,8 +71,8 @@ func modelFold(spec sink.TableSpec, cols []string, evs []*change.Event) []mVersi
 				break
 			}
 		}
-		var versions []*mVersion
-		var live *mVersion
+		var versions []*Version
+		var live *Version
 		var prevT time.Time
 		hasPrev := false
 		var prevAfter, lastAfter map[string]any
@@ -111,7 +114,7 @@ func modelFold(spec sink.TableSpec, cols []string, evs []*change.Event) []mVersi
 					closeLive(t)
 				}
 				if live == nil {
-					live = &mVersion{key: change.KeyID(key), seq: string(e.Seq), row: copyMap(after), from: t, current: true}
+					live = &Version{key: change.KeyID(key), seq: string(e.Seq), row: CopyMap(after), from: t, current: true}
 					versions = append(versions, live)
 				} else {
 					for _, c := range type1 {
@@ -147,7 +150,8 @@ func sameValues(a, b map[string]any, cols map[string]bool) bool {
 	return true
 }
 
-func copyMap(m map[string]any) map[string]any {
+// CopyMap returns a shallow copy of m.
+func CopyMap(m map[string]any) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {
 		out[k] = v

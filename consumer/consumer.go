@@ -1,0 +1,395 @@
+// Package consumer reads Debezium's topics with a franz-go consumer group,
+// decodes records into change events, orders them through the sequencer,
+// hands batches to the sink and commits to Kafka exactly the commit points
+// that the sink's transaction made true.
+//
+// One goroutine (Run) owns the poll loop; the rebalance callbacks run beside
+// it and take the same mutex, so the sequencer and the pending batch are
+// only ever touched by one of them at a time. With BlockRebalanceOnPoll, a
+// rebalance waits until the loop has handed over what it polled.
+package consumer
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sequencer"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+)
+
+// Sink applies batches. Apply is called from one goroutine at a time, in the
+// order the batches were released, and must be all-or-nothing; Offsets
+// returns the offsets its transactions recorded; Forget is called on every
+// rebalance, when what it remembers about its keys may have gone stale.
+type Sink interface {
+	Apply(ctx context.Context, b sink.Batch) (sink.Result, error)
+	Offsets(ctx context.Context) (map[change.Partition]int64, error)
+	Forget()
+}
+
+// Config configures a Consumer.
+type Config struct {
+	Brokers     []string
+	GroupID     string
+	ClientID    string
+	StartOffset string // earliest | latest
+	TLS         *tls.Config
+	SASL        sasl.Mechanism
+	Rules       []Rule
+
+	ReorderWindow     time.Duration
+	MaxBufferedEvents int
+	BatchMaxEvents    int
+	BatchMaxWait      time.Duration
+
+	Logger  *zap.Logger
+	Metrics *Metrics
+	// Transient reports whether a sink error is worth retrying (sink.IsTransient).
+	Transient func(error) bool
+	// Opts are extra franz-go options (tests).
+	Opts []kgo.Opt
+}
+
+// Consumer is the Kafka side of the pipeline. Create it with New, run it with Run.
+type Consumer struct {
+	cfg    Config
+	log    *zap.Logger
+	client *kgo.Client
+	sink   Sink
+	dec    *Decoder
+	m      *Metrics
+	health *Health
+
+	mu         sync.Mutex // guards everything below
+	seq        *sequencer.Sequencer
+	pending    []*change.Event
+	dead       []sink.DeadLetter
+	since      time.Time                  // when the oldest pending item was taken
+	committed  map[change.Partition]int64 // last offsets committed to Kafka
+	lastCommit time.Time
+	hwm        map[change.Partition]int64
+}
+
+// New builds the franz-go client; it does not connect until Run.
+func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Transient == nil {
+		cfg.Transient = sink.IsTransient
+	}
+	if health == nil {
+		health = &Health{}
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: NewDecoder(cfg.Rules), m: cfg.Metrics, health: health,
+		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
+		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
+	topics := make([]string, 0, len(cfg.Rules))
+	for _, r := range cfg.Rules {
+		topics = append(topics, r.Topic)
+	}
+	reset := kgo.NewOffset().AtStart()
+	if cfg.StartOffset == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(cfg.ClientID),
+		kgo.ConsumerGroup(cfg.GroupID),
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(reset),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchMaxWait(250 * time.Millisecond),
+		kgo.OnPartitionsAssigned(c.onAssigned),
+		kgo.OnPartitionsRevoked(c.onRevoked),
+		kgo.OnPartitionsLost(c.onLost),
+		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
+		kgo.WithLogger(kzap.New(c.log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
+	}
+	if cfg.Metrics.Kafka != nil {
+		opts = append(opts, kgo.WithHooks(cfg.Metrics.Kafka))
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
+	}
+	if cfg.SASL != nil {
+		opts = append(opts, kgo.SASL(cfg.SASL))
+	}
+	opts = append(opts, cfg.Opts...)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating Kafka client: %w", err)
+	}
+	c.client = client
+	return c, nil
+}
+
+// Run polls, sequences and applies until ctx ends, then drains: it applies
+// everything it holds, commits, and leaves the group, within drainTimeout.
+// It returns nil after a clean drain and an error if the sink fails
+// permanently or the drain does not finish in time.
+func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
+	defer c.client.Close()
+	for {
+		if ctx.Err() != nil {
+			return c.drain(drainTimeout)
+		}
+		c.mu.Lock()
+		full := c.seq.Full()
+		wait := c.pollWait()
+		c.mu.Unlock()
+		if full {
+			// Back-pressure: fetch nothing until the buffer drains.
+			c.m.Paused.Set(1)
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+		} else {
+			c.m.Paused.Set(0)
+			pollCtx, cancel := context.WithTimeout(ctx, wait)
+			fetches := c.client.PollRecords(pollCtx, c.cfg.BatchMaxEvents)
+			cancel()
+			if fetches.IsClientClosed() {
+				return nil
+			}
+			c.take(fetches)
+		}
+		c.mu.Lock()
+		err := c.maybeFlush(ctx, false)
+		c.mu.Unlock()
+		c.client.AllowRebalance()
+		if err != nil {
+			if ctx.Err() != nil {
+				return c.drain(drainTimeout)
+			}
+			return err
+		}
+	}
+}
+
+// pollWait is how long a poll may block: until the next buffered event is
+// due, at most the batch wait.
+func (c *Consumer) pollWait() time.Duration {
+	wait := c.cfg.BatchMaxWait
+	if next, ok := c.seq.NextDeadline(); ok {
+		if d := time.Until(next); d < wait {
+			wait = d
+		}
+	}
+	if wait < 5*time.Millisecond {
+		wait = 5 * time.Millisecond
+	}
+	return wait
+}
+
+// take decodes polled records into the sequencer.
+func (c *Consumer) take(fetches kgo.Fetches) {
+	kafkaOK := true
+	fetches.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return
+		}
+		kafkaOK = false
+		c.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+	})
+	c.health.Kafka.Store(kafkaOK)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		c.hwm[change.Partition{Topic: p.Topic, Partition: p.Partition}] = p.HighWatermark
+	})
+	fetches.EachRecord(func(r *kgo.Record) {
+		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
+		c.m.Consumed.WithLabelValues(r.Topic).Inc()
+		ev, err := c.dec.Decode(o, r.Key, r.Value)
+		switch {
+		case errors.Is(err, ErrSkip):
+			c.seq.Skip(o)
+		case err != nil:
+			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
+				zap.Int64("offset", r.Offset), zap.Error(err))
+			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: err.Error(), Table: c.target(r.Topic)})
+			c.seq.Skip(o)
+		default:
+			c.seq.Add(ev)
+		}
+	})
+	c.m.Buffered.Set(float64(c.seq.Len()))
+}
+
+func (c *Consumer) target(topic string) string {
+	if r := c.dec.rules[topic]; r != nil {
+		return r.Target
+	}
+	return ""
+}
+
+func (c *Consumer) addDead(d sink.DeadLetter) {
+	if len(c.pending) == 0 && len(c.dead) == 0 {
+		c.since = time.Now()
+	}
+	c.dead = append(c.dead, d)
+}
+
+func (c *Consumer) collect(out sequencer.Output) {
+	if out.Len() > 0 && len(c.pending) == 0 && len(c.dead) == 0 {
+		c.since = time.Now()
+	}
+	c.pending = append(c.pending, out.Events...)
+	for _, cf := range out.Conflicts {
+		c.dead = append(c.dead, conflictLetter(cf))
+	}
+}
+
+func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
+	ev := cf.Event
+	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
+		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%v", ev.Op, ev.Seq, ev.After)), Err: cf.Err.Error()}
+}
+
+// maybeFlush takes what is due from the sequencer and applies the pending
+// batch when it is big or old enough (or force). Called with mu held.
+func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
+	c.collect(c.seq.Release())
+	n := len(c.pending) + len(c.dead)
+	due := n >= c.cfg.BatchMaxEvents || (n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait)
+	if !due && !force && !c.commitStale() {
+		return nil
+	}
+	return c.flush(ctx)
+}
+
+// commitStale reports whether commit points moved (skipped records) with
+// nothing to apply, and it is time to record them.
+func (c *Consumer) commitStale() bool {
+	if time.Since(c.lastCommit) < c.cfg.BatchMaxWait {
+		return false
+	}
+	for p, o := range c.seq.CommitPoints() {
+		if c.committed[p] != o {
+			return true
+		}
+	}
+	return false
+}
+
+// flush applies the pending batch with the sequencer's commit points, then
+// commits those to Kafka. Transient sink errors are retried until ctx ends;
+// nothing is skipped. Called with mu held.
+func (c *Consumer) flush(ctx context.Context) error {
+	offsets := c.seq.CommitPoints()
+	batch := sink.Batch{Events: c.pending, DeadLetters: c.dead, Offsets: offsets}
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		res, err := c.sink.Apply(ctx, batch)
+		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
+		if err == nil {
+			c.health.Postgres.Store(true)
+			c.m.record(res)
+			break
+		}
+		c.health.Postgres.Store(false)
+		if !c.cfg.Transient(err) || ctx.Err() != nil {
+			return fmt.Errorf("applying batch of %d events: %w", len(batch.Events), err)
+		}
+		if attempt%10 == 0 {
+			c.log.Warn("PostgreSQL unavailable, retrying", zap.Int("attempt", attempt+1), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+	c.pending, c.dead = nil, nil
+	c.commit(ctx, offsets)
+	c.m.Buffered.Set(float64(c.seq.Len()))
+	return nil
+}
+
+// commit commits offsets to Kafka. A failed commit loses nothing: the
+// offsets are in scd2sink_offsets and the next flush commits them again.
+func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int64) {
+	c.lastCommit = time.Now()
+	toCommit := map[string]map[int32]kgo.EpochOffset{}
+	for p, o := range offsets {
+		if c.committed[p] == o {
+			continue
+		}
+		if toCommit[p.Topic] == nil {
+			toCommit[p.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		toCommit[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o}
+	}
+	if len(toCommit) == 0 {
+		return
+	}
+	var commitErr error
+	c.client.CommitOffsetsSync(ctx, toCommit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		commitErr = err
+		if err == nil {
+			commitErr = commitResponseErr(resp)
+		}
+	})
+	if commitErr != nil {
+		c.log.Warn("committing offsets to Kafka failed; they are safe in scd2sink_offsets", zap.Error(commitErr))
+		return
+	}
+	for p, o := range offsets {
+		c.committed[p] = o
+		if hw, ok := c.hwm[p]; ok {
+			c.m.Lag.WithLabelValues(p.Topic, fmt.Sprint(p.Partition)).Set(float64(max(hw-o, 0)))
+		}
+	}
+}
+
+// drain applies and commits everything held, then leaves the group.
+func (c *Consumer) drain(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c.mu.Lock()
+	c.collect(c.seq.Flush())
+	err := c.flush(ctx)
+	c.mu.Unlock()
+	c.client.AllowRebalance()
+	if lerr := c.client.LeaveGroupContext(ctx); lerr != nil && err == nil {
+		c.log.Warn("leaving the group", zap.Error(lerr))
+	}
+	if err != nil {
+		return fmt.Errorf("draining on shutdown: %w", err)
+	}
+	c.log.Info("drained and left the group")
+	return nil
+}
+
+func commitResponseErr(resp *kmsg.OffsetCommitResponse) error {
+	if resp == nil {
+		return nil
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package consumer
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/plugin/kprom"
+)
+
+// Metrics are the pipeline's Prometheus metrics (DESIGN.md section 8).
+type Metrics struct {
+	Consumed       *prometheus.CounterVec
+	Applied        prometheus.Counter
+	DeadLettered   prometheus.Counter
+	VersionsOpened prometheus.Counter
+	VersionsClosed prometheus.Counter
+	Repaired       prometheus.Counter
+	Duplicates     prometheus.Counter
+	Buffered       prometheus.Gauge
+	Paused         prometheus.Gauge
+	ApplySeconds   prometheus.Histogram
+	Lag            *prometheus.GaugeVec
+	// Kafka is franz-go's own client metrics, when registered.
+	Kafka *kprom.Metrics
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: none).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Consumed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_events_consumed_total",
+			Help: "Records read from Kafka."}, []string{"topic"}),
+		Applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_applied_total",
+			Help: "Events folded into history tables."}),
+		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_dead_lettered_total",
+			Help: "Records written to the dead-letter table."}),
+		VersionsOpened: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_versions_opened_total",
+			Help: "History versions opened."}),
+		VersionsClosed: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_versions_closed_total",
+			Help: "History versions closed."}),
+		Repaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_late_events_repaired_total",
+			Help: "Keys whose history was re-folded because of late or repeated events."}),
+		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_duplicates_dropped_total",
+			Help: "Events dropped as already applied."}),
+		Buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_buffered_events",
+			Help: "Events waiting in the reorder buffer."}),
+		Paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_paused",
+			Help: "1 while fetching is paused because the reorder buffer is full."}),
+		ApplySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "scd2sink_batch_apply_seconds",
+			Help: "Time to apply one batch in PostgreSQL, retries included.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_partition_lag",
+			Help: "High watermark minus the committed offset, per partition."}, []string{"topic", "partition"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
+			m.Duplicates, m.Buffered, m.Paused, m.ApplySeconds, m.Lag)
+		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
+	}
+	return m
+}
+
+func (m *Metrics) record(r sink.Result) {
+	m.Applied.Add(float64(r.Events))
+	m.DeadLettered.Add(float64(r.DeadLetters))
+	m.VersionsOpened.Add(float64(r.VersionsOpened))
+	m.VersionsClosed.Add(float64(r.VersionsClosed))
+	m.Repaired.Add(float64(r.Repaired))
+	m.Duplicates.Add(float64(r.Duplicates))
+}
+
+// Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL reachable.
+type Health struct {
+	Kafka    atomic.Bool
+	Joined   atomic.Bool
+	Postgres atomic.Bool
+}
+
+// Ready reports whether all three hold.
+func (h *Health) Ready() bool { return h.Kafka.Load() && h.Joined.Load() && h.Postgres.Load() }

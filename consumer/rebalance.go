@@ -1,0 +1,112 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+func partitions(m map[string][]int32) []change.Partition {
+	var out []change.Partition
+	for t, ps := range m {
+		for _, p := range ps {
+			out = append(out, change.Partition{Topic: t, Partition: p})
+		}
+	}
+	return out
+}
+
+// onAssigned: the sink's memory of keys may be stale (another member may
+// have written them); the group is joined.
+func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sink.Forget()
+	c.health.Joined.Store(true)
+	c.log.Info("partitions assigned", zap.Any("partitions", assigned))
+}
+
+// adjustOffsets resumes each assigned partition from scd2sink_offsets when
+// that is ahead of the group's committed offset (a crash between the
+// PostgreSQL commit and the Kafka commit).
+func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	applied, err := c.sink.Offsets(ctx)
+	if err != nil {
+		c.log.Warn("reading scd2sink_offsets; resuming from Kafka's offsets", zap.Error(err))
+		return offsets, nil
+	}
+	for topic, parts := range offsets {
+		for p, off := range parts {
+			at, ok := applied[change.Partition{Topic: topic, Partition: p}]
+			if !ok {
+				continue
+			}
+			if kafka := off.EpochOffset().Offset; kafka < 0 || at > kafka {
+				c.log.Info("resuming from scd2sink_offsets", zap.String("topic", topic), zap.Int32("partition", p),
+					zap.Int64("offset", at), zap.Int64("kafka_offset", kafka))
+				parts[p] = kgo.NewOffset().At(at).WithEpoch(-1)
+			}
+		}
+	}
+	return offsets, nil
+}
+
+// onRevoked applies what was fetched from the revoked partitions and
+// commits it before they go to another member.
+func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parts := partitions(revoked)
+	c.collect(c.seq.FlushPartitions(parts))
+	if err := c.flush(ctx); err != nil {
+		// Not applied: drop it, the next owner reads it again.
+		c.log.Warn("applying revoked partitions failed; leaving them to the next owner", zap.Error(err))
+		c.dropPending(parts)
+	}
+	c.seq.DropPartitions(parts)
+	for _, p := range parts {
+		delete(c.committed, p)
+	}
+	c.sink.Forget()
+	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
+}
+
+// onLost drops everything fetched from lost partitions without committing:
+// another member may already own them.
+func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parts := partitions(lost)
+	c.seq.DropPartitions(parts)
+	c.dropPending(parts)
+	for _, p := range parts {
+		delete(c.committed, p)
+	}
+	c.sink.Forget()
+	c.health.Joined.Store(false)
+	c.log.Warn("partitions lost", zap.Any("partitions", lost))
+}
+
+// dropPending removes pending events and dead letters of parts.
+func (c *Consumer) dropPending(parts []change.Partition) {
+	set := map[change.Partition]bool{}
+	for _, p := range parts {
+		set[p] = true
+	}
+	evs := c.pending[:0]
+	for _, ev := range c.pending {
+		if !set[ev.Origin.Partition] {
+			evs = append(evs, ev)
+		}
+	}
+	c.pending = evs
+	dead := c.dead[:0]
+	for _, d := range c.dead {
+		if !set[d.Origin.Partition] {
+			dead = append(dead, d)
+		}
+	}
+	c.dead = dead
+}
