@@ -1,20 +1,137 @@
 // Command scd2sink keeps SCD Type 2 history tables in PostgreSQL from
 // Debezium change events in Kafka. See README.md and DESIGN.md.
+//
+//	scd2sink run      --config FILE
+//	scd2sink verify   --config FILE
+//	scd2sink demo
+//	scd2sink version
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/internal/app"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println("scd2sink", version)
-		return
+const usage = `usage:
+  scd2sink run      --config FILE   consume continuously until SIGINT/SIGTERM
+  scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
+  scd2sink demo                     play a scripted scenario in-process and print its history
+  scd2sink version
+(--config defaults to $SCD2SINK_CONFIG, then scd2sink.yaml)
+`
+
+func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func realMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
 	}
-	fmt.Fprintln(os.Stderr, "usage: scd2sink version   (run, rebuild, verify and demo are not built yet)")
-	os.Exit(2)
+	cmd, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "configuration file")
+	if err := fs.Parse(rest); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "scd2sink %s: unexpected argument %q\n%s", cmd, fs.Arg(0), usage)
+		return 2
+	}
+	switch cmd {
+	case "version":
+		fmt.Fprintln(stdout, "scd2sink", version)
+		return 0
+	case "demo":
+		return exitCode(stderr, runDemo(context.Background(), stdout))
+	case "run", "verify":
+	case "rebuild":
+		fmt.Fprintln(stderr, "scd2sink rebuild: not built yet (see the project's open issues)")
+		return 1
+	default:
+		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
+		return 2
+	}
+	cfg, err := config.Load(config.Path(*cfgPath))
+	if err != nil {
+		return exitCode(stderr, err)
+	}
+	log, err := newLogger(cfg.Log)
+	if err != nil {
+		return exitCode(stderr, err)
+	}
+	defer func() { _ = log.Sync() }()
+	if cmd == "verify" {
+		n, err := app.Verify(context.Background(), cfg, stdout)
+		if err != nil {
+			return exitCode(stderr, err)
+		}
+		if n > 0 {
+			fmt.Fprintf(stderr, "%d violations\n", n)
+			return 1
+		}
+		return 0
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		log.Info("signal received: draining", zap.String("signal", s.String()))
+		cancel()
+		s = <-sigs
+		log.Warn("second signal: exiting at once", zap.String("signal", s.String()))
+		os.Exit(1)
+	}()
+	log.Info("starting", zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
+	if err := app.Run(ctx, cfg, app.Options{Logger: log}); err != nil {
+		log.Error("stopped", zap.Error(err))
+		return exitCode(stderr, err)
+	}
+	log.Info("stopped cleanly")
+	return 0
+}
+
+// exitCode prints err and maps it to an exit code: 2 for configuration
+// errors, 1 for anything else.
+func exitCode(stderr io.Writer, err error) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "scd2sink:", err)
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		return 2
+	}
+	return 1
+}
+
+func newLogger(l config.Log) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(l.Level)
+	if err != nil {
+		return nil, &config.Error{Key: "log.level", Msg: err.Error()}
+	}
+	zc := zap.NewProductionConfig()
+	if l.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.DisableStacktrace = true
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.OutputPaths, zc.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	return zc.Build()
 }

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := realMain(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageAndVersion(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "usage"},
+		{[]string{"bogus"}, 2, "unknown command"},
+		{[]string{"version"}, 0, "scd2sink dev"},
+		{[]string{"run", "--nope"}, 2, "flag provided but not defined"},
+		{[]string{"run", "--config", "/does/not/exist.yaml"}, 2, "cannot read"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errOut := run(t, tc.args...)
+			if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+				t.Fatalf("exit %d, out %q, err %q; want exit %d mentioning %q", code, out, errOut, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// TestBadConfigExits2 runs the command on configurations with one bad key
+// each: exit 2, the key named, the password never printed.
+func TestBadConfigExits2(t *testing.T) {
+	base := "kafka:\n  brokers: [\"127.0.0.1:9092\"]\npostgres:\n  dsn: \"postgres://u:hunter2@127.0.0.1:1/db\"\ntables:\n  - topic: a.b.c\n"
+	tests := []struct{ name, yaml, key string }{
+		{"typo", base + "sequencer:\n  reorder_windw: 1s\n", "reorder_windw"},
+		{"bad scope", base + "    type1_scope: sometimes\n", "tables[0].type1_scope"},
+		{"bad duration", base + "shutdown_timeout: forever\n", "shutdown_timeout"},
+		{"bad level", base + "log:\n  level: chatty\n", "log.level"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "scd2sink.yaml")
+			if err := os.WriteFile(f, []byte(tc.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, cmd := range []string{"run", "verify"} {
+				code, out, errOut := run(t, cmd, "--config", f)
+				if code != 2 || !strings.Contains(errOut, tc.key) || strings.Contains(out+errOut, "hunter2") {
+					t.Fatalf("%s: exit %d, stderr %q; want exit 2 naming %s", cmd, code, errOut, tc.key)
+				}
+			}
+		})
+	}
+}
+
+func TestDemo(t *testing.T) {
+	var out bytes.Buffer
+	if err := runDemo(context.Background(), &out); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	for _, line := range []string{
+		"C1001        Sarah Meier   basic  Wien      2026-01-01  2026-03-01  false",
+		"C1002        Marko Horvat  pro    Graz      2026-02-10  2026-03-01  false",
+		"C1004        Liam Novak    team   Wien      2026-05-01              true",
+		"-> basic",
+	} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("demo output lacks %q:\n%s", line, out.String())
+		}
+	}
+}

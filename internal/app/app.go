@@ -1,0 +1,219 @@
+// Package app assembles the pipeline from a configuration: the sink on a
+// PostgreSQL pool, the consumer on a franz-go client, and the HTTP endpoint,
+// run under one errgroup. cmd/scd2sink and the demo both run it.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+)
+
+// Options are the parts a caller may supply.
+type Options struct {
+	Logger *zap.Logger
+	// KafkaOpts are extra franz-go options (the demo and tests).
+	KafkaOpts []kgo.Opt
+}
+
+// SinkConfig turns the configuration's tables into the sink's.
+func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
+	sc := sink.Config{Schema: cfg.Postgres.Schema, DeadLetterTable: cfg.Sink.DeadLetterTable,
+		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5}
+	for _, t := range cfg.Tables {
+		sc.Tables = append(sc.Tables, sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
+			TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
+			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes)})
+	}
+	return sc
+}
+
+// Rules turns the configuration's tables into the decoder's rules.
+func Rules(cfg *config.Config) []consumer.Rule {
+	var rules []consumer.Rule
+	for _, t := range cfg.Tables {
+		rules = append(rules, consumer.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
+			SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom})
+	}
+	return rules
+}
+
+// Pool opens a PostgreSQL pool. Errors never quote the DSN.
+func Pool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.Postgres.DSN)
+	if err != nil {
+		return nil, &config.Error{Key: "postgres.dsn", Msg: "is not a valid PostgreSQL connection string"}
+	}
+	pc.ConnConfig.RuntimeParams["application_name"] = "scd2sink"
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// Run runs the pipeline until ctx ends, then drains within the configured
+// shutdown timeout. It returns nil after a clean shutdown.
+func Run(ctx context.Context, cfg *config.Config, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	tlsCfg, err := kafkaTLS(cfg)
+	if err != nil {
+		return err
+	}
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := consumer.NewMetrics(reg)
+	health := &consumer.Health{}
+
+	s, err := sink.New(SinkConfig(cfg, log.Named("sink")), pool)
+	if err != nil {
+		return &config.Error{Msg: err.Error()}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if addr := cfg.HTTPAddr(); addr != "" {
+		srv, err := newHTTP(addr, reg, health)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return srv.run(gctx) })
+	}
+	g.Go(func() error {
+		if err := initSink(gctx, s, log); err != nil {
+			if gctx.Err() != nil {
+				return nil // stopped before PostgreSQL came up: a clean stop
+			}
+			return err
+		}
+		health.Postgres.Store(true)
+		c, err := consumer.New(consumer.Config{
+			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
+			StartOffset: cfg.Kafka.StartOffset, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg),
+			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
+			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
+			Logger: log.Named("consumer"), Metrics: metrics, Opts: opts.KafkaOpts,
+		}, s, health)
+		if err != nil {
+			return err
+		}
+		return c.Run(gctx, cfg.ShutdownTimeout)
+	})
+	err = g.Wait()
+	if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// initSink creates the tables, retrying with capped backoff while
+// PostgreSQL is unreachable.
+func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger) error {
+	backoff := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := s.Init(ctx)
+		if err == nil {
+			return nil
+		}
+		if !sink.IsTransient(err) || ctx.Err() != nil {
+			return fmt.Errorf("preparing PostgreSQL: %w", err)
+		}
+		if attempt%10 == 0 {
+			log.Warn("PostgreSQL unreachable, retrying", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+func kafkaTLS(cfg *config.Config) (*tls.Config, error) {
+	t := cfg.Kafka.TLS
+	if !t.Enabled {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, &config.Error{Key: "kafka.tls.ca_file", Msg: err.Error()}
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &config.Error{Key: "kafka.tls.ca_file", Msg: "holds no PEM certificate"}
+		}
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, &config.Error{Key: "kafka.tls.cert_file", Msg: err.Error()}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+func kafkaSASL(cfg *config.Config) sasl.Mechanism {
+	s := cfg.Kafka.SASL
+	switch s.Mechanism {
+	case "PLAIN":
+		return plain.Auth{User: s.Username, Pass: s.Password}.AsMechanism()
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism()
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism()
+	}
+	return nil
+}
+
+// Verify checks every configured table's invariants, writes each violation
+// to out, and returns how many it found.
+func Verify(ctx context.Context, cfg *config.Config, out io.Writer) (int, error) {
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	s, err := sink.New(SinkConfig(cfg, zap.NewNop()), pool)
+	if err != nil {
+		return 0, &config.Error{Msg: err.Error()}
+	}
+	n := 0
+	for _, t := range cfg.Tables {
+		vs, err := s.Verify(ctx, t.Target)
+		if err != nil {
+			return n, err
+		}
+		for _, v := range vs {
+			fmt.Fprintln(out, v.String())
+		}
+		n += len(vs)
+		if len(vs) == 0 {
+			fmt.Fprintf(out, "%s: ok\n", t.Target)
+		}
+	}
+	return n, nil
+}
