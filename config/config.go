@@ -37,7 +37,10 @@ type Kafka struct {
 	GroupID     string   `yaml:"group_id"`
 	ClientID    string   `yaml:"client_id"`
 	StartOffset string   `yaml:"start_offset"`
-	TLS         TLS      `yaml:"tls"`
+	// SessionTimeout is the group session timeout (an addition to DESIGN.md:
+	// how long a crashed member holds its partitions). Default 45s.
+	SessionTimeout time.Duration `yaml:"session_timeout"`
+	TLS            TLS           `yaml:"tls"`
 	SASL        SASL     `yaml:"sasl"`
 }
 
@@ -283,6 +286,9 @@ func (c *Config) applyDefaults() {
 	or(&c.Kafka.GroupID, "scd2sink")
 	or(&c.Kafka.ClientID, "scd2sink")
 	or(&c.Kafka.StartOffset, "earliest")
+	if c.Kafka.SessionTimeout == 0 {
+		c.Kafka.SessionTimeout = 45 * time.Second
+	}
 	or(&c.Postgres.Schema, "public")
 	if c.Sequencer.ReorderWindow == 0 {
 		c.Sequencer.ReorderWindow = 2 * time.Second

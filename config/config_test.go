@@ -104,6 +104,7 @@ func TestBadValues(t *testing.T) {
 		{"no brokers", strings.Replace(minimal, `["127.0.0.1:9092"]`, "[]", 1), "kafka.brokers"},
 		{"broker without port", strings.Replace(minimal, `127.0.0.1:9092`, "kafka", 1), "kafka.brokers[0]"},
 		{"start offset", minimal + "  start_offset: middle\n", ""},
+		{"session timeout", strings.Replace(minimal, "postgres:", "  session_timeout: 10ms\npostgres:", 1), "kafka.session_timeout"},
 		{"dsn missing", strings.Replace(minimal, `dsn: "postgres://user:s3cret@127.0.0.1:5432/db"`, `schema: public`, 1), "postgres.dsn"},
 		{"dsn invalid", strings.Replace(minimal, `postgres://user:s3cret@127.0.0.1:5432/db`, "postgres://user:s3cret@127.0.0.1:notaport/db", 1), "postgres.dsn"},
 		{"schema", minimal + "sequencer:\n  reorder_window: -1s\n", "sequencer.reorder_window"},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -43,6 +44,9 @@ func (c *Config) validateKafka() error {
 	}
 	if err := oneOf("kafka.start_offset", k.StartOffset, "earliest", "latest"); err != nil {
 		return err
+	}
+	if k.SessionTimeout < time.Second {
+		return errf("kafka.session_timeout", "must be at least 1s")
 	}
 	if k.TLS.Enabled {
 		for key, f := range map[string]string{"kafka.tls.ca_file": k.TLS.CAFile, "kafka.tls.cert_file": k.TLS.CertFile, "kafka.tls.key_file": k.TLS.KeyFile} {

@@ -44,6 +44,8 @@ type Config struct {
 	GroupID     string
 	ClientID    string
 	StartOffset string // earliest | latest
+	// SessionTimeout is the group session timeout (0: franz-go's default).
+	SessionTimeout time.Duration
 	TLS         *tls.Config
 	SASL        sasl.Mechanism
 	Rules       []Rule
@@ -129,6 +131,10 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	if cfg.SASL != nil {
 		opts = append(opts, kgo.SASL(cfg.SASL))
+	}
+	if cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout),
+			kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)))
 	}
 	opts = append(opts, cfg.Opts...)
 	client, err := kgo.NewClient(opts...)

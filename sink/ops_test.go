@@ -255,3 +255,32 @@ func TestKeysFromEvents(t *testing.T) {
 	}
 	verifyClean(t, s2, "orders_history")
 }
+
+// TestTruncateAlone: a batch holding only a truncate must reach a table the
+// (restarted) sink has not touched yet, and a truncate that comes before
+// the table exists must still close what arrives late before it.
+func TestTruncateAlone(t *testing.T) {
+	pool := newPool(t)
+	spec := sink.TableSpec{Target: "t_history", Keys: []string{"id"}}
+	ev := func(id string, seq int64, op change.Op) *change.Event {
+		e := &change.Event{Table: "t_history", Seq: change.MustSeq(seq), Op: op, ValidFrom: day.Add(time.Duration(seq) * time.Hour)}
+		if op != change.OpTruncate {
+			e.Key, e.After = []any{id}, map[string]any{"id": id, "v": "x"}
+		}
+		return e
+	}
+	early := newSink(t, pool, "public", spec)
+	apply(t, early, ev("", 5, change.OpTruncate)) // no table yet
+	apply(t, early, ev("A", 3, change.OpCreate))  // late, before the truncate
+	apply(t, early, ev("B", 6, change.OpCreate))
+	restarted := newSink(t, pool, "public", spec)
+	apply(t, restarted, ev("", 8, change.OpTruncate)) // alone in its batch
+	got := scdtest.HistoryLines(t, pool, sink.TableSpec{Target: "t_history", Schema: "public", Keys: []string{"id"}}, []string{"v"})
+	want := []string{
+		"A seq=200103 [2026-01-01T03:00:00Z, 2026-01-01T05:00:00Z) current=false v=x",
+		"B seq=200106 [2026-01-01T06:00:00Z, 2026-01-01T08:00:00Z) current=false v=x",
+	}
+	if d := scdtest.DiffLines(want, got); d != "" {
+		t.Fatalf("history:\n%s", d)
+	}
+}

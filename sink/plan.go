@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
@@ -43,12 +45,18 @@ func keyID(key []any) string {
 }
 
 // plan converts a batch's events into typed rows grouped by table and key.
-// Events that cannot be converted become dead letters.
-func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter) {
+// Events that cannot be converted become dead letters. Truncates of tables
+// that do not exist yet are returned apart: they are only recorded.
+func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter, []earlyTruncate) {
 	plans := map[string]*tablePlan{}
 	var dead []DeadLetter
+	var early []earlyTruncate
 	for _, ev := range evs {
 		t := s.tables[ev.Table]
+		if spec, ok := s.specs[ev.Table]; ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
+			early = append(early, earlyTruncate{target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
+			continue
+		}
 		if t == nil {
 			err := fmt.Errorf("no table is configured for %q", ev.Table)
 			if _, ok := s.specs[ev.Table]; ok {
@@ -80,7 +88,15 @@ func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter) {
 		}
 		sortEvents(p.truncates)
 	}
-	return plans, dead
+	return plans, dead, early
+}
+
+// earlyTruncate is a truncate of a table that does not exist yet: nothing to
+// close, but later (late) events before it must still be closed by it.
+type earlyTruncate struct {
+	target string
+	seq    change.Seq
+	at     time.Time
 }
 
 func sortEvents(evs []fevent) {

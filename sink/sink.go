@@ -109,6 +109,18 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event) error {
 		if len(spec.Keys) == 0 {
 			continue // no key known yet: a truncate, or dead letters to come
 		}
+		if ev.Op == change.OpTruncate && s.tables[ev.Table] == nil && extra[ev.Table] == nil {
+			// A truncate alone must still reach a table that exists.
+			var exists bool
+			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+				pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
+			}
+			if exists {
+				extra[ev.Table] = map[string]string{}
+			}
+			continue
+		}
 		t := s.tables[ev.Table]
 		note := func(name string, v any) {
 			if t != nil {
@@ -179,6 +191,7 @@ type Prepared struct {
 	plans   map[string]*tablePlan
 	targets []string
 	dead    []DeadLetter
+	early   []earlyTruncate
 }
 
 // Prepare does the CPU-bound half of applying a batch: it creates tables and
@@ -192,8 +205,8 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	if err := s.prepare(ctx, b.Events); err != nil {
 		return nil, err
 	}
-	plans, dead := s.plan(b.Events)
-	p := &Prepared{offsets: b.Offsets, plans: plans,
+	plans, dead, early := s.plan(b.Events)
+	p := &Prepared{offsets: b.Offsets, plans: plans, early: early,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -213,6 +226,12 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			if err := s.fence(ctx, tx, b.Offsets); err != nil {
 				return err
+			}
+			for _, e := range p.early {
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)
+					ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()), e.target, []byte(e.seq), e.at); err != nil {
+					return fmt.Errorf("recording truncate of %s: %w", e.target, err)
+				}
 			}
 			allDead := dead
 			for _, name := range targets {

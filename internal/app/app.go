@@ -109,7 +109,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		health.Postgres.Store(true)
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
-			StartOffset: cfg.Kafka.StartOffset, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg),
+			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg),
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
 			Logger: log.Named("consumer"), Metrics: metrics, Opts: opts.KafkaOpts,

@@ -123,3 +123,36 @@ func GenScenario(rng *rand.Rand, schema string) Scenario {
 	}
 	return sc
 }
+
+// BigScenario joins n random scenarios into one larger history over the same
+// two tables (specs of the first), renaming each scenario's keys apart.
+func BigScenario(rng *rand.Rand, schema string, n int) Scenario {
+	big := GenScenario(rng, schema)
+	for i := 1; i < n; i++ {
+		sc := GenScenario(rng, schema)
+		prefix := fmt.Sprintf("S%d-", i)
+		for _, ev := range sc.Events {
+			if ev.Key != nil {
+				key := append([]any(nil), ev.Key...)
+				switch ev.Table {
+				case "acct_history":
+					key[0] = prefix + key[0].(string)
+					if ev.After != nil {
+						ev.After["acct_id"] = key[0]
+					}
+				default:
+					key[1] = prefix + key[1].(string)
+					if ev.After != nil {
+						ev.After["sku"] = key[1]
+					}
+				}
+				ev.Key = key
+			}
+			if ev.Op == change.OpTruncate {
+				continue // one scenario's truncate would close the others' rows
+			}
+			big.Events = append(big.Events, ev)
+		}
+	}
+	return big
+}
