@@ -41,7 +41,7 @@ type Kafka struct {
 	// how long a crashed member holds its partitions). Default 45s.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
 	TLS            TLS           `yaml:"tls"`
-	SASL        SASL     `yaml:"sasl"`
+	SASL           SASL          `yaml:"sasl"`
 }
 
 // TLS is kafka.tls.

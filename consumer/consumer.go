@@ -46,9 +46,9 @@ type Config struct {
 	StartOffset string // earliest | latest
 	// SessionTimeout is the group session timeout (0: franz-go's default).
 	SessionTimeout time.Duration
-	TLS         *tls.Config
-	SASL        sasl.Mechanism
-	Rules       []Rule
+	TLS            *tls.Config
+	SASL           sasl.Mechanism
+	Rules          []Rule
 
 	ReorderWindow     time.Duration
 	MaxBufferedEvents int
