@@ -151,9 +151,16 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 // permanently or the drain does not finish in time.
 func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 	defer c.client.Close()
+	started := time.Now()
+	var lastWarn time.Time
 	for {
 		if ctx.Err() != nil {
 			return c.drain(drainTimeout)
+		}
+		if !c.health.Joined.Load() && time.Since(started) > notJoinedWarnAfter && time.Since(lastWarn) > notJoinedWarnEvery {
+			lastWarn = time.Now()
+			c.log.Warn("not in the consumer group yet: Kafka unreachable, authentication failing, or a crashed member's session not expired",
+				zap.Strings("brokers", c.cfg.Brokers), zap.String("group", c.cfg.GroupID), zap.Duration("waiting", time.Since(started).Round(time.Second)))
 		}
 		c.mu.Lock()
 		full := c.seq.Full()
@@ -188,6 +195,12 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 		}
 	}
 }
+
+// How soon and how often Run warns while it has not joined the group.
+var (
+	notJoinedWarnAfter = 5 * time.Second
+	notJoinedWarnEvery = 30 * time.Second
+)
 
 // pollWait is how long a poll may block: until the next buffered event is
 // due, at most the batch wait.
