@@ -117,6 +117,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(250 * time.Millisecond),
+		kgo.FetchMaxBytes(8 << 20), // bounds what franz-go buffers ahead of the sequencer
+		kgo.MaxConcurrentFetches(2),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
@@ -279,7 +281,7 @@ func (c *Consumer) collect(out sequencer.Output) {
 func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 	ev := cf.Event
 	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
-		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%v", ev.Op, ev.Seq, ev.After)), Err: cf.Err.Error()}
+		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error()}
 }
 
 // maybeFlush takes what is due from the sequencer and applies the pending
@@ -369,6 +371,9 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 		}
 	})
 	if commitErr != nil {
+		if errors.Is(commitErr, context.Canceled) {
+			return // shutting down: the drain commits again
+		}
 		c.log.Warn("committing offsets to Kafka failed; they are safe in scd2sink_offsets", zap.Error(commitErr))
 		return
 	}

@@ -2,11 +2,9 @@ package consumer_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -25,27 +23,8 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // topicOf names the Kafka topic of a scenario table.
 func topicOf(target string) string { return "src." + target }
 
-// debezium renders an event as Debezium's JSON (JsonConverter without
-// schemas): the Kafka key and the envelope.
 func debezium(ev *change.Event, spec sink.TableSpec) (key, value []byte) {
-	seq, _ := strconv.ParseInt(ev.Seq.Parts()[0], 10, 64)
-	env := map[string]any{"op": ev.Op.String(), "ts_ms": ev.ValidFrom.UnixMilli() + 5,
-		"source": map[string]any{"lsn": seq, "ts_ms": ev.ValidFrom.UnixMilli()}}
-	if ev.Key != nil {
-		k := map[string]any{}
-		for i, name := range spec.Keys {
-			k[name] = ev.Key[i]
-		}
-		key, _ = json.Marshal(k)
-		if ev.Op == change.OpDelete {
-			env["before"] = k
-		}
-	}
-	if ev.After != nil {
-		env["after"] = ev.After
-	}
-	value, _ = json.Marshal(env)
-	return key, value
+	return scdtest.Debezium(ev, spec.Keys)
 }
 
 func newKafka(t *testing.T, partitions int32, topics ...string) *kfake.Cluster {

@@ -49,21 +49,24 @@ func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, err
 	if len(bytes.TrimSpace(value)) == 0 {
 		return nil, ErrSkip // tombstone
 	}
-	env, schema, err := unwrap(value)
+	env, err := unwrap(value)
 	if err != nil {
 		return nil, fmt.Errorf("value is not Debezium JSON: %w", err)
 	}
 	if env == nil {
 		return nil, ErrSkip // a null payload is a tombstone too
 	}
-	opRaw, ok := env["op"]
-	if !ok || opRaw == nil {
-		if _, hb := env["ts_ms"]; hb && len(env) <= 2 {
+	opRaw, ok := env.raw["op"]
+	if !ok || string(opRaw) == "null" {
+		if _, hb := env.raw["ts_ms"]; hb && len(env.raw) <= 2 {
 			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
 		}
 		return nil, errors.New("envelope has no op field")
 	}
-	opStr, _ := opRaw.(string)
+	var opStr string
+	if err := json.Unmarshal(opRaw, &opStr); err != nil {
+		return nil, fmt.Errorf("unknown operation %s", opRaw)
+	}
 	op, err := change.ParseOp(opStr)
 	if err != nil {
 		return nil, err
@@ -71,7 +74,7 @@ func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, err
 	ev := &change.Event{Table: rule.Target, Op: op, Origin: o}
 	var parts []any
 	for _, p := range rule.SequenceBy {
-		v, ok := lookup(env, p)
+		v, ok := env.lookup(p)
 		if !ok || v == nil {
 			return nil, fmt.Errorf("sequence path %s is missing", p)
 		}
@@ -80,21 +83,14 @@ func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, err
 	if ev.Seq, err = change.SeqOf(parts...); err != nil {
 		return nil, fmt.Errorf("sequence %v: %w", rule.SequenceBy, err)
 	}
-	after, _ := env["after"].(map[string]any)
-	before, _ := env["before"].(map[string]any)
-	if schema != nil {
-		after = convertRow(after, schema.row("after"))
-		before = convertRow(before, schema.row("before"))
-	}
 	if op.HasAfter() {
-		if after == nil {
-			return nil, fmt.Errorf("%s event has no after image", opStr)
+		if ev.AfterJSON, err = env.afterJSON(); err != nil {
+			return nil, fmt.Errorf("%s event: %w", opStr, err)
 		}
-		ev.After = after
 	}
-	vf, ok := lookup(env, rule.ValidFrom)
+	vf, ok := env.lookup(rule.ValidFrom)
 	if !ok && strings.HasPrefix(rule.ValidFrom, "after.") {
-		vf, ok = after[strings.TrimPrefix(rule.ValidFrom, "after.")]
+		vf, ok = env.row("after")[strings.TrimPrefix(rule.ValidFrom, "after.")]
 	}
 	if !ok || vf == nil {
 		return nil, fmt.Errorf("valid_from path %s is missing", rule.ValidFrom)
@@ -105,7 +101,7 @@ func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, err
 	if op == change.OpTruncate {
 		return ev, nil
 	}
-	if ev.Key, ev.KeyNames, err = keyOf(rule, key, after, before); err != nil {
+	if ev.Key, ev.KeyNames, err = keyOf(rule, key, env); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -113,7 +109,7 @@ func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, err
 
 // keyOf takes the configured key columns from the Kafka key, else from the
 // row images; with no key configured, every field of the Kafka key, in order.
-func keyOf(rule *Rule, rawKey []byte, after, before map[string]any) ([]any, []string, error) {
+func keyOf(rule *Rule, rawKey []byte, env *envelope) ([]any, []string, error) {
 	names, vals, err := orderedKey(rawKey)
 	if err != nil && len(rule.Keys) == 0 {
 		return nil, nil, fmt.Errorf("message key: %w", err)
@@ -132,10 +128,10 @@ func keyOf(rule *Rule, rawKey []byte, after, before map[string]any) ([]any, []st
 	for i, k := range rule.Keys {
 		v, ok := fromKey[k]
 		if !ok {
-			v, ok = after[k]
+			v, ok = env.row("after")[k]
 		}
 		if !ok {
-			v, ok = before[k]
+			v, ok = env.row("before")[k]
 		}
 		if !ok || v == nil {
 			return nil, nil, fmt.Errorf("key column %s is missing", k)
@@ -180,21 +176,6 @@ func orderedKey(raw []byte) ([]string, []any, error) {
 		names, vals = append(names, tok.(string)), append(vals, v)
 	}
 	return names, vals, nil
-}
-
-// lookup follows a dot-separated path into the envelope.
-func lookup(env map[string]any, path string) (any, bool) {
-	var cur any = env
-	for _, p := range strings.Split(path, ".") {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[p]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
 }
 
 // asTime reads an envelope time: a number of milliseconds (microseconds for

@@ -44,14 +44,21 @@ func TestDecode(t *testing.T) {
 		if ev.Op != change.OpCreate || ev.Seq.String() != "[24023928]" || !ev.ValidFrom.Equal(day) || ev.Key[0] != "C1" {
 			t.Fatalf("event %+v", ev)
 		}
-		if got := ev.After["signed_up"]; got != day {
+		after, err := ev.DecodeAfter()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := after["signed_up"]; got != day.Format(time.RFC3339Nano) {
 			t.Errorf("signed_up %v", got)
 		}
-		if got := ev.After["birthday"].(time.Time); got.Format("2006-01-02") != "2026-01-01" {
+		if got := after["birthday"]; got != "2026-01-01T00:00:00Z" {
 			t.Errorf("birthday %v", got)
 		}
-		if got := ev.After["balance"]; got != json.Number("-2.00") {
+		if got := after["balance"]; got != json.Number("-2.00") {
 			t.Errorf("balance %v", got)
+		}
+		if got := after["seen"]; got != "2026-01-02T03:04:05Z" {
+			t.Errorf("seen %v", got)
 		}
 	})
 	t.Run("without schema, key fields from the message key", func(t *testing.T) {
@@ -61,7 +68,7 @@ func TestDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ev.Op != change.OpDelete || ev.Seq.String() != "[100,120,120]" || strings.Join(ev.KeyNames, ",") != "shop,order_id" ||
-			ev.Key[0] != json.Number("1") || ev.Key[1] != "A-9" || ev.After != nil {
+			ev.Key[0] != json.Number("1") || ev.Key[1] != "A-9" || ev.AfterJSON != nil {
 			t.Fatalf("event %+v", ev)
 		}
 	})

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"math/big"
 	"time"
 )
@@ -35,33 +37,110 @@ func (s *envSchema) row(name string) map[string]field {
 	return nil
 }
 
+// envelope is a Debezium envelope whose fields are decoded on demand, so
+// the row image can stay raw JSON (compact while the event is buffered).
+type envelope struct {
+	raw    map[string]json.RawMessage
+	schema *envSchema
+	parsed map[string]any
+}
+
 // unwrap decodes a record value: {"schema":..., "payload":...} (JsonConverter
-// with schemas) or the bare envelope. A null payload returns a nil envelope.
-func unwrap(value []byte) (map[string]any, *envSchema, error) {
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.UseNumber()
+// with schemas) or the bare envelope. A null payload returns nil.
+func unwrap(value []byte) (*envelope, error) {
 	var top map[string]json.RawMessage
-	if err := dec.Decode(&top); err != nil {
-		return nil, nil, err
+	if err := json.Unmarshal(value, &top); err != nil {
+		return nil, err
 	}
-	body := value
-	var schema *envSchema
+	env := &envelope{raw: top, parsed: map[string]any{}}
 	if p, ok := top["payload"]; ok {
 		if s, ok := top["schema"]; ok {
-			body = p
+			if string(bytes.TrimSpace(p)) == "null" {
+				return nil, nil
+			}
+			var payload map[string]json.RawMessage
+			if err := json.Unmarshal(p, &payload); err != nil {
+				return nil, err
+			}
+			env.raw = payload
 			var f field
 			if err := json.Unmarshal(s, &f); err == nil {
-				schema = &envSchema{root: f}
+				env.schema = &envSchema{root: f}
 			}
 		}
 	}
-	dec = json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var env map[string]any
-	if err := dec.Decode(&env); err != nil {
-		return nil, nil, err
+	return env, nil
+}
+
+// field decodes one top-level field (numbers as json.Number).
+func (e *envelope) field(name string) (any, bool) {
+	if v, ok := e.parsed[name]; ok {
+		return v, true
 	}
-	return env, schema, nil
+	raw, ok := e.raw[name]
+	if !ok {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, false
+	}
+	e.parsed[name] = v
+	return v, true
+}
+
+// lookup follows a dot-separated path into the envelope.
+func (e *envelope) lookup(path string) (any, bool) {
+	segs := strings.Split(path, ".")
+	cur, ok := e.field(segs[0])
+	if !ok {
+		return nil, false
+	}
+	for _, p := range segs[1:] {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[p]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// row returns the before or after image, logical types converted.
+func (e *envelope) row(name string) map[string]any {
+	v, _ := e.field(name)
+	m, _ := v.(map[string]any)
+	if m != nil && e.schema != nil {
+		if _, done := e.parsed[name+"#converted"]; !done {
+			convertRow(m, e.schema.row(name))
+			e.parsed[name+"#converted"] = true
+		}
+	}
+	return m
+}
+
+// afterJSON returns the after image as a JSON object: the raw bytes when
+// no schema asks for conversions, else the converted image re-encoded.
+func (e *envelope) afterJSON() ([]byte, error) {
+	if e.schema != nil {
+		m := e.row("after")
+		if m == nil {
+			return nil, errors.New("no after image")
+		}
+		return json.Marshal(m)
+	}
+	raw := bytes.TrimSpace(e.raw["after"])
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("no after image")
+	}
+	if raw[0] != '{' {
+		return nil, errors.New("after image is not a JSON object")
+	}
+	return raw, nil
 }
 
 // convertRow turns Debezium's logical types into values the sink stores

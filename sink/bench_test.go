@@ -2,16 +2,15 @@ package sink_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -28,44 +27,6 @@ func benchSpec(schema string) sink.TableSpec {
 		TrackHistory: []string{"plan", "city", "score"}}
 }
 
-// benchEventsFor makes a snapshot of benchKeys rows followed by updates;
-// type1PerMille of them change only the Type 1 name, the others a tracked column.
-func benchEventsFor(rng *rand.Rand, type1PerMille int) []*change.Event {
-	plans := []string{"basic", "pro", "team", "enterprise"}
-	cities := []string{"Wien", "Linz", "Graz", "Salzburg", "Innsbruck"}
-	rows := make([]map[string]any, benchKeys)
-	evs := make([]*change.Event, 0, benchEvents)
-	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for i := 0; i < benchEvents; i++ {
-		k := i
-		op := change.OpRead
-		if i >= benchKeys {
-			k, op = rng.IntN(benchKeys), change.OpUpdate
-		}
-		at = at.Add(time.Second)
-		row := map[string]any{}
-		if rows[k] == nil {
-			row = map[string]any{"id": json.Number(strconv.Itoa(k)), "name": fmt.Sprintf("customer %d", k),
-				"plan": plans[k%4], "city": cities[k%5], "score": json.Number("0")}
-		} else {
-			for c, v := range rows[k] {
-				row[c] = v
-			}
-			if rng.IntN(1000) < type1PerMille {
-				row["name"] = fmt.Sprintf("customer %d v%d", k, i)
-			} else {
-				row["plan"] = plans[rng.IntN(4)]
-				row["score"] = json.Number(strconv.Itoa(i))
-			}
-		}
-		rows[k] = row
-		evs = append(evs, &change.Event{Table: "bench_history", Key: []any{json.Number(strconv.Itoa(k))},
-			Seq: change.MustSeq(int64(i + 1)), Op: op, ValidFrom: at, After: row,
-			Origin: change.Origin{Partition: change.Partition{Topic: "bench"}, Offset: int64(i)}})
-	}
-	return evs
-}
-
 // BenchmarkApply applies 200,000 events (50,000 keys, mostly tracked
 // updates) in batches of 10,000, then COPYs the resulting rows into a table
 // of the same shape and indexes, and reports both rates and their ratio.
@@ -78,7 +39,7 @@ func BenchmarkApply(b *testing.B) {
 		perMill int
 	}{{"mixed", 100}, {"tracked", 0}} {
 		b.Run(w.name, func(b *testing.B) {
-			benchApply(b, pool, w.name, benchEventsFor(rand.New(rand.NewPCG(1, 2)), w.perMill))
+			benchApply(b, pool, w.name, scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), "bench_history", benchKeys, benchEvents, w.perMill))
 		})
 	}
 }

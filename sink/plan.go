@@ -47,11 +47,14 @@ func keyID(key []any) string {
 // plan converts a batch's events into typed rows grouped by table and key.
 // Events that cannot be converted become dead letters. Truncates of tables
 // that do not exist yet are returned apart: they are only recorded.
-func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter, []earlyTruncate) {
+func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (map[string]*tablePlan, []DeadLetter, []earlyTruncate) {
 	plans := map[string]*tablePlan{}
 	var dead []DeadLetter
 	var early []earlyTruncate
-	for _, ev := range evs {
+	for i, ev := range evs {
+		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() {
+			continue // undecodable: already a dead letter
+		}
 		t := s.tables[ev.Table]
 		if spec, ok := s.specs[ev.Table]; ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
 			early = append(early, earlyTruncate{target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
@@ -70,7 +73,7 @@ func (s *Sink) plan(evs []*change.Event) (map[string]*tablePlan, []DeadLetter, [
 			p = &tablePlan{t: t, keys: map[string]*keyPlan{}}
 			plans[ev.Table] = p
 		}
-		fe, key, err := s.toFevent(t, ev)
+		fe, key, err := s.toFevent(t, ev, afters[i])
 		if err != nil {
 			dead = append(dead, eventDeadLetter(ev, err))
 			continue
@@ -103,7 +106,7 @@ func sortEvents(evs []fevent) {
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].seq.Compare(evs[j].seq) < 0 })
 }
 
-func (s *Sink) toFevent(t *table, ev *change.Event) (fevent, []any, error) {
+func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fevent, []any, error) {
 	h := ev.Hash()
 	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: h[:], src: ev}
 	if len(ev.Seq) == 0 {
@@ -138,11 +141,11 @@ func (s *Sink) toFevent(t *table, ev *change.Event) (fevent, []any, error) {
 		key[i] = v
 	}
 	if ev.Op.HasAfter() {
-		if ev.After == nil {
+		if after == nil {
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
 		row := make([]any, len(t.cols))
-		for name, raw := range ev.After {
+		for name, raw := range after {
 			if t.ignore[name] {
 				continue
 			}
@@ -173,8 +176,15 @@ func (s *Sink) toFevent(t *table, ev *change.Event) (fevent, []any, error) {
 // Kafka bytes are not kept in memory; the record's coordinates identify it.
 func eventDeadLetter(ev *change.Event, err error) DeadLetter {
 	key, _ := json.Marshal(ev.Key)
+	var after any = ev.After
+	if ev.After == nil && ev.AfterJSON != nil {
+		after = json.RawMessage(ev.AfterJSON)
+		if !json.Valid(ev.AfterJSON) {
+			after = string(ev.AfterJSON)
+		}
+	}
 	val, _ := json.Marshal(map[string]any{
-		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": ev.After,
+		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": after,
 	})
 	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error()}
 }

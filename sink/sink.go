@@ -95,9 +95,9 @@ func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, erro
 
 // prepare creates tables met for the first time and adds columns that
 // events carry but their tables lack. DDL runs in its own transactions.
-func (s *Sink) prepare(ctx context.Context, evs []*change.Event) error {
+func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]map[string]string{}
-	for _, ev := range evs {
+	for i, ev := range evs {
 		spec, ok := s.specs[ev.Table]
 		if !ok {
 			continue
@@ -142,7 +142,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event) error {
 				note(k, ev.Key[i])
 			}
 		}
-		for name, v := range ev.After {
+		for name, v := range afters[i] {
 			if !contains(spec.IgnoreColumns, name) {
 				note(name, v)
 			}
@@ -202,10 +202,20 @@ type Prepared struct {
 func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.prepare(ctx, b.Events); err != nil {
+	afters := make([]map[string]any, len(b.Events))
+	var bad []DeadLetter
+	for i, ev := range b.Events {
+		a, err := ev.DecodeAfter()
+		if err != nil {
+			bad = append(bad, eventDeadLetter(ev, err))
+		}
+		afters[i] = a
+	}
+	if err := s.prepare(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
-	plans, dead, early := s.plan(b.Events)
+	plans, dead, early := s.plan(b.Events, afters)
+	dead = append(bad, dead...)
 	p := &Prepared{offsets: b.Offsets, plans: plans, early: early,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -52,25 +51,8 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
-// debeziumRecord renders a scenario event as a Debezium JSON record.
 func debeziumRecord(ev *change.Event, spec sink.TableSpec, topic string) *kgo.Record {
-	seq, _ := strconv.ParseInt(ev.Seq.Parts()[0], 10, 64)
-	env := map[string]any{"op": ev.Op.String(), "source": map[string]any{"lsn": seq, "ts_ms": ev.ValidFrom.UnixMilli()}}
-	var key []byte
-	if ev.Key != nil {
-		k := map[string]any{}
-		for i, name := range spec.Keys {
-			k[name] = ev.Key[i]
-		}
-		key, _ = json.Marshal(k)
-		if ev.Op == change.OpDelete {
-			env["before"] = k
-		}
-	}
-	if ev.After != nil {
-		env["after"] = ev.After
-	}
-	value, _ := json.Marshal(env)
+	key, value := scdtest.Debezium(ev, spec.Keys)
 	return &kgo.Record{Topic: topic, Key: key, Value: value}
 }
 

@@ -4,6 +4,7 @@
 package change
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -78,6 +79,10 @@ type Event struct {
 	Op        Op
 	ValidFrom time.Time
 	After     map[string]any
+	// AfterJSON is the row image as a JSON object, kept instead of After by
+	// the Kafka decoder to hold buffered events compactly; the sink decodes
+	// it (numbers as json.Number). Set at most one of After and AfterJSON.
+	AfterJSON []byte
 	Origin    Origin
 
 	keyID string
@@ -98,7 +103,11 @@ func (e *Event) KeyID() string {
 // after image); two deliveries of the same change have the same hash.
 func (e *Event) Hash() [16]byte {
 	if !e.hashd {
-		e.hash = ContentHash(e.Op, e.ValidFrom, e.After)
+		if e.After == nil && e.AfterJSON != nil {
+			e.hash = RawContentHash(e.Op, e.ValidFrom, e.AfterJSON)
+		} else {
+			e.hash = ContentHash(e.Op, e.ValidFrom, e.After)
+		}
 		e.hashd = true
 	}
 	return e.hash
@@ -129,6 +138,33 @@ func ContentHash(op Op, validFrom time.Time, after map[string]any) [16]byte {
 	var out [16]byte
 	copy(out[:], sum[:16])
 	return out
+}
+
+// RawContentHash digests an event whose row image is raw JSON. Deliveries of
+// one Kafka record hash alike; it is not comparable with ContentHash.
+func RawContentHash(op Op, validFrom time.Time, after []byte) [16]byte {
+	b := make([]byte, 0, 16+len(after))
+	b = append(b, byte(op), 'R')
+	b = binary.BigEndian.AppendUint64(b, uint64(validFrom.UnixNano()))
+	b = append(b, after...)
+	sum := sha256.Sum256(b)
+	var out [16]byte
+	copy(out[:], sum[:16])
+	return out
+}
+
+// DecodeAfter returns the event's row image, decoding AfterJSON if needed.
+func (e *Event) DecodeAfter() (map[string]any, error) {
+	if e.After != nil || e.AfterJSON == nil {
+		return e.After, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(e.AfterJSON))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("row image is not a JSON object: %w", err)
+	}
+	return m, nil
 }
 
 // Canon returns the canonical encoding of one value: a type tag followed by

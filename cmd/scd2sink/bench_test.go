@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// BenchmarkPipeline runs the real binary over 250,000 Debezium JSON events
+// (50,000 keys, 10% Type-1-only updates) already in an in-process Kafka,
+// until every offset is applied; then COPYs the resulting history rows into
+// a table of the same shape and indexes. It reports the binary's events/s
+// (from its first applied batch to its last), the COPY rows/s, their ratio
+// and the binary's peak RSS.
+func BenchmarkPipeline(b *testing.B) {
+	const nKeys, nEvents, partitions = 50_000, 250_000, 6
+	ctx := context.Background()
+	evs := scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), "customers_history", nKeys, nEvents, 100)
+	for iter := 0; iter < b.N; iter++ {
+		kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "bench.customers"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchMaxBytes(1<<20))
+		if err != nil {
+			b.Fatal(err)
+		}
+		recs := make([]*kgo.Record, len(evs))
+		for i, ev := range evs {
+			k, v := scdtest.Debezium(ev, []string{"id"})
+			recs[i] = &kgo.Record{Topic: "bench.customers", Key: k, Value: v}
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			b.Fatal(err)
+		}
+		cl.Close()
+		dsn := pgtest.NewDatabase(b)
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		brokers, _ := json.Marshal(kafka.ListenAddrs())
+		cfgFile := filepath.Join(b.TempDir(), "scd2sink.yaml")
+		cfg := fmt.Sprintf(`kafka: {brokers: %s, group_id: bench}
+postgres: {dsn: %q}
+http: {addr: ""}
+log: {level: warn}
+tables:
+  - topic: bench.customers
+    target: customers_history
+    keys: [id]
+    track_history: [plan, city, score]
+`, brokers, dsn)
+		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		bin := binaryB(b)
+		cmd := exec.Command(bin, "run", "--config", cfgFile)
+		cmd.Stderr = os.Stderr
+		cmd.Env = append(os.Environ(), os.Getenv("BENCH_ENV"))
+		b.StartTimer()
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		var first time.Time
+		var applied int64
+		for applied < nEvents {
+			time.Sleep(20 * time.Millisecond)
+			_ = pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets`).Scan(&applied)
+			if applied > 0 && first.IsZero() {
+				first = time.Now()
+			}
+			if time.Since(start) > 10*time.Minute {
+				b.Fatal("not applied within 10 minutes")
+			}
+		}
+		done := time.Now()
+		b.StopTimer()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			b.Fatalf("scd2sink: %v", err)
+		}
+		rssMiB := float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024
+		var versions int64
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&versions)
+		copyRows, copyDur := copyHistory(b, pool)
+		steady := done.Sub(first)
+		eps := float64(nEvents) / steady.Seconds()
+		rps := float64(copyRows) / copyDur.Seconds()
+		b.ReportMetric(eps, "events/s")
+		b.ReportMetric(rps, "copy_rows/s")
+		b.ReportMetric(eps/rps, "ratio")
+		b.ReportMetric(rssMiB, "peak_rss_MiB")
+		b.Logf("%d events -> %d versions: %s from start (%s from the first applied batch): %.0f events/s; "+
+			"COPY %d rows in %s: %.0f rows/s; ratio %.2f; peak RSS %.0f MiB",
+			nEvents, versions, done.Sub(start).Round(time.Millisecond), steady.Round(time.Millisecond), eps,
+			copyRows, copyDur.Round(time.Millisecond), rps, eps/rps, rssMiB)
+		pool.Close()
+		kafka.Close()
+	}
+}
+
+func binaryB(b *testing.B) string {
+	b.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "scd2sink-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "scd2sink")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if binErr != nil {
+		b.Fatal(binErr)
+	}
+	return binPath
+}
+
+// copyHistory COPYs the history rows into a table of the same shape and
+// indexes, 10,000 rows per transaction, timing only the COPY.
+func copyHistory(b *testing.B, pool *pgxpool.Pool) (int, time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE copy_target (LIKE customers_history INCLUDING ALL)`); err != nil {
+		b.Fatal(err)
+	}
+	cols := []string{"id", "name", "plan", "city", "score", "valid_from", "valid_to", "is_current",
+		"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
+	rows, err := pool.Query(ctx, `SELECT id, name, plan, city, score, valid_from, valid_to, is_current,
+		scd_seq, scd_close_seq, scd_op, scd_hash, scd_unavailable FROM customers_history ORDER BY scd_id`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var all [][]any
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, v)
+	}
+	rows.Close()
+	start := time.Now()
+	for i := 0; i < len(all); i += 10_000 {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"copy_target"}, cols, pgx.CopyFromRows(all[i:min(i+10_000, len(all))]))
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return len(all), time.Since(start)
+}
