@@ -28,6 +28,9 @@ var version = "dev"
 
 const usage = `usage:
   scd2sink run      --config FILE   consume continuously until SIGINT/SIGTERM
+  scd2sink rebuild  --config FILE [--follow]
+                                    replay every topic from the earliest offset into fresh tables,
+                                    swap them in when caught up; with --follow carry on as run
   scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
   scd2sink demo                     play a scripted scenario in-process and print its history
   scd2sink version
@@ -45,6 +48,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file")
+	follow := false
+	if cmd == "rebuild" {
+		fs.BoolVar(&follow, "follow", false, "carry on as run after the swap")
+	}
 	if err := fs.Parse(rest); err != nil {
 		return 2
 	}
@@ -58,10 +65,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
-	case "run", "verify":
-	case "rebuild":
-		fmt.Fprintln(stderr, "scd2sink rebuild: not built yet (see the project's open issues)")
-		return 1
+	case "run", "verify", "rebuild":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -98,8 +102,12 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		log.Warn("second signal: exiting at once", zap.String("signal", s.String()))
 		os.Exit(1)
 	}()
-	log.Info("starting", zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
-	if err := app.Run(ctx, cfg, app.Options{Logger: log}); err != nil {
+	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
+	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log}) }
+	if cmd == "rebuild" {
+		run = func() error { return app.Rebuild(ctx, cfg, app.Options{Logger: log}, follow) }
+	}
+	if err := run(); err != nil {
 		log.Error("stopped", zap.Error(err))
 		return exitCode(stderr, err)
 	}

@@ -1,0 +1,322 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// RebuildSuffix names the tables a rebuild fills next to the live ones.
+const RebuildSuffix = "__rebuild"
+
+// rebuildConfig is cfg aimed at the rebuild tables: every target with
+// RebuildSuffix, its own consumer group starting from the earliest offset,
+// its own dead-letter table, no HTTP endpoint.
+func rebuildConfig(cfg *config.Config) *config.Config {
+	rc := *cfg
+	rc.Tables = append([]config.Table(nil), cfg.Tables...)
+	for i := range rc.Tables {
+		rc.Tables[i].Target += RebuildSuffix
+	}
+	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
+	rc.Kafka.StartOffset = "earliest"
+	rc.Sink.DeadLetterTable = cfg.Sink.DeadLetterTable + RebuildSuffix
+	empty := ""
+	rc.HTTP.Addr = &empty
+	return &rc
+}
+
+func (o Options) kafkaAdmin(cfg *config.Config) (*kadm.Client, *kgo.Client, error) {
+	tlsCfg, err := kafkaTLS(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.ClientID(cfg.Kafka.ClientID)}
+	if tlsCfg != nil {
+		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	}
+	if m := kafkaSASL(cfg); m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	cl, err := kgo.NewClient(append(opts, o.KafkaOpts...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl, nil
+}
+
+// Rebuild replays every configured topic from the earliest offset into fresh
+// tables next to the live ones, reporting progress against the high
+// watermarks taken at the start; when caught up it swaps the fresh tables in
+// with one transaction (queries see the old or the new table, never
+// neither), moves the offsets over and sets the live group's Kafka offsets.
+// With follow it then carries on as Run. The live group must have no
+// members (stop `scd2sink run` first).
+func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool) error {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	adm, cl, err := opts.kafkaAdmin(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	groups, err := adm.DescribeGroups(ctx, cfg.Kafka.GroupID)
+	if err != nil {
+		return fmt.Errorf("describing group %s: %w", cfg.Kafka.GroupID, err)
+	}
+	if g, ok := groups[cfg.Kafka.GroupID]; ok && len(g.Members) > 0 {
+		return fmt.Errorf("group %s has %d active members: stop `scd2sink run` before rebuilding", cfg.Kafka.GroupID, len(g.Members))
+	}
+	var topics []string
+	for _, t := range cfg.Tables {
+		topics = append(topics, t.Topic)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("reading high watermarks: %w", err)
+	}
+	var total int64
+	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rc := rebuildConfig(cfg)
+	if err := resetRebuild(ctx, pool, adm, cfg, rc); err != nil {
+		return err
+	}
+	log.Info("rebuild started", zap.Int64("events", total), zap.Strings("topics", topics))
+
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, rc, opts) }()
+	start, lastLog := time.Now(), time.Time{}
+	for {
+		applied, caughtUp, err := rebuildProgress(ctx, pool, rc, ends)
+		if err == nil && (caughtUp || time.Since(lastLog) >= 2*time.Second) {
+			lastLog = time.Now()
+			rate := float64(applied) / time.Since(start).Seconds()
+			eta := time.Duration(0)
+			if rate > 0 {
+				eta = time.Duration(float64(total-applied)/rate) * time.Second
+			}
+			log.Info("rebuild progress", zap.Int64("applied", applied), zap.Int64("of", total),
+				zap.Float64("events_per_s", float64(int64(rate))), zap.Duration("eta", eta.Round(time.Second)))
+		}
+		if caughtUp {
+			break
+		}
+		select {
+		case err := <-done:
+			stop()
+			if err == nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("rebuild stopped before catching up: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		return fmt.Errorf("rebuild: %w", err)
+	}
+	offsets, err := swap(ctx, pool, cfg, rc)
+	if err != nil {
+		return err
+	}
+	if len(offsets) > 0 {
+		resp, err := adm.CommitOffsets(ctx, cfg.Kafka.GroupID, offsets)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			// scd2sink_offsets holds them; run resumes from there anyway.
+			log.Warn("setting the group's offsets failed; run resumes from scd2sink_offsets", zap.Error(err))
+		}
+	}
+	log.Info("rebuild swapped in", zap.Int64("events", total), zap.Duration("took", time.Since(start).Round(time.Millisecond)))
+	if follow {
+		return Run(ctx, cfg, opts)
+	}
+	return nil
+}
+
+// resetRebuild removes what an interrupted earlier rebuild left, so the new
+// one starts from empty tables and the earliest offsets.
+func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg, rc *config.Config) error {
+	schema := pgx.Identifier{cfg.Postgres.Schema}.Sanitize()
+	stmts := []string{}
+	for _, t := range rc.Tables {
+		stmts = append(stmts,
+			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
+			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
+				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize()))
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, st := range stmts {
+			if _, err := tx.Exec(ctx, st); err != nil {
+				return err
+			}
+		}
+		// The service tables may not exist yet on a fresh database.
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", cfg.Postgres.Schema+".scd2sink_offsets").Scan(&exists); err != nil || !exists {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM "+schema+".scd2sink_offsets WHERE consumer_group = $1", rc.Kafka.GroupID); err != nil {
+			return err
+		}
+		for _, t := range rc.Tables {
+			if _, err := tx.Exec(ctx, "DELETE FROM "+schema+".scd2sink_truncates WHERE target = $1",
+				pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("clearing an earlier rebuild: %w", err)
+	}
+	if _, err := adm.DeleteGroups(ctx, rc.Kafka.GroupID); err != nil {
+		return fmt.Errorf("resetting group %s: %w", rc.Kafka.GroupID, err)
+	}
+	return nil
+}
+
+// rebuildProgress sums the rebuild's applied offsets and reports whether
+// every partition has reached the high watermark taken at the start.
+func rebuildProgress(ctx context.Context, pool *pgxpool.Pool, rc *config.Config, ends kadm.ListedOffsets) (int64, bool, error) {
+	rows, err := pool.Query(ctx, fmt.Sprintf("SELECT topic, partition, next_offset FROM %s.scd2sink_offsets WHERE consumer_group = $1",
+		pgx.Identifier{rc.Postgres.Schema}.Sanitize()), rc.Kafka.GroupID)
+	if err != nil {
+		return 0, false, err
+	}
+	defer rows.Close()
+	at := map[string]map[int32]int64{}
+	var applied int64
+	for rows.Next() {
+		var topic string
+		var p int32
+		var o int64
+		if err := rows.Scan(&topic, &p, &o); err != nil {
+			return 0, false, err
+		}
+		if at[topic] == nil {
+			at[topic] = map[int32]int64{}
+		}
+		at[topic][p] = o
+		applied += o
+	}
+	if err := rows.Err(); err != nil {
+		return 0, false, err
+	}
+	caughtUp := true
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 && at[o.Topic][o.Partition] < o.Offset {
+			caughtUp = false
+		}
+	})
+	return applied, caughtUp, nil
+}
+
+// swap replaces every live table by its rebuild in one transaction. The old
+// tables stay, renamed <target>__replaced_<unix time>, so queries that
+// resolved them before the swap finish on them; drop them when convenient.
+// It returns the offsets to commit for the live group.
+func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm.Offsets, error) {
+	suffix := fmt.Sprintf("__replaced_%d", time.Now().Unix())
+	schema := cfg.Postgres.Schema
+	id := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	bare := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	offsets := kadm.Offsets{}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		exec := func(q string, args ...any) error {
+			if _, err := tx.Exec(ctx, q, args...); err != nil {
+				return fmt.Errorf("swap: %s: %w", strings.SplitN(q, "\n", 2)[0], err)
+			}
+			return nil
+		}
+		for i, t := range cfg.Tables {
+			live, rb := t.Target, rc.Tables[i].Target
+			var exists bool
+			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", id(live)).Scan(&exists); err != nil {
+				return err
+			}
+			var rbExists bool
+			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", id(rb)).Scan(&rbExists); err != nil {
+				return err
+			}
+			if !rbExists {
+				continue // its topic was empty
+			}
+			if exists {
+				old := live + suffix
+				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
+					return err
+				}
+				for _, q := range []string{
+					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
+					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
+					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+"_scd_key_seq"), bare(old+"_scd_key_seq")),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+"_scd_events_key_seq"), bare(old+"_scd_events_key_seq")),
+				} {
+					if err := exec(q); err != nil {
+						return err
+					}
+				}
+			}
+			for _, q := range []string{
+				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
+				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb+"_scd_events"), bare(live+"_scd_events")),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_key_seq"), bare(live+"_scd_key_seq")),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_events_key_seq"), bare(live+"_scd_events_key_seq")),
+				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
+			} {
+				if err := exec(q); err != nil {
+					return err
+				}
+			}
+			if err := exec(fmt.Sprintf("DELETE FROM %s WHERE target = $1", id("scd2sink_truncates")), id(live)); err != nil {
+				return err
+			}
+			if err := exec(fmt.Sprintf("UPDATE %s SET target = $1 WHERE target = $2", id("scd2sink_truncates")), id(live), id(rb)); err != nil {
+				return err
+			}
+		}
+		if err := exec(fmt.Sprintf("DELETE FROM %s WHERE consumer_group = $1", id("scd2sink_offsets")), cfg.Kafka.GroupID); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf("UPDATE %s SET consumer_group = $1 WHERE consumer_group = $2 RETURNING topic, partition, next_offset",
+			id("scd2sink_offsets")), cfg.Kafka.GroupID, rc.Kafka.GroupID)
+		if err != nil {
+			return fmt.Errorf("swap: moving offsets: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var o kadm.Offset
+			if err := rows.Scan(&o.Topic, &o.Partition, &o.At); err != nil {
+				return err
+			}
+			o.LeaderEpoch = -1
+			offsets.Add(o)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return offsets, nil
+}
+

@@ -1,0 +1,151 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestRebuild: run consumes a history; rebuild replays it into fresh
+// tables and swaps them in. The rebuilt history equals run's and the fold,
+// and queries running through the swap always find a table.
+func TestRebuild(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(4, 4))
+	sc := scdtest.BigScenario(rng, "public", 30)
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "src.acct", "src.item"), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kafka.Close()
+	topic := map[string]string{"acct_history": "src.acct", "item_history": "src.item"}
+	specs := map[string]sink.TableSpec{}
+	for _, s := range sc.Specs {
+		specs[s.Target] = s
+	}
+	var recs []*kgo.Record
+	for _, ev := range sc.Events {
+		k, v := scdtest.Debezium(ev, specs[ev.Table].Keys)
+		recs = append(recs, &kgo.Record{Topic: topic[ev.Table], Key: k, Value: v})
+	}
+	rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	dsn := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	brokers, _ := json.Marshal(kafka.ListenAddrs())
+	a, i := specs["acct_history"], specs["item_history"]
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+kafka: {brokers: %s, group_id: live, session_timeout: 2s}
+postgres: {dsn: %q}
+http: {addr: ""}
+sequencer: {reorder_window: 20ms}
+sink: {batch_max_events: 300, batch_max_wait: 10ms}
+tables:
+  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s}
+  - {topic: src.item, target: item_history, keys: [shop, sku], type1_scope: %s, deletes: %s}
+`, brokers, dsn, a.Type1Scope, a.Deletes, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAll := func(group string) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int64
+			_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = $1", group).Scan(&n)
+			if n >= int64(len(recs)) {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("group %s did not apply everything", group)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, cfg, Options{}) }()
+	waitAll("live")
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	before := map[string][]string{}
+	for _, spec := range sc.Specs {
+		before[spec.Target] = scdtest.HistoryLines(t, pool, spec, sc.Cols[spec.Target])
+	}
+
+	var queries, failures atomic.Int64
+	var lastErr atomic.Value
+	qctx, qstop := context.WithCancel(ctx)
+	qdone := make(chan struct{})
+	go func() {
+		defer close(qdone)
+		for qctx.Err() == nil {
+			var n int64
+			err := pool.QueryRow(qctx, "SELECT (SELECT count(*) FROM acct_history) + (SELECT count(*) FROM item_history_current)").Scan(&n)
+			if qctx.Err() != nil {
+				return
+			}
+			queries.Add(1)
+			if err != nil || n == 0 {
+				failures.Add(1)
+				lastErr.Store(fmt.Sprint(n, err))
+			}
+		}
+	}()
+	if err := Rebuild(ctx, cfg, Options{}, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	qstop()
+	<-qdone
+	if failures.Load() > 0 {
+		t.Fatalf("%d of %d queries during the rebuild failed, e.g. %v", failures.Load(), queries.Load(), lastErr.Load())
+	}
+	for _, spec := range sc.Specs {
+		cols := sc.Cols[spec.Target]
+		got := scdtest.HistoryLines(t, pool, spec, cols)
+		if d := scdtest.DiffLines(before[spec.Target], got); d != "" {
+			t.Errorf("%s rebuilt differs from run's:\n%s", spec.Target, d)
+		}
+		if d := scdtest.DiffLines(scdtest.ModelLines(spec, cols, scdtest.Fold(spec, cols, sc.Events)), got); d != "" {
+			t.Errorf("%s rebuilt differs from the fold:\n%s", spec.Target, d)
+		}
+	}
+	var liveOffsets int64
+	_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = 'live'").Scan(&liveOffsets)
+	if liveOffsets != int64(len(recs)) {
+		t.Fatalf("live offsets after the swap sum to %d, want %d", liveOffsets, len(recs))
+	}
+	t.Logf("%d records rebuilt, %d queries ran through the swap", len(recs), queries.Load())
+	// The rebuilt tables serve run again.
+	rctx, stop = context.WithCancel(ctx)
+	go func() { done <- Run(rctx, cfg, Options{}) }()
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run after the rebuild: %v", err)
+	}
+}
