@@ -319,4 +319,3 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 	}
 	return offsets, nil
 }
-
