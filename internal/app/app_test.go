@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -111,6 +112,9 @@ tables:
 				if !ready {
 					t.Errorf("never ready")
 				}
+				if m := waitMetric(addr, "scd2sink_events_applied_total 1", 10*time.Second); m != "" {
+					t.Errorf("/metrics never showed the applied event:\n%s", m)
+				}
 			} else {
 				time.Sleep(6 * time.Second)
 				if waitReady(addr, 0) {
@@ -147,6 +151,26 @@ func produceOne(t *testing.T, addrs []string) {
 	if err := cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// waitMetric waits until /metrics holds line; it returns the last page
+// when it never does, "" when it did.
+func waitMetric(addr, line string, within time.Duration) string {
+	deadline := time.Now().Add(within)
+	var page string
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			page = string(body)
+			if strings.Contains(page, "\n"+line+"\n") && strings.Contains(page, "scd2sink_kafka_") {
+				return ""
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return page
 }
 
 func waitReady(addr string, within time.Duration) bool {
