@@ -15,7 +15,9 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
-# The engine benchmark of issue 2: our events/s against a raw COPY of the
-# same rows, reported as a ratio.
+# Benchmarks: our events/s against a raw COPY of the same rows in the same
+# run, as a ratio. BenchmarkApply: the engine (sink) alone; BenchmarkPipeline:
+# the real binary from an in-process Kafka to the history table, with its peak RSS.
 bench:
 	$(GO) test -run '^$$' -bench BenchmarkApply -benchtime 1x -timeout 30m ./sink/
+	$(GO) test -run '^$$' -bench BenchmarkPipeline -benchtime 1x -timeout 30m ./cmd/scd2sink/
