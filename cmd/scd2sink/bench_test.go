@@ -68,7 +68,7 @@ tables:
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 			b.Fatal(err)
 		}
-		bin := binaryB(b)
+		bin := binary(b)
 		cmd := exec.Command(bin, "run", "--config", cfgFile)
 		cmd.Stderr = os.Stderr
 		cmd.Env = append(os.Environ(), os.Getenv("BENCH_ENV"))
@@ -113,26 +113,6 @@ tables:
 		pool.Close()
 		kafka.Close()
 	}
-}
-
-func binaryB(b *testing.B) string {
-	b.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "scd2sink-bin-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "scd2sink")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v: %s", err, out)
-		}
-	})
-	if binErr != nil {
-		b.Fatal(binErr)
-	}
-	return binPath
 }
 
 // copyHistory COPYs the history rows into a table of the same shape and

@@ -31,7 +31,7 @@ var (
 )
 
 // binary builds scd2sink once per test run.
-func binary(t *testing.T) string {
+func binary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "scd2sink-bin-")
