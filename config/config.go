@@ -127,6 +127,7 @@ type Error struct {
 	Msg string
 }
 
+// Error formats the error as "configuration: key: why".
 func (e *Error) Error() string {
 	if e.Key == "" {
 		return "configuration: " + e.Msg

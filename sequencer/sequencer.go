@@ -378,6 +378,8 @@ type dueEntry struct {
 	kb *keyBuf
 }
 
+// deadlineHeap orders keys by when their first buffered event is due
+// (container/heap interface; unexported type).
 type deadlineHeap []dueEntry
 
 func (h deadlineHeap) Len() int           { return len(h) }
