@@ -310,12 +310,40 @@ func (c *Consumer) commitStale() bool {
 	return false
 }
 
-// flush applies the pending batch with the sequencer's commit points, then
-// commits those to Kafka. Transient sink errors are retried until ctx ends;
-// nothing is skipped. Called with mu held.
+// flush applies the pending events in batches of at most BatchMaxEvents,
+// each with the commit points it makes true, and commits those to Kafka.
+// Transient sink errors are retried until ctx ends; nothing is skipped.
+// Called with mu held.
 func (c *Consumer) flush(ctx context.Context) error {
+	for first := true; first || len(c.pending) > 0; first = false {
+		n := min(len(c.pending), c.cfg.BatchMaxEvents)
+		rest := c.pending[n:]
+		batch := sink.Batch{Events: c.pending[:n], DeadLetters: c.dead, Offsets: c.commitPoints(rest)}
+		if err := c.apply(ctx, batch); err != nil {
+			return err
+		}
+		c.pending, c.dead = rest, nil
+		c.commit(ctx, batch.Offsets)
+	}
+	c.pending = nil
+	c.m.Buffered.Set(float64(c.seq.Len()))
+	return nil
+}
+
+// commitPoints is the sequencer's commit points held below every event of
+// rest, which is released but not applied yet.
+func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64 {
 	offsets := c.seq.CommitPoints()
-	batch := sink.Batch{Events: c.pending, DeadLetters: c.dead, Offsets: offsets}
+	for _, ev := range rest {
+		if o, ok := offsets[ev.Origin.Partition]; ok && ev.Origin.Offset < o {
+			offsets[ev.Origin.Partition] = ev.Origin.Offset
+		}
+	}
+	return offsets
+}
+
+// apply applies one batch, retrying transient errors until ctx ends.
+func (c *Consumer) apply(ctx context.Context, batch sink.Batch) error {
 	backoff := 100 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
@@ -324,7 +352,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		if err == nil {
 			c.health.Postgres.Store(true)
 			c.m.record(res)
-			break
+			return nil
 		}
 		c.health.Postgres.Store(false)
 		if !c.cfg.Transient(err) || ctx.Err() != nil {
@@ -340,10 +368,6 @@ func (c *Consumer) flush(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 10*time.Second)
 	}
-	c.pending, c.dead = nil, nil
-	c.commit(ctx, offsets)
-	c.m.Buffered.Set(float64(c.seq.Len()))
-	return nil
 }
 
 // commit commits offsets to Kafka. A failed commit loses nothing: the
