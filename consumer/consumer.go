@@ -117,8 +117,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(250 * time.Millisecond),
-		kgo.FetchMaxBytes(8 << 20), // bounds what franz-go buffers ahead of the sequencer
-		kgo.MaxConcurrentFetches(2),
+		kgo.FetchMaxBytes(4 << 20), // bounds what franz-go buffers ahead of the sequencer
+		kgo.MaxConcurrentFetches(1),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),

@@ -66,13 +66,13 @@ type keyRef struct {
 
 type item struct {
 	ev       *change.Event
-	deadline time.Time
+	deadline int64 // unix nanoseconds: compact, for large buffers
 }
 
 type keyBuf struct {
 	ref       keyRef
 	items     []item // arrival order
-	scheduled time.Time
+	scheduled int64
 }
 
 type partState struct {
@@ -172,7 +172,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 		}
 		return
 	}
-	dl := s.now().Add(s.cfg.ReorderWindow)
+	dl := s.now().Add(s.cfg.ReorderWindow).UnixNano()
 	kb.items = append(kb.items, item{ev: ev, deadline: dl})
 	s.n++
 	if len(kb.items) == 1 {
@@ -195,8 +195,8 @@ func (s *Sequencer) Stats() Stats { return s.stats }
 func (s *Sequencer) NextDeadline() (time.Time, bool) {
 	for s.due.Len() > 0 {
 		top := s.due[0]
-		if s.keys[top.kb.ref] == top.kb && top.kb.scheduled.Equal(top.at) {
-			return top.at, true
+		if s.keys[top.kb.ref] == top.kb && top.kb.scheduled == top.at {
+			return time.Unix(0, top.at), true
 		}
 		heap.Pop(&s.due)
 	}
@@ -206,17 +206,17 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 // Release hands out every event that is due at the clock's current time,
 // together with the earlier buffered events of the same keys.
 func (s *Sequencer) Release() Output {
-	now := s.now()
+	now := s.now().UnixNano()
 	out := s.takeReady()
-	for s.due.Len() > 0 && !s.due[0].at.After(now) {
+	for s.due.Len() > 0 && s.due[0].at <= now {
 		e := heap.Pop(&s.due).(dueEntry)
 		kb := e.kb
-		if s.keys[kb.ref] != kb || !kb.scheduled.Equal(e.at) {
+		if s.keys[kb.ref] != kb || kb.scheduled != e.at {
 			continue // stale entry
 		}
 		var upto change.Seq
 		for _, it := range kb.items {
-			if it.deadline.After(now) {
+			if it.deadline > now {
 				break
 			}
 			if upto == nil || it.ev.Seq.Compare(upto) > 0 {
@@ -331,11 +331,11 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
 	if len(kb.items) == 0 {
 		delete(s.keys, ref)
-		kb.scheduled = time.Time{}
+		kb.scheduled = 0
 		return
 	}
 	first := kb.items[0].deadline
-	if !kb.scheduled.Equal(first) {
+	if kb.scheduled != first {
 		kb.scheduled = first
 		heap.Push(&s.due, dueEntry{at: first, kb: kb})
 	}
@@ -374,7 +374,7 @@ func filter(evs []*change.Event, keep func(*change.Event) bool) []*change.Event 
 }
 
 type dueEntry struct {
-	at time.Time
+	at int64
 	kb *keyBuf
 }
 
@@ -383,7 +383,7 @@ type dueEntry struct {
 type deadlineHeap []dueEntry
 
 func (h deadlineHeap) Len() int           { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at < h[j].at }
 func (h deadlineHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *deadlineHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
 func (h *deadlineHeap) Pop() any {

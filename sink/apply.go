@@ -215,6 +215,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		next.v.stored = true
 		next.openerSaved = (last.stored && l.openerSaved) ||
 			(t.spec.Type1Scope == CurrentVersion && !rowsEqual(last.row, last.opener, t.t1Idx))
+		next.v.opener = nil // appendKey takes the opener from the row (or the side table)
 	} else if l.v != nil && t.spec.Type1Scope == AllVersions && st.prevRow != nil {
 		next.v = l.v.clone() // its Type 1 columns changed with the key's
 		t.spreadType1([]*version{next.v}, st.prevRow)
