@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -28,12 +29,15 @@ import (
 	"go.uber.org/zap"
 )
 
-// Sink applies batches. Apply is called from one goroutine at a time, in the
-// order the batches were released, and must be all-or-nothing; Offsets
-// returns the offsets its transactions recorded; Forget is called on every
-// rebalance, when what it remembers about its keys may have gone stale.
+// Sink applies batches. Prepare (the CPU-bound half) is called by the poll
+// loop and ApplyPrepared by the applier goroutine, each from one goroutine,
+// possibly at the same time; prepared batches are applied in the order they
+// were prepared, each all-or-nothing. Offsets returns the offsets its
+// transactions recorded; Forget is called on every rebalance, while nothing
+// is being prepared or applied, when what it remembers may have gone stale.
 type Sink interface {
-	Apply(ctx context.Context, b sink.Batch) (sink.Result, error)
+	Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared, error)
+	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	Forget()
 }
@@ -73,6 +77,12 @@ type Consumer struct {
 	m      *Metrics
 	health *Health
 
+	applier     *applier
+	cancelApply context.CancelFunc
+	// rebalanceWanted is set when franz-go holds a rebalance back for us.
+	rebalanceWanted atomic.Bool
+
+	commitMu   sync.Mutex // guards committed, lastCommit and hwm (the applier commits)
 	mu         sync.Mutex // guards everything below
 	seq        *sequencer.Sequencer
 	pending    []*change.Event
@@ -100,6 +110,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: NewDecoder(cfg.Rules), m: cfg.Metrics, health: health,
 		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
+	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
 		topics = append(topics, r.Topic)
@@ -123,6 +134,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
 		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
+		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { c.rebalanceWanted.Store(true) }),
 		kgo.WithLogger(kzap.New(c.log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
 	}
 	if cfg.Metrics.Kafka != nil {
@@ -152,7 +164,15 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 // It returns nil after a clean drain and an error if the sink fails
 // permanently or the drain does not finish in time.
 func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
-	defer c.client.Close()
+	// Batches in flight finish even when ctx ends; drain bounds the wait.
+	applyCtx, cancelApply := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancelApply = cancelApply
+	defer cancelApply()
+	go c.applier.run(applyCtx)
+	defer func() {
+		c.client.Close() // may run the revoke callback, which still applies
+		c.applier.stop()
+	}()
 	started := time.Now()
 	var lastWarn time.Time
 	for {
@@ -188,7 +208,18 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 		c.mu.Lock()
 		err := c.maybeFlush(ctx, false)
 		c.mu.Unlock()
-		c.client.AllowRebalance()
+		if err == nil {
+			err = c.applier.err()
+		}
+		// Rebalance callbacks run only while nothing is in flight: wait for
+		// the applier when a rebalance is waiting, else allow it when idle.
+		if c.rebalanceWanted.Load() || c.applier.idle() {
+			if werr := c.applier.wait(); err == nil {
+				err = werr
+			}
+			c.rebalanceWanted.Store(false)
+			c.client.AllowRebalance()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return c.drain(drainTimeout)
@@ -232,9 +263,11 @@ func (c *Consumer) take(fetches kgo.Fetches) {
 	c.health.Kafka.Store(kafkaOK)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.commitMu.Lock()
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		c.hwm[change.Partition{Topic: p.Topic, Partition: p.Partition}] = p.HighWatermark
 	})
+	c.commitMu.Unlock()
 	fetches.EachRecord(func(r *kgo.Record) {
 		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
@@ -299,6 +332,8 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 // commitStale reports whether commit points moved (skipped records) with
 // nothing to apply, and it is time to record them.
 func (c *Consumer) commitStale() bool {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
 	if time.Since(c.lastCommit) < c.cfg.BatchMaxWait {
 		return false
 	}
@@ -310,24 +345,38 @@ func (c *Consumer) commitStale() bool {
 	return false
 }
 
-// flush applies the pending events in batches of at most BatchMaxEvents,
-// each with the commit points it makes true, and commits those to Kafka.
-// Transient sink errors are retried until ctx ends; nothing is skipped.
-// Called with mu held.
+// flush hands the pending events to the applier in batches of at most
+// BatchMaxEvents, each with the commit points it makes true; the applier
+// applies them in order and commits those to Kafka. Called with mu held.
 func (c *Consumer) flush(ctx context.Context) error {
+	if err := c.applier.err(); err != nil {
+		return err
+	}
+	c.commitMu.Lock()
+	c.lastCommit = time.Now()
+	c.commitMu.Unlock()
 	for first := true; first || len(c.pending) > 0; first = false {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
 		rest := c.pending[n:]
-		batch := sink.Batch{Events: c.pending[:n], DeadLetters: c.dead, Offsets: c.commitPoints(rest)}
-		if err := c.apply(ctx, batch); err != nil {
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: c.commitPoints(rest)})
+		if err != nil {
 			return err
 		}
+		c.applier.submit(j)
 		c.pending, c.dead = rest, nil
-		c.commit(ctx, batch.Offsets)
 	}
 	c.pending = nil
 	c.m.Buffered.Set(float64(c.seq.Len()))
 	return nil
+}
+
+// flushAndWait flushes and waits until everything handed over is applied
+// and committed. Called with mu held.
+func (c *Consumer) flushAndWait(ctx context.Context) error {
+	if err := c.flush(ctx); err != nil {
+		return err
+	}
+	return c.applier.wait()
 }
 
 // commitPoints is the sequencer's commit points held below every event of
@@ -342,21 +391,43 @@ func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64
 	return offsets
 }
 
-// apply applies one batch, retrying transient errors until ctx ends.
-func (c *Consumer) apply(ctx context.Context, batch sink.Batch) error {
-	backoff := 100 * time.Millisecond
-	for attempt := 0; ; attempt++ {
+// apply applies one prepared batch, retrying transient errors until ctx ends.
+func (c *Consumer) apply(ctx context.Context, j job) error {
+	return c.retry(ctx, fmt.Sprintf("applying batch of %d events", j.events), func() error {
 		start := time.Now()
-		res, err := c.sink.Apply(ctx, batch)
+		res, err := c.sink.ApplyPrepared(ctx, j.prepared)
 		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
-			c.health.Postgres.Store(true)
 			c.m.record(res)
+		}
+		return err
+	})
+}
+
+// prepare prepares one batch, retrying transient errors until ctx ends.
+func (c *Consumer) prepare(ctx context.Context, b sink.Batch) (job, error) {
+	j := job{offsets: b.Offsets, events: len(b.Events)}
+	err := c.retry(ctx, fmt.Sprintf("preparing batch of %d events", len(b.Events)), func() error {
+		var err error
+		j.prepared, err = c.sink.Prepare(ctx, b)
+		return err
+	})
+	return j, err
+}
+
+// retry runs fn until it succeeds, fails permanently or ctx ends, with
+// capped backoff and a bounded rate of warnings.
+func (c *Consumer) retry(ctx context.Context, what string, fn func() error) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil {
+			c.health.Postgres.Store(true)
 			return nil
 		}
 		c.health.Postgres.Store(false)
 		if !c.cfg.Transient(err) || ctx.Err() != nil {
-			return fmt.Errorf("applying batch of %d events: %w", len(batch.Events), err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		if attempt%10 == 0 {
 			c.log.Warn("PostgreSQL unavailable, retrying", zap.Int("attempt", attempt+1), zap.Error(err))
@@ -373,6 +444,8 @@ func (c *Consumer) apply(ctx context.Context, batch sink.Batch) error {
 // commit commits offsets to Kafka. A failed commit loses nothing: the
 // offsets are in scd2sink_offsets and the next flush commits them again.
 func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int64) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
 	c.lastCommit = time.Now()
 	toCommit := map[string]map[int32]kgo.EpochOffset{}
 	for p, o := range offsets {
@@ -415,7 +488,16 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	defer cancel()
 	c.mu.Lock()
 	c.collect(c.seq.Flush())
-	err := c.flush(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- c.flushAndWait(ctx) }()
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		c.cancelApply() // give up on retries; the next start replays
+		<-errc
+		err = fmt.Errorf("batches still in flight after %s", timeout)
+	}
 	c.mu.Unlock()
 	c.client.AllowRebalance()
 	if lerr := c.client.LeaveGroupContext(ctx); lerr != nil && err == nil {

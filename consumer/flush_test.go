@@ -12,9 +12,12 @@ import (
 
 type recordingSink struct{ batches []sink.Batch }
 
-func (r *recordingSink) Apply(_ context.Context, b sink.Batch) (sink.Result, error) {
+func (r *recordingSink) Prepare(_ context.Context, b sink.Batch) (*sink.Prepared, error) {
 	r.batches = append(r.batches, b)
-	return sink.Result{Events: len(b.Events)}, nil
+	return nil, nil
+}
+func (r *recordingSink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Result, error) {
+	return sink.Result{}, nil
 }
 func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error) { return nil, nil }
 func (r *recordingSink) Forget()                                                     {}

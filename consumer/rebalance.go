@@ -60,15 +60,13 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 	defer c.mu.Unlock()
 	parts := partitions(revoked)
 	c.collect(c.seq.FlushPartitions(parts))
-	if err := c.flush(ctx); err != nil {
+	if err := c.flushAndWait(ctx); err != nil {
 		// Not applied: drop it, the next owner reads it again.
 		c.log.Warn("applying revoked partitions failed; leaving them to the next owner", zap.Error(err))
 		c.dropPending(parts)
 	}
 	c.seq.DropPartitions(parts)
-	for _, p := range parts {
-		delete(c.committed, p)
-	}
+	c.forgetCommitted(parts)
 	c.sink.Forget()
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
 }
@@ -79,14 +77,21 @@ func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]in
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(lost)
+	_ = c.applier.wait() // nothing is in flight when callbacks run; be sure
 	c.seq.DropPartitions(parts)
 	c.dropPending(parts)
-	for _, p := range parts {
-		delete(c.committed, p)
-	}
+	c.forgetCommitted(parts)
 	c.sink.Forget()
 	c.health.Joined.Store(false)
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
+}
+
+func (c *Consumer) forgetCommitted(parts []change.Partition) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	for _, p := range parts {
+		delete(c.committed, p)
+	}
 }
 
 // dropPending removes pending events and dead letters of parts.

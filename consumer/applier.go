@@ -1,0 +1,79 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// applier applies batches on its own goroutine, in the order they were
+// handed over, and commits each batch's offsets after its transaction, so
+// that polling and decoding go on while PostgreSQL works. After a failed
+// batch it applies nothing more: later batches' offsets would pass it.
+type applier struct {
+	c       *Consumer
+	jobs    chan job
+	pending sync.WaitGroup
+	busy    atomic.Int64
+	failed  atomic.Pointer[error]
+	done    chan struct{}
+}
+
+func newApplier(c *Consumer) *applier {
+	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{})}
+}
+
+// run applies batches until jobs is closed.
+func (a *applier) run(ctx context.Context) {
+	defer close(a.done)
+	for j := range a.jobs {
+		if a.failed.Load() == nil {
+			if err := a.c.apply(ctx, j); err != nil {
+				a.failed.Store(&err)
+			} else {
+				a.c.commit(ctx, j.offsets)
+			}
+		}
+		a.busy.Add(-1)
+		a.pending.Done()
+	}
+}
+
+// job is a prepared batch and the offsets its transaction records.
+type job struct {
+	prepared *sink.Prepared
+	offsets  map[change.Partition]int64
+	events   int
+}
+
+// submit hands a batch over; it blocks while another batch waits.
+func (a *applier) submit(j job) {
+	a.busy.Add(1)
+	a.pending.Add(1)
+	a.jobs <- j
+}
+
+// wait blocks until every submitted batch is applied (or dropped after a
+// failure) and returns the failure, if any.
+func (a *applier) wait() error {
+	a.pending.Wait()
+	return a.err()
+}
+
+func (a *applier) idle() bool { return a.busy.Load() == 0 }
+
+func (a *applier) err() error {
+	if p := a.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// stop lets the applier finish and ends its goroutine.
+func (a *applier) stop() {
+	close(a.jobs)
+	<-a.done
+}
