@@ -83,7 +83,7 @@ func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Eve
 		}
 		applyDur := time.Since(start)
 		b.StopTimer()
-		rows, copyDur := copyBaseline(b, pool, schema)
+		rows, copyDur := scdtest.CopyBaseline(b, pool, pgx.Identifier{schema, "bench_history"}, pgx.Identifier{schema, "bench_copy"}, scdtest.BenchColumns, benchBatch)
 		eps := float64(res.Events) / applyDur.Seconds()
 		rps := float64(rows) / copyDur.Seconds()
 		b.ReportMetric(eps, "events/s")
@@ -99,55 +99,6 @@ func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Eve
 			b.Fatalf("verify: %v %v", err, vs)
 		}
 	}
-}
-
-// copyBaseline COPYs the history table's rows into a fresh table of the same
-// shape and indexes, in batches of benchBatch rows, and times only the COPY.
-func copyBaseline(b *testing.B, pool *pgxpool.Pool, schema string) (int, time.Duration) {
-	b.Helper()
-	ctx := context.Background()
-	hist := pgx.Identifier{schema, "bench_history"}
-	cp := pgx.Identifier{schema, "bench_copy"}
-	if _, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)", cp.Sanitize(), hist.Sanitize())); err != nil {
-		b.Fatal(err)
-	}
-	cols := []string{"id", "name", "plan", "city", "score", "valid_from", "valid_to", "is_current",
-		"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
-	rs, err := pool.Query(ctx, fmt.Sprintf("SELECT %s FROM %s ORDER BY scd_id", quoted(cols), hist.Sanitize()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var all [][]any
-	for rs.Next() {
-		v, err := rs.Values()
-		if err != nil {
-			b.Fatal(err)
-		}
-		all = append(all, v)
-	}
-	rs.Close()
-	start := time.Now()
-	for i := 0; i < len(all); i += benchBatch {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := tx.CopyFrom(ctx, cp, cols, pgx.CopyFromRows(all[i:min(i+benchBatch, len(all))]))
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	return len(all), time.Since(start)
-}
-
-func quoted(cols []string) string {
-	out := ""
-	for i, c := range cols {
-		if i > 0 {
-			out += ", "
-		}
-		out += pgx.Identifier{c}.Sanitize()
-	}
-	return out
 }
 
 func benchPool(b *testing.B) *pgxpool.Pool {

@@ -109,7 +109,7 @@ tables:
 		rssMiB := float64(<-hwm) / 1024
 		var versions int64
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&versions)
-		copyRows, copyDur := copyHistory(b, pool)
+		copyRows, copyDur := scdtest.CopyBaseline(b, pool, pgx.Identifier{"customers_history"}, pgx.Identifier{"copy_target"}, scdtest.BenchColumns, 10_000)
 		steady := done.Sub(first)
 		eps := float64(nEvents) / steady.Seconds()
 		sustained := float64(nEvents*8/10) / at90.Sub(at10).Seconds()
@@ -151,41 +151,4 @@ func watchHWM(pid int) <-chan int64 {
 		}
 	}()
 	return out
-}
-
-// copyHistory COPYs the history rows into a table of the same shape and
-// indexes, 10,000 rows per transaction, timing only the COPY.
-func copyHistory(b *testing.B, pool *pgxpool.Pool) (int, time.Duration) {
-	b.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE copy_target (LIKE customers_history INCLUDING ALL)`); err != nil {
-		b.Fatal(err)
-	}
-	cols := []string{"id", "name", "plan", "city", "score", "valid_from", "valid_to", "is_current",
-		"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
-	rows, err := pool.Query(ctx, `SELECT id, name, plan, city, score, valid_from, valid_to, is_current,
-		scd_seq, scd_close_seq, scd_op, scd_hash, scd_unavailable FROM customers_history ORDER BY scd_id`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var all [][]any
-	for rows.Next() {
-		v, err := rows.Values()
-		if err != nil {
-			b.Fatal(err)
-		}
-		all = append(all, v)
-	}
-	rows.Close()
-	start := time.Now()
-	for i := 0; i < len(all); i += 10_000 {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := tx.CopyFrom(ctx, pgx.Identifier{"copy_target"}, cols, pgx.CopyFromRows(all[i:min(i+10_000, len(all))]))
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	return len(all), time.Since(start)
 }
