@@ -61,12 +61,7 @@ type latest struct {
 
 // maxSeq is the highest sequence the table knows for the key.
 func (l *latest) maxSeq() change.Seq {
-	var m change.Seq
-	for _, s := range []change.Seq{l.sideMaxSeq} {
-		if s != nil && (m == nil || s.Compare(m) > 0) {
-			m = s
-		}
-	}
+	m := l.sideMaxSeq
 	if l.v != nil {
 		if m == nil || l.v.seq.Compare(m) > 0 {
 			m = l.v.seq

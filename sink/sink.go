@@ -227,14 +227,13 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 
 // ApplyPrepared applies a prepared batch; see Apply.
 func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
-	plans, dead, targets := p.plans, p.dead, p.targets
-	b := Batch{Offsets: p.offsets}
+	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
 	var res Result
 	var ops *cacheOps
 	retries, err := s.withRetry(ctx, "applying batch", func(ctx context.Context) error {
 		res, ops = Result{}, &cacheOps{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if err := s.fence(ctx, tx, b.Offsets); err != nil {
+			if err := s.fence(ctx, tx, offsets); err != nil {
 				return err
 			}
 			for _, e := range p.early {
@@ -256,7 +255,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			return s.writeOffsets(ctx, tx, b.Offsets)
+			return s.writeOffsets(ctx, tx, offsets)
 		})
 
 	})
@@ -266,8 +265,8 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		return res, err
 	}
 	s.cache.apply(ops)
-	for p, o := range b.Offsets {
-		s.written[p] = o
+	for part, o := range offsets {
+		s.written[part] = o
 	}
 	return res, nil
 }

@@ -85,13 +85,8 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		}
 	}
 	if len(w.delSide) > 0 {
-		types := append(t.keyTypes(), "bytea")
-		names := append(genericNames("k", len(t.keyIdx)), "seq")
-		var args []any
-		for i := range t.keyIdx {
-			args = append(args, column(len(w.delSide), func(j int) any { return w.delSide[j].key[i] }))
-		}
-		args = append(args, column(len(w.delSide), func(j int) []byte { return w.delSide[j].ev.seq }))
+		types, names, args := t.keySeqColumns(len(w.delSide),
+			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.seq })
 		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), t.keyMatch("e", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("deleting side rows of %s: %w", side, err)
@@ -170,11 +165,16 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
 func (t *table) versionKeys(vs []*version) (types, names []string, args []any) {
+	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].key }, func(j int) []byte { return vs[j].seq })
+}
+
+// keySeqColumns renders n (key, sequence) pairs as unnest columns k0.., seq.
+func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte) (types, names []string, args []any) {
 	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.keyIdx)), "seq")
 	for i := range t.keyIdx {
-		args = append(args, column(len(vs), func(j int) any { return vs[j].key[i] }))
+		args = append(args, column(n, func(j int) any { return key(j)[i] }))
 	}
-	args = append(args, column(len(vs), func(j int) []byte { return vs[j].seq }))
+	args = append(args, column(n, seq))
 	return types, names, args
 }
 
