@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
@@ -42,6 +43,17 @@ type Sink interface {
 	Forget()
 }
 
+// Decoder turns Kafka records into change events. The poll loop calls it
+// once per record, in offset order per partition; it returns
+// debezium.ErrSkip for records with nothing to apply and another error for
+// records that go to the dead-letter table. Events must not reference the
+// record's buffers.
+type Decoder interface {
+	Decode(o change.Origin, key, value []byte) (*change.Event, error)
+	// Target names the table a topic's events belong to ("" if none).
+	Target(topic string) string
+}
+
 // Config configures a Consumer.
 type Config struct {
 	Brokers     []string
@@ -52,7 +64,10 @@ type Config struct {
 	SessionTimeout time.Duration
 	TLS            *tls.Config
 	SASL           sasl.Mechanism
-	Rules          []Rule
+	// Rules name the topics and how to decode them.
+	Rules []debezium.Rule
+	// Decoder decodes records (default: debezium.New(Rules)).
+	Decoder Decoder
 
 	ReorderWindow     time.Duration
 	MaxBufferedEvents int
@@ -73,7 +88,7 @@ type Consumer struct {
 	log    *zap.Logger
 	client *kgo.Client
 	sink   Sink
-	dec    *Decoder
+	dec    Decoder
 	m      *Metrics
 	health *Health
 
@@ -107,7 +122,10 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if health == nil {
 		health = &Health{}
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: NewDecoder(cfg.Rules), m: cfg.Metrics, health: health,
+	if cfg.Decoder == nil {
+		cfg.Decoder = debezium.New(cfg.Rules)
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	c.applier = newApplier(c)
@@ -273,7 +291,7 @@ func (c *Consumer) take(fetches kgo.Fetches) {
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
 		ev, err := c.dec.Decode(o, r.Key, r.Value)
 		switch {
-		case errors.Is(err, ErrSkip):
+		case errors.Is(err, debezium.ErrSkip):
 			c.seq.Skip(o)
 		case err != nil:
 			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
@@ -288,10 +306,7 @@ func (c *Consumer) take(fetches kgo.Fetches) {
 }
 
 func (c *Consumer) target(topic string) string {
-	if r := c.dec.rules[topic]; r != nil {
-		return r.Target
-	}
-	return ""
+	return c.dec.Target(topic)
 }
 
 func (c *Consumer) addDead(d sink.DeadLetter) {

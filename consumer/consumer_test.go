@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // topicOf names the Kafka topic of a scenario table.
 func topicOf(target string) string { return "src." + target }
 
-func debezium(ev *change.Event, spec sink.TableSpec) (key, value []byte) {
+func encodeEvent(ev *change.Event, spec sink.TableSpec) (key, value []byte) {
 	return scdtest.Debezium(ev, spec.Keys)
 }
 
@@ -50,10 +51,10 @@ func produce(t *testing.T, addrs []string, recs []*kgo.Record) {
 	}
 }
 
-func rulesFor(specs []sink.TableSpec) []consumer.Rule {
-	var rules []consumer.Rule
+func rulesFor(specs []sink.TableSpec) []debezium.Rule {
+	var rules []debezium.Rule
 	for _, s := range specs {
-		rules = append(rules, consumer.Rule{Topic: topicOf(s.Target), Target: s.Target, Keys: s.Keys,
+		rules = append(rules, debezium.Rule{Topic: topicOf(s.Target), Target: s.Target, Keys: s.Keys,
 			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"})
 	}
 	return rules
@@ -152,7 +153,7 @@ func TestEndToEnd(t *testing.T) {
 			kafka := newKafka(t, 3, topics...)
 			var recs []*kgo.Record
 			for _, ev := range sc.Events {
-				k, v := debezium(ev, specOf[ev.Table])
+				k, v := encodeEvent(ev, specOf[ev.Table])
 				recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
 				if rng.IntN(6) == 0 {
 					recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})

@@ -51,7 +51,7 @@ func newRig(t *testing.T, seed uint64, scenarios int, partitions int32) *rig {
 	t.Cleanup(pool.Close)
 	r := &rig{kafka: kafka, pool: pool, schema: "public", sc: sc, want: map[string]int64{}}
 	for _, ev := range sc.Events {
-		k, v := debezium(ev, specOf[ev.Table])
+		k, v := encodeEvent(ev, specOf[ev.Table])
 		r.recs = append(r.recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
 		r.want[topicOf(ev.Table)]++
 	}

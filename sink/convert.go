@@ -2,9 +2,11 @@ package sink
 
 import (
 	"bytes"
+	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/big"
 	"strconv"
 	"strings"
@@ -48,11 +50,42 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 		case json.Number:
 			return x.String() != "0", nil
 		}
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID:
+		if n, ok := intValue(v); ok {
+			return sizedInt(col, n)
+		}
+	case pgtype.Float8OID:
+		switch x := v.(type) {
+		case float64:
+			return x, nil
+		case float32:
+			return float64(x), nil
+		}
+	case pgtype.Float4OID:
+		if x, ok := v.(float32); ok {
+			return x, nil
+		}
+	case pgtype.NumericOID:
+		if x, ok := v.(pgtype.Numeric); ok {
+			return x, nil
+		}
 	case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
+		if _, inf := infinityCanon(v); inf {
+			im, _ := infinityOf(v)
+			switch col.oid {
+			case pgtype.TimestamptzOID:
+				return pgtype.Timestamptz{InfinityModifier: im, Valid: true}, nil
+			case pgtype.TimestampOID:
+				return pgtype.Timestamp{InfinityModifier: im, Valid: true}, nil
+			}
+			return pgtype.Date{InfinityModifier: im, Valid: true}, nil
+		}
 		t, err := asTime(col.oid, v)
 		if err != nil {
 			return nil, err
 		}
+		// PostgreSQL keeps microseconds: what is stored is what compares.
+		t = t.Truncate(time.Microsecond)
 		switch col.oid {
 		case pgtype.TimestampOID:
 			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
@@ -60,8 +93,25 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 			t = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
 		}
 		return t, nil
+	case pgtype.TimeOID:
+		if x, ok := v.(pgtype.Time); ok {
+			return x, nil
+		}
+	case pgtype.IntervalOID:
+		if x, ok := v.(pgtype.Interval); ok {
+			return x, nil
+		}
 	case pgtype.JSONOID, pgtype.JSONBOID:
 		return asJSON(v)
+	case pgtype.TimetzOID:
+		switch x := v.(type) {
+		case timetz:
+			return x, nil
+		case string:
+			return parseTimetz(x)
+		}
+	case pgtype.XMLOID:
+		return []byte(asText(v)), nil
 	case pgtype.ByteaOID:
 		switch x := v.(type) {
 		case []byte:
@@ -78,6 +128,11 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 	if !ok {
 		return asText(v), nil // enums and other text-like types
 	}
+	if arr, isArr := typ.Codec.(*pgtype.ArrayCodec); isArr {
+		if list, ok := v.([]any); ok {
+			return c.convertArray(col, arr.ElementType, list)
+		}
+	}
 	out, err := typ.Codec.DecodeValue(c.m, col.oid, pgtype.TextFormatCode, []byte(asText(v)))
 	if err != nil {
 		return nil, fmt.Errorf("value %q does not fit type %s: %w", asText(v), col.typeName, err)
@@ -85,10 +140,89 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 	return out, nil
 }
 
+// convertArray converts each element of an array value.
+func (c converter) convertArray(col *colInfo, elem *pgtype.Type, list []any) (any, error) {
+	ec := &colInfo{name: col.name, oid: elem.OID, typeName: elem.Name}
+	out := make([]any, len(list))
+	for i, e := range list {
+		v, err := c.convert(ec, e)
+		if err != nil {
+			return nil, fmt.Errorf("element %d: %w", i+1, err)
+		}
+		if _, ok := v.(unavailable); ok {
+			return nil, fmt.Errorf("element %d is Debezium's unavailable-value placeholder", i+1)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func infinityOf(v any) (pgtype.InfinityModifier, bool) {
+	switch x := v.(type) {
+	case pgtype.InfinityModifier:
+		return x, true
+	case pgtype.Timestamptz:
+		return x.InfinityModifier, true
+	case pgtype.Timestamp:
+		return x.InfinityModifier, true
+	case pgtype.Date:
+		return x.InfinityModifier, true
+	}
+	return 0, false
+}
+
+// intValue reads an integer from a decoded value.
+func intValue(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case int32:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int:
+		return int64(x), true
+	case json.Number:
+		n, err := strconv.ParseInt(string(x), 10, 64)
+		return n, err == nil
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// sizedInt returns n as the Go type pgx reads the column's type into.
+func sizedInt(col *colInfo, n int64) (any, error) {
+	switch col.oid {
+	case pgtype.Int2OID:
+		if n < math.MinInt16 || n > math.MaxInt16 {
+			return nil, fmt.Errorf("%d is out of range for smallint", n)
+		}
+		return int16(n), nil
+	case pgtype.Int4OID:
+		if n < math.MinInt32 || n > math.MaxInt32 {
+			return nil, fmt.Errorf("%d is out of range for integer", n)
+		}
+		return int32(n), nil
+	}
+	return n, nil
+}
+
 func asText(v any) string {
 	switch x := v.(type) {
 	case string:
 		return x
+	case json.RawMessage:
+		return string(x)
+	case driver.Valuer: // pgtype's Numeric, Time, Interval, Timestamp...
+		if val, err := x.Value(); err == nil {
+			if t, ok := val.(time.Time); ok {
+				return t.Format(time.RFC3339Nano)
+			}
+			return fmt.Sprint(val)
+		}
+		return fmt.Sprint(x)
 	case json.Number:
 		return x.String()
 	case bool:
@@ -128,29 +262,41 @@ func asTime(oid uint32, v any) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("not a time: %T", v)
 }
 
+// asJSON returns a JSON column's value as its exact text: a string or
+// json.RawMessage holding JSON is taken as it is (a JSON null, big numbers
+// and trailing zeros included); a string that is not JSON is stored as a
+// JSON string; other values are marshalled.
 func asJSON(v any) (any, error) {
-	var raw []byte
 	switch x := v.(type) {
+	case json.RawMessage:
+		if !json.Valid(x) {
+			return nil, fmt.Errorf("not JSON: %q", clipText(string(x)))
+		}
+		return x, nil
 	case string:
 		if json.Valid([]byte(x)) {
-			raw = []byte(x)
-		} else {
-			raw, _ = json.Marshal(x)
+			return json.RawMessage(x), nil
 		}
+		b, _ := json.Marshal(x)
+		return json.RawMessage(b), nil
 	case []byte:
-		raw = x
-	default:
-		b, err := json.Marshal(x)
-		if err != nil {
-			return nil, err
+		if json.Valid(x) {
+			return json.RawMessage(x), nil
 		}
-		raw = b
+		return nil, fmt.Errorf("not JSON: %q", clipText(string(x)))
 	}
-	var out any
-	if err := json.Unmarshal(raw, &out); err != nil {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
-	return out, nil
+	return json.RawMessage(b), nil
+}
+
+func clipText(s string) string {
+	if len(s) > 60 {
+		return s[:60] + "…"
+	}
+	return s
 }
 
 // canon renders a typed value so that equal values give equal strings and
@@ -173,6 +319,26 @@ func canon(v any) string {
 		return "D" + r.RatString()
 	case unavailable:
 		return "U"
+	case pgtype.InfinityModifier, pgtype.Timestamptz, pgtype.Timestamp, pgtype.Date:
+		if c, ok := infinityCanon(v); ok {
+			return c
+		}
+		switch x := v.(type) {
+		case pgtype.Timestamptz:
+			return change.Canon(x.Time)
+		case pgtype.Timestamp:
+			return change.Canon(x.Time)
+		case pgtype.Date:
+			return change.Canon(x.Time)
+		}
+		return change.Canon(v)
+	case []any:
+		b := []byte{'A'}
+		for _, e := range x {
+			b = append(b, canon(e)...)
+			b = append(b, 0)
+		}
+		return string(b)
 	}
 	return change.Canon(v)
 }
@@ -210,6 +376,10 @@ func valuesEqual(a, b any) bool {
 		if y, ok := b.([]byte); ok {
 			return bytes.Equal(x, y)
 		}
+	case json.RawMessage:
+		if y, ok := b.(json.RawMessage); ok && bytes.Equal(x, y) {
+			return true
+		}
 	}
 	if b == nil {
 		return false
@@ -226,7 +396,8 @@ func rowsEqual(a, b []any, idx []int) bool {
 	return true
 }
 
-// inferType picks a column type for a value of a column the table lacks.
+// inferType picks a column type for a value of a column the table lacks
+// (events without a schema).
 func inferType(v any) string {
 	switch x := v.(type) {
 	case bool:
@@ -236,15 +407,23 @@ func inferType(v any) string {
 			return "bigint"
 		}
 		return "numeric"
-	case int, int32, int64:
+	case int16:
+		return "smallint"
+	case int32:
+		return "integer"
+	case int, int64:
 		return "bigint"
+	case float32:
+		return "real"
 	case float64:
 		return "double precision"
+	case pgtype.Numeric:
+		return "numeric"
 	case time.Time:
 		return "timestamptz"
 	case []byte:
 		return "bytea"
-	case map[string]any, []any:
+	case map[string]any, []any, json.RawMessage:
 		return "jsonb"
 	case string:
 		if strings.HasPrefix(x, "{") && json.Valid([]byte(x)) {

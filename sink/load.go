@@ -146,6 +146,7 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 			return nil, err
 		}
 		v.row = vals[rowAt : rowAt+n]
+		t.normalizeRow(v.row)
 		l := &out[ord]
 		l.v = v
 		if s := asBytes(vals[rowAt+n]); s != nil {
@@ -225,6 +226,7 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 			return nil, err
 		}
 		v.row = vals[rowAt : rowAt+n]
+		t.normalizeRow(v.row)
 		h := &out[vals[0].(int64)-1]
 		h.versions = append(h.versions, v)
 	}
@@ -249,6 +251,7 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 		fe.t, _ = vals[3].(time.Time)
 		if fe.op.HasAfter() {
 			fe.row = vals[6 : 6+n]
+			t.normalizeRow(fe.row)
 		}
 		h := &out[vals[0].(int64)-1]
 		h.side = append(h.side, fe)

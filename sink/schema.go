@@ -3,11 +3,12 @@ package sink
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/internal/change"
 )
 
 // Bookkeeping columns of a history table, after the source columns.
@@ -35,6 +36,8 @@ type table struct {
 	trkIdx []int
 	t1Idx  []int
 	ignore map[string]bool
+	// hasInfinity: a timestamp or date column may read back as infinity.
+	hasInfinity bool
 }
 
 func quoteIdents(names []string) string {
@@ -105,10 +108,11 @@ func firstLine(s string) string {
 	return s
 }
 
-// ensureTable creates the history table, its side table and view if missing,
-// adds the columns of extra (name → inferred type) that the table lacks, and
-// reads the table's columns back.
-func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra map[string]string) (*table, error) {
+// ensureTable creates the history table, its side table and view if missing
+// (source columns first: spec.Columns, then extra, in order), adds the
+// columns of extra that an existing table lacks, and reads the table's
+// columns back.
+func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*table, error) {
 	t := &table{
 		spec:   spec,
 		hist:   pgx.Identifier{spec.Schema, spec.Target},
@@ -119,20 +123,24 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	for _, c := range spec.IgnoreColumns {
 		t.ignore[c] = true
 	}
-	var defs []string
+	var all []change.Column
+	seen := map[string]bool{}
 	for _, c := range spec.Columns {
-		if !t.ignore[c.Name] {
-			defs = append(defs, pgx.Identifier{c.Name}.Sanitize()+" "+c.Type)
+		all = append(all, change.Column{Name: c.Name, PGType: c.Type})
+	}
+	all = append(all, extra...)
+	var defs []string
+	for _, c := range all {
+		if !t.ignore[c.Name] && !seen[c.Name] {
+			seen[c.Name] = true
+			defs = append(defs, pgx.Identifier{c.Name}.Sanitize()+" "+keyType(c.PGType))
 		}
 	}
 	keyIdents := quoteIdents(spec.Keys)
 	for _, k := range spec.Keys {
-		found := false
-		for _, c := range spec.Columns {
-			found = found || c.Name == k
-		}
-		if !found {
-			defs = append(defs, pgx.Identifier{k}.Sanitize()+" "+keyType(extra[k]))
+		if !seen[k] {
+			seen[k] = true
+			defs = append([]string{pgx.Identifier{k}.Sanitize() + " text"}, defs...)
 		}
 	}
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
@@ -159,16 +167,11 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 				CREATE UNIQUE INDEX ON %[2]s (scd_id);
 			END IF; END $$`, strings.ReplaceAll(hist, "'", "''"), hist),
 	}
-	names := make([]string, 0, len(extra))
-	for n := range extra {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		if t.ignore[n] {
+	for _, c := range extra {
+		if t.ignore[c.Name] {
 			continue
 		}
-		def := pgx.Identifier{n}.Sanitize() + " " + extra[n]
+		def := pgx.Identifier{c.Name}.Sanitize() + " " + keyType(c.PGType)
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s", hist, def))
 	}
 	stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist))
@@ -229,6 +232,13 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		tracked[c] = true
 	}
 	t.cols, t.colIdx = cols, map[string]int{}
+	t.hasInfinity = false
+	for _, c := range cols {
+		switch c.oid {
+		case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
+			t.hasInfinity = true
+		}
+	}
 	t.keyIdx, t.trkIdx, t.t1Idx = nil, nil, nil
 	for i := range t.cols {
 		c := &t.cols[i]

@@ -93,10 +93,40 @@ func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, erro
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// newColumns collects, per table, the columns events carry that the table
+// lacks, in the order they were first met.
+type newColumns struct {
+	cols    []change.Column
+	at      map[string]int
+	guessed map[string]bool // typed by inference, not by a schema
+}
+
+func (n *newColumns) note(name, typ string, inferred bool) {
+	if n.at == nil {
+		n.at, n.guessed = map[string]int{}, map[string]bool{}
+	}
+	i, ok := n.at[name]
+	if !ok {
+		n.at[name] = len(n.cols)
+		n.cols = append(n.cols, change.Column{Name: name, PGType: typ})
+		n.guessed[name] = inferred
+		return
+	}
+	// A schema's type beats an inferred one; an inferred text gives way
+	// to a more specific inference.
+	if (!inferred && n.guessed[name]) || (inferred && n.guessed[name] && n.cols[i].PGType == "text") {
+		n.cols[i].PGType = typ
+		n.guessed[name] = inferred
+	}
+}
+
 // prepare creates tables met for the first time and adds columns that
-// events carry but their tables lack. DDL runs in its own transactions.
+// events carry but their tables lack: typed and in the schema's order when
+// the event has a schema, else typed by inference from the values, in name
+// order. DDL runs in its own transactions.
 func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
-	extra := map[string]map[string]string{}
+	extra := map[string]*newColumns{}
+	var order []string
 	for i, ev := range evs {
 		spec, ok := s.specs[ev.Table]
 		if !ok {
@@ -109,7 +139,8 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		if len(spec.Keys) == 0 {
 			continue // no key known yet: a truncate, or dead letters to come
 		}
-		if ev.Op == change.OpTruncate && s.tables[ev.Table] == nil && extra[ev.Table] == nil {
+		nc := extra[ev.Table]
+		if ev.Op == change.OpTruncate && s.tables[ev.Table] == nil && nc == nil {
 			// A truncate alone must still reach a table that exists.
 			var exists bool
 			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
@@ -117,38 +148,50 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
 			}
 			if exists {
-				extra[ev.Table] = map[string]string{}
+				extra[ev.Table] = &newColumns{}
+				order = append(order, ev.Table)
 			}
 			continue
 		}
 		t := s.tables[ev.Table]
-		note := func(name string, v any) {
+		note := func(name, typ string, inferred bool) {
 			if t != nil {
 				if _, ok := t.colIdx[name]; ok {
 					return
 				}
 			}
-			m := extra[ev.Table]
-			if m == nil {
-				m = map[string]string{}
-				extra[ev.Table] = m
+			if contains(spec.IgnoreColumns, name) {
+				return
 			}
-			if cur, ok := m[name]; !ok || (cur == "text" && v != nil) {
-				m[name] = inferType(v)
+			if extra[ev.Table] == nil {
+				extra[ev.Table] = &newColumns{}
+				order = append(order, ev.Table)
+			}
+			extra[ev.Table].note(name, typ, inferred)
+		}
+		if ev.Row != nil {
+			for _, c := range ev.Row.Columns() {
+				note(c.Name, c.PGType, false)
 			}
 		}
 		if len(ev.Key) == len(spec.Keys) {
 			for i, k := range spec.Keys {
-				note(k, ev.Key[i])
+				note(k, inferType(ev.Key[i]), true)
 			}
 		}
-		for name, v := range afters[i] {
-			if !contains(spec.IgnoreColumns, name) {
-				note(name, v)
+		if ev.Row == nil {
+			names := make([]string, 0, len(afters[i]))
+			for name := range afters[i] {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				note(name, inferType(afters[i][name]), true)
 			}
 		}
 	}
-	for target, cols := range extra {
+	for _, target := range order {
+		cols := extra[target].cols
 		_, err := s.withRetry(ctx, "creating table "+target, func(ctx context.Context) error {
 			t, err := ensureTable(ctx, s.pool, s.specs[target], cols)
 			if err != nil {
@@ -233,6 +276,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	retries, err := s.withRetry(ctx, "applying batch", func(ctx context.Context) error {
 		res, ops = Result{}, &cacheOps{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			registerTypes(tx.Conn().TypeMap())
 			if err := s.fence(ctx, tx, offsets); err != nil {
 				return err
 			}

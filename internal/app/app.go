@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -47,10 +48,10 @@ func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 }
 
 // Rules turns the configuration's tables into the decoder's rules.
-func Rules(cfg *config.Config) []consumer.Rule {
-	var rules []consumer.Rule
+func Rules(cfg *config.Config) []debezium.Rule {
+	var rules []debezium.Rule
 	for _, t := range cfg.Tables {
-		rules = append(rules, consumer.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
+		rules = append(rules, debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
 			SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom})
 	}
 	return rules

@@ -2,6 +2,7 @@ package change
 
 import (
 	"encoding/json"
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"strconv"
@@ -135,5 +136,27 @@ func TestCanonAndHash(t *testing.T) {
 	}
 	if ContentHash(OpUpdate, at, nil) == ContentHash(OpCreate, at, nil) {
 		t.Fatal("operation not in the hash")
+	}
+}
+
+func TestAppendSeqMatchesSeqOf(t *testing.T) {
+	for _, n := range []int64{0, 1, -1, 255, 256, -256, 24023984, 1 << 62, -(1 << 62), math.MaxInt64, math.MinInt64} {
+		if got, want := Seq(AppendSeqInt(nil, n)), MustSeq(n); got.Compare(want) != 0 {
+			t.Errorf("AppendSeqInt(%d) = %x, SeqOf gives %x", n, got, want)
+		}
+		s := strconv.FormatInt(n, 10)
+		if got, want := Seq(AppendSeqText(nil, s)), MustSeq(s); got.Compare(want) != 0 {
+			t.Errorf("AppendSeqText(%q) = %x, SeqOf gives %x", s, got, want)
+		}
+	}
+	for _, s := range []string{"mysql-bin.000003", "00000027:00000758:0003", "123456789012345678901234", "-0", "+5", "", "1e3"} {
+		if got, want := Seq(AppendSeqText(nil, s)), Seq(appendNumeric(nil, s)); got.Compare(want) != 0 {
+			t.Errorf("AppendSeqText(%q) = %x, want %x", s, got, want)
+		}
+	}
+	// A null inside source.sequence sorts before any LSN.
+	first, later := MustSeq(`[null,"100"]`), MustSeq(`["90","100"]`)
+	if first.Compare(later) >= 0 || first.String() != "[null,100]" {
+		t.Errorf("null component: %s vs %s", first, later)
 	}
 }

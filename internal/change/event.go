@@ -83,7 +83,11 @@ type Event struct {
 	// the Kafka decoder to hold buffered events compactly; the sink decodes
 	// it (numbers as json.Number). Set at most one of After and AfterJSON.
 	AfterJSON []byte
-	Origin    Origin
+	// Row, when set, decodes AfterJSON into typed values and names the
+	// source columns with their PostgreSQL types (events decoded with a
+	// schema); without it AfterJSON is decoded as schemaless JSON.
+	Row    RowDecoder
+	Origin Origin
 
 	keyID string
 	hash  [16]byte
@@ -153,10 +157,35 @@ func RawContentHash(op Op, validFrom time.Time, after []byte) [16]byte {
 	return out
 }
 
+// Column is a source column as an event's schema declares it.
+type Column struct {
+	Name string
+	// PGType is the PostgreSQL type the column maps to (DESIGN.md section 4).
+	PGType string
+}
+
+// RowDecoder turns raw row images into typed values. One RowDecoder serves
+// every event written with the same schema; it is immutable and safe for
+// concurrent use.
+type RowDecoder interface {
+	// Columns are the source columns in the schema's order.
+	Columns() []Column
+	// DecodeRow decodes a raw row image. Values are nil, bool, int16, int32,
+	// int64, float32, float64, string, []byte, json.RawMessage (JSON text,
+	// kept exactly), time.Time, pgtype.Numeric, pgtype.Time,
+	// pgtype.Interval, pgtype.Timestamp and pgtype.Timestamptz (infinities),
+	// or []any of those for arrays; Unavailable marks Debezium's
+	// unavailable-value placeholder in a column of any type.
+	DecodeRow(raw []byte) (map[string]any, error)
+}
+
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.
 func (e *Event) DecodeAfter() (map[string]any, error) {
 	if e.After != nil || e.AfterJSON == nil {
 		return e.After, nil
+	}
+	if e.Row != nil {
+		return e.Row.DecodeRow(e.AfterJSON)
 	}
 	dec := json.NewDecoder(bytes.NewReader(e.AfterJSON))
 	dec.UseNumber()
@@ -203,6 +232,8 @@ func AppendCanon(b []byte, v any) []byte {
 		return appendLen(b, 'T', x.UTC().Format(time.RFC3339Nano))
 	case []byte:
 		return appendLen(b, 'X', string(x))
+	case json.RawMessage:
+		return appendLen(b, 'J', string(CanonJSON(x)))
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {
@@ -281,4 +312,22 @@ func appendFloat(b []byte, f float64) []byte {
 	r := new(big.Rat)
 	r.SetFloat64(f)
 	return appendLen(b, 'D', r.RatString())
+}
+
+// CanonJSON renders JSON text canonically, as jsonb compares it: no
+// insignificant whitespace, object keys sorted (the last of duplicates
+// kept), numbers and strings with their exact value. Invalid JSON is
+// returned as it is.
+func CanonJSON(raw []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
 }

@@ -17,9 +17,10 @@ import (
 type Seq []byte
 
 const (
-	tagNeg = 0x10
-	tagPos = 0x20
-	tagStr = 0x30
+	tagNull = 0x08 // a null inside an array component (source.sequence's first LSN)
+	tagNeg  = 0x10
+	tagPos  = 0x20
+	tagStr  = 0x30
 )
 
 // Compare returns -1, 0 or +1 as s sorts before, equal to or after o.
@@ -59,6 +60,9 @@ func appendPart(out []byte, p any, depth int) ([]byte, error) {
 	}
 	switch x := p.(type) {
 	case nil:
+		if depth > 0 {
+			return append(out, tagNull), nil
+		}
 		return nil, errors.New("is null")
 	case int:
 		return appendInt(out, big.NewInt(int64(x))), nil
@@ -104,6 +108,67 @@ func appendPart(out []byte, p any, depth int) ([]byte, error) {
 	}
 }
 
+// AppendSeqInt appends an integer component to a sequence being built;
+// it encodes exactly as SeqOf does, without allocating.
+func AppendSeqInt(out []byte, n int64) []byte {
+	neg := n < 0
+	u := uint64(n)
+	if neg {
+		u = -u
+	}
+	var mag [8]byte
+	k := 8
+	for u > 0 {
+		k--
+		mag[k] = byte(u)
+		u >>= 8
+	}
+	if !neg {
+		out = append(out, tagPos, byte(8-k))
+		return append(out, mag[k:]...)
+	}
+	out = append(out, tagNeg, byte(255-(8-k)))
+	for _, b := range mag[k:] {
+		out = append(out, ^b)
+	}
+	return out
+}
+
+// AppendSeqText appends a component given as text: an integer in decimal
+// compares numerically, anything else as a string (as SeqOf does).
+func AppendSeqText(out []byte, s string) []byte {
+	if n, ok := smallInt(s); ok {
+		return AppendSeqInt(out, n)
+	}
+	return appendNumeric(out, s)
+}
+
+// AppendSeqNull appends a null component; it sorts before every value.
+func AppendSeqNull(out []byte) []byte { return append(out, tagNull) }
+
+// smallInt parses an optionally signed decimal of at most 18 digits.
+func smallInt(s string) (int64, bool) {
+	d := s
+	if len(d) > 0 && (d[0] == '-' || d[0] == '+') {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(d); i++ {
+		c := d[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if s[0] == '-' {
+		n = -n
+	}
+	return n, true
+}
+
 func appendNumeric(out []byte, s string) []byte {
 	if n, ok := new(big.Int).SetString(s, 10); ok {
 		return appendInt(out, n)
@@ -144,6 +209,9 @@ func (s Seq) Parts() []string {
 	var parts []string
 	for i := 0; i < len(s); {
 		switch s[i] {
+		case tagNull:
+			parts = append(parts, "null")
+			i++
 		case tagPos, tagNeg:
 			if i+1 >= len(s) {
 				return append(parts, "?")

@@ -1,0 +1,351 @@
+package debezium
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/tidwall/gjson"
+)
+
+// envelopeSchema is the parsed value schema of a Debezium envelope.
+type envelopeSchema struct {
+	row *rowSchema // the before/after struct; nil when the schema has none
+}
+
+// jsonEnvelope is the payload of one record, with the spans decoding needs.
+type jsonEnvelope struct {
+	payload gjson.Result
+	schema  *envelopeSchema // nil without a schema
+}
+
+// bytesString views b as a string without copying; the string must not
+// outlive b's use in this call.
+func bytesString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+// isSpace reports JSON whitespace.
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func trimSpace(s string) string {
+	for len(s) > 0 && isSpace(s[0]) {
+		s = s[1:]
+	}
+	for len(s) > 0 && isSpace(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// unwrapJSON splits a JsonConverter message into its payload and the parsed
+// schema (from the cache); a message without a schema is its own payload.
+// Everything it returns is validated JSON. A null payload returns ok=false.
+func (d *Decoder) unwrapJSON(s string, parse func(string) *cached) (payload gjson.Result, schema *cached, ok bool, err error) {
+	if s == "" || s[0] != '{' {
+		return payload, nil, false, errors.New("not a JSON object")
+	}
+	var schemaRes, payloadRes gjson.Result
+	n := 0
+	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+		n++
+		switch k.Str {
+		case "schema":
+			schemaRes = v
+		case "payload":
+			payloadRes = v
+		}
+		return n <= 2
+	})
+	if n != 2 || !schemaRes.Exists() || !payloadRes.Exists() || !spansOK(s, schemaRes, payloadRes) {
+		// No schema: the message is the payload.
+		if !gjson.Valid(s) {
+			return payload, nil, false, errors.New("not valid JSON")
+		}
+		return gjson.Parse(s), nil, true, nil
+	}
+	// The schema text was validated when it entered the cache; the
+	// payload and the skeleton around the two are validated here.
+	if !gjson.Valid(payloadRes.Raw) || !skeletonValid(s, schemaRes, payloadRes) {
+		return payload, nil, false, errors.New("not valid JSON")
+	}
+	if schemaRes.Type == gjson.Null {
+		schema = nil
+	} else {
+		schema = d.schemas.get(schemaRes.Raw, parse)
+	}
+	if payloadRes.Type == gjson.Null {
+		return payload, schema, false, nil
+	}
+	return payloadRes, schema, true, nil
+}
+
+// spansOK reports whether the results' raw spans lie inside s where gjson
+// says they do (they do for any input that parses).
+func spansOK(s string, rs ...gjson.Result) bool {
+	for _, r := range rs {
+		if r.Index <= 0 || r.Index+len(r.Raw) > len(s) || s[r.Index:r.Index+len(r.Raw)] != r.Raw {
+			return false
+		}
+	}
+	return true
+}
+
+// skeletonValid validates s with the two values replaced by 0: what
+// remains must be an object of exactly those two members.
+func skeletonValid(s string, a, b gjson.Result) bool {
+	if a.Index > b.Index {
+		a, b = b, a
+	}
+	if a.Index+len(a.Raw) > b.Index {
+		return false
+	}
+	var buf [256]byte
+	sk := buf[:0]
+	sk = append(sk, s[:a.Index]...)
+	sk = append(sk, '0')
+	sk = append(sk, s[a.Index+len(a.Raw):b.Index]...)
+	sk = append(sk, '0')
+	sk = append(sk, s[b.Index+len(b.Raw):]...)
+	return gjson.ValidBytes(sk)
+}
+
+// parseEnvelopeSchema parses a value schema for the cache.
+func parseEnvelopeSchema(raw string) *cached {
+	if !gjson.Valid(raw) {
+		return &cached{err: errors.New("schema is not valid JSON")}
+	}
+	s, err := parseSchema([]byte(raw))
+	if err != nil {
+		return &cached{err: err}
+	}
+	env := &envelopeSchema{}
+	rs := s.field("after")
+	if rs == nil {
+		rs = s.field("before")
+	}
+	if rs != nil {
+		if env.row, err = newRowSchema(rs); err != nil {
+			return &cached{err: fmt.Errorf("schema of %s: %w", s.Name, err)}
+		}
+	}
+	return &cached{env: env}
+}
+
+// parseKeySchema parses a key schema for the cache.
+func parseKeySchema(raw string) *cached {
+	if !gjson.Valid(raw) {
+		return &cached{err: errors.New("key schema is not valid JSON")}
+	}
+	s, err := parseSchema([]byte(raw))
+	if err != nil {
+		return &cached{err: err}
+	}
+	row, err := newRowSchema(s)
+	if err != nil {
+		return &cached{err: fmt.Errorf("key schema: %w", err)}
+	}
+	return &cached{row: row}
+}
+
+func (d *Decoder) decodeJSON(r *rule, o change.Origin, key, value []byte) (*change.Event, error) {
+	s := trimSpace(bytesString(value))
+	if s == "" || s == "null" {
+		return nil, ErrSkip // tombstone
+	}
+	payload, sc, ok, err := d.unwrapJSON(s, parseEnvelopeSchema)
+	if err != nil {
+		return nil, fmt.Errorf("value is not Debezium JSON: %w", err)
+	}
+	if sc != nil && sc.err != nil {
+		return nil, fmt.Errorf("value schema: %w", sc.err)
+	}
+	if !ok {
+		return nil, ErrSkip // a null payload is a tombstone too
+	}
+	if !payload.IsObject() {
+		return nil, errors.New("value is not Debezium JSON: payload is not an object")
+	}
+	env := jsonEnvelope{payload: payload}
+	if sc != nil {
+		env.schema = sc.env
+	}
+	return d.fromEnvelope(r, o, key, &env)
+}
+
+// get follows a path of field names (gjson's path syntax is not used:
+// field names are taken literally).
+func get(v gjson.Result, path []string) gjson.Result {
+	for _, p := range path {
+		if !v.IsObject() {
+			return gjson.Result{}
+		}
+		v = v.Get(escapePath(p))
+	}
+	return v
+}
+
+// escapePath escapes gjson's path syntax in a literal field name.
+func escapePath(p string) string {
+	if !strings.ContainsAny(p, `.*?|#@\!=<>%"`) {
+		return p
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if strings.IndexByte(`.*?|#@\!=<>%"`, p[i]) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
+func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEnvelope) (*change.Event, error) {
+	op := env.payload.Get("op")
+	if !op.Exists() || op.Type == gjson.Null {
+		n := 0
+		env.payload.ForEach(func(k, _ gjson.Result) bool { n++; return true })
+		if env.payload.Get("ts_ms").Exists() && n <= 2 {
+			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
+		}
+		return nil, errors.New("envelope has no op field")
+	}
+	if op.Type != gjson.String {
+		return nil, fmt.Errorf("unknown operation %s", clip(op.Raw))
+	}
+	opv, err := change.ParseOp(op.Str)
+	if err != nil {
+		return nil, err
+	}
+	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
+	seq := make([]byte, 0, 12*len(r.seqPaths))
+	for i, p := range r.seqPaths {
+		if seq, err = appendSeq(seq, get(env.payload, p)); err != nil {
+			return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
+		}
+	}
+	ev.Seq = seq
+	var row *rowSchema
+	if env.schema != nil {
+		row = env.schema.row
+	}
+	if opv.HasAfter() {
+		after := env.payload.Get("after")
+		if !after.IsObject() {
+			if after.Exists() && after.Type != gjson.Null {
+				return nil, fmt.Errorf("%s event: after image is not a JSON object", op.Str)
+			}
+			return nil, fmt.Errorf("%s event: no after image", op.Str)
+		}
+		ev.AfterJSON = []byte(after.Raw)
+	}
+	if row != nil {
+		ev.Row = row
+	}
+	if ev.ValidFrom, err = validFrom(r, env.payload, row); err != nil {
+		return nil, err
+	}
+	if opv == change.OpTruncate {
+		return ev, nil
+	}
+	if ev.Key, ev.KeyNames, err = d.keyOf(r, key, env.payload, row); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// appendSeq appends one sequence component: a number, a string (of digits
+// or not; one holding a JSON array, as source.sequence does, is expanded),
+// or an array of those, whose elements may be null.
+func appendSeq(seq []byte, v gjson.Result) ([]byte, error) {
+	switch v.Type {
+	case gjson.Number:
+		return change.AppendSeqText(seq, v.Raw), nil
+	case gjson.String:
+		if t := trimSpace(v.Str); len(t) > 0 && t[0] == '[' && gjson.Valid(t) {
+			return appendSeqArray(seq, gjson.Parse(t))
+		}
+		return change.AppendSeqText(seq, v.Str), nil
+	case gjson.JSON:
+		if v.IsArray() {
+			return appendSeqArray(seq, v)
+		}
+		return nil, errors.New("is an object, not a number or string")
+	case gjson.True, gjson.False:
+		return nil, errors.New("is a boolean, not a number or string")
+	}
+	return nil, errors.New("is missing")
+}
+
+func appendSeqArray(seq []byte, arr gjson.Result) ([]byte, error) {
+	n := 0
+	var err error
+	arr.ForEach(func(_, e gjson.Result) bool {
+		n++
+		switch e.Type {
+		case gjson.Null:
+			seq = change.AppendSeqNull(seq)
+		case gjson.Number:
+			seq = change.AppendSeqText(seq, e.Raw)
+		case gjson.String:
+			seq = change.AppendSeqText(seq, e.Str)
+		default:
+			err = fmt.Errorf("has an array element %s that is not a number or string", clip(e.Raw))
+		}
+		return err == nil
+	})
+	if err == nil && n == 0 {
+		err = errors.New("is an empty array")
+	}
+	return seq, err
+}
+
+// validFrom reads the configured time: a number of milliseconds
+// (microseconds for paths ending in _us, nanoseconds for _ns), an RFC 3339
+// string, or a column of the after image (typed by its schema).
+func validFrom(r *rule, payload gjson.Result, row *rowSchema) (time.Time, error) {
+	v := get(payload, r.vfPath)
+	if !v.Exists() || v.Type == gjson.Null {
+		return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
+	}
+	if len(r.vfPath) == 2 && (r.vfPath[0] == "after" || r.vfPath[0] == "before") && row != nil {
+		if c := row.byName[r.vfPath[1]]; c != nil {
+			tv, err := c.value(v)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("valid_from %s: %w", r.ValidFrom, err)
+			}
+			if t, ok := tv.(time.Time); ok {
+				return t, nil
+			}
+			return time.Time{}, fmt.Errorf("valid_from %s is a %s column, not a time", r.ValidFrom, c.pgType)
+		}
+	}
+	switch v.Type {
+	case gjson.Number:
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("valid_from %s: %s is not an integer", r.ValidFrom, clip(v.Raw))
+		}
+		switch {
+		case strings.HasSuffix(r.ValidFrom, "_us"):
+			return time.UnixMicro(n).UTC(), nil
+		case strings.HasSuffix(r.ValidFrom, "_ns"):
+			return time.Unix(0, n).UTC(), nil
+		}
+		return time.UnixMilli(n).UTC(), nil
+	case gjson.String:
+		t, err := time.Parse(time.RFC3339Nano, v.Str)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("valid_from %s: %q is not an RFC 3339 time", r.ValidFrom, clip(v.Str))
+		}
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("valid_from %s: %s is not a time", r.ValidFrom, clip(v.Raw))
+}

@@ -1,0 +1,239 @@
+package debezium_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// typeCase is one column of the type table (DESIGN.md section 4): its
+// Connect schema, the PostgreSQL type the sink must create, a value as
+// Debezium's JsonConverter writes it, and that value as PostgreSQL prints it.
+type typeCase struct {
+	col, schema, pgType string
+	value               any
+	want                string
+}
+
+var b64 = base64.StdEncoding.EncodeToString
+
+var typeCases = []typeCase{
+	{"id", `{"type":"int32","optional":false}`, "integer", 1, "1"},
+	{"i8", `{"type":"int8","optional":true}`, "smallint", 7, "7"},
+	{"small", `{"type":"int16","optional":true}`, "smallint", -5, "-5"},
+	{"big", `{"type":"int64","optional":true}`, "bigint", int64(9007199254740993), "9007199254740993"},
+	{"r4", `{"type":"float","optional":true}`, "real", 0.25, "0.25"},
+	{"ratio", `{"type":"double","optional":true}`, "double precision", 1.5, "1.5"},
+	{"active", `{"type":"boolean","optional":true}`, "boolean", true, "true"},
+	{"name", `{"type":"string","optional":true}`, "text", "Ann \"the\" O'Neil", `Ann "the" O'Neil`},
+	{"blob", `{"type":"bytes","optional":true}`, "bytea", b64([]byte{0, 1, 0xfe}), `\x0001fe`},
+	{"balance", `{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"10"}}`,
+		"numeric", "/w==", "-0.01"},
+	{"amount", `{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"12"}}`,
+		"numeric", scdtest.DecimalB64("-123450"), "-1234.50"},
+	{"vdec", `{"type":"struct","fields":[{"type":"int32","optional":false,"field":"scale"},{"type":"bytes","optional":false,"field":"value"}],"optional":true,"name":"io.debezium.data.VariableScaleDecimal","version":1,"doc":"Variable scaled decimal"}`,
+		"numeric", map[string]any{"scale": 3, "value": scdtest.DecimalB64("12345")}, "12.345"},
+	{"birth", `{"type":"int32","optional":true,"name":"io.debezium.time.Date","version":1}`, "date",
+		scdtest.Days(time.Date(1960, 2, 29, 0, 0, 0, 0, time.UTC)), "1960-02-29"},
+	{"cdate", `{"type":"int32","optional":true,"name":"org.apache.kafka.connect.data.Date","version":1}`, "date", 20454, "2026-01-01"},
+	{"t_ms", `{"type":"int32","optional":true,"name":"io.debezium.time.Time","version":1}`, "time without time zone", 3723004, "01:02:03.004"},
+	{"t_us", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTime","version":1}`, "time without time zone", int64(3723004005), "01:02:03.004005"},
+	{"ts_ms", `{"type":"int64","optional":true,"name":"io.debezium.time.Timestamp","version":1}`, "timestamp without time zone", int64(1767225600123), "2026-01-01 00:00:00.123"},
+	{"cts", `{"type":"int64","optional":true,"name":"org.apache.kafka.connect.data.Timestamp","version":1}`, "timestamp without time zone", int64(-86400000), "1969-12-31 00:00:00"},
+	{"ts_us", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1}`, "timestamp without time zone", int64(1767225600123456), "2026-01-01 00:00:00.123456"},
+	{"ts_ns", `{"type":"int64","optional":true,"name":"io.debezium.time.NanoTimestamp","version":1}`, "timestamp without time zone", int64(1767225600123456789), "2026-01-01 00:00:00.123456"},
+	{"ts_inf", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1}`, "timestamp without time zone", int64(9223372036825200000), "infinity"},
+	{"tstz", `{"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","version":1}`, "timestamp with time zone", "2026-01-02T03:04:05.678901Z", "2026-01-02 03:04:05.678901+00"},
+	{"tstz_inf", `{"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","version":1}`, "timestamp with time zone", "-infinity", "-infinity"},
+	{"ttz", `{"type":"string","optional":true,"name":"io.debezium.time.ZonedTime","version":1}`, "time with time zone", "01:02:03.5Z", "01:02:03.5+00"},
+	{"dur", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroDuration","version":1}`, "interval", int64(90061000000), "25:01:01"},
+	{"ival", `{"type":"string","optional":true,"name":"io.debezium.time.Interval","version":1}`, "interval", "P1Y2M3DT4H5M6.78S", "1 year 2 mons 3 days 04:05:06.78"},
+	{"uid", `{"type":"string","optional":true,"name":"io.debezium.data.Uuid","version":1}`, "uuid", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"},
+	{"doc", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `{"b": 2, "a": [1, 2.50]}`, `{"a": [1, 2.50], "b": 2}`},
+	{"doc_null", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `null`, `null`},
+	{"doc_big", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `12345678901234567890`, `12345678901234567890`},
+	{"doc_dec", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `1.10`, `1.10`},
+	{"doc_str", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `"plain string"`, `"plain string"`},
+	{"x", `{"type":"string","optional":true,"name":"io.debezium.data.Xml","version":1}`, "xml", "<a>1</a>", "<a>1</a>"},
+	{"tags", `{"type":"array","items":{"type":"string","optional":true},"optional":true}`, "text[]", []string{"a", "b c"}, `{a,"b c"}`},
+	{"nums", `{"type":"array","items":{"type":"int32","optional":true},"optional":true}`, "integer[]", []int{1, 2}, `{1,2}`},
+}
+
+func typedSource() *scdtest.Source {
+	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "typed", Keys: []string{"id"}}
+	for _, c := range typeCases {
+		src.Cols = append(src.Cols, scdtest.Col{Name: c.col, Schema: c.schema})
+	}
+	return src
+}
+
+func newSink(t *testing.T, pool *pgxpool.Pool, spec sink.TableSpec) *sink.Sink {
+	t.Helper()
+	s, err := sink.New(sink.Config{Tables: []sink.TableSpec{spec}}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// decodeAll decodes records of src's topic into events.
+func decodeAll(t *testing.T, d *debezium.Decoder, topic string, recs [][2][]byte) []*change.Event {
+	t.Helper()
+	var evs []*change.Event
+	for i, r := range recs {
+		ev, err := d.Decode(change.Origin{Partition: change.Partition{Topic: topic}, Offset: int64(i)}, r[0], r[1])
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// texts reads the given columns of the key's current version as PostgreSQL prints them.
+func texts(t *testing.T, pool *pgxpool.Pool, table string, id int, cols []string) map[string]*string {
+	t.Helper()
+	sel := make([]string, len(cols))
+	for i, c := range cols {
+		sel[i] = pgx.Identifier{c}.Sanitize() + "::text"
+	}
+	vals := make([]*string, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE id = $1 AND is_current", strings.Join(sel, ", "), table)
+	if err := pool.QueryRow(context.Background(), q, id).Scan(ptrs...); err != nil {
+		t.Fatalf("reading %s: %v", table, err)
+	}
+	out := map[string]*string{}
+	for i, c := range cols {
+		out[c] = vals[i]
+	}
+	return out
+}
+
+func TestTypesThroughTheSink(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	src := typedSource()
+	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}})
+	s := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
+
+	full, nulls := scdtest.Row{}, scdtest.Row{"id": 2}
+	for _, c := range typeCases {
+		full[c.col] = c.value
+	}
+	commit := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var recs [][2][]byte
+	for i, row := range []scdtest.Row{full, nulls} {
+		k, v := src.Envelope(scdtest.Change{Op: "r", After: row, LSN: 100, Commit: commit, Snapshot: "true", TxID: int64(i)})
+		recs = append(recs, [2][]byte{k, v})
+	}
+	if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs)}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("columns: source order and types, then scd_ columns", func(t *testing.T) {
+		rows, err := pool.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+			WHERE attrelid = 'typed_history'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type col struct{ name, typ string }
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (col, error) {
+			var c col
+			return c, r.Scan(&c.name, &c.typ)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range typeCases {
+			if i >= len(got) || got[i].name != c.col || got[i].typ != c.pgType {
+				t.Fatalf("column %d: got %+v, want %s %s (all: %v)", i+1, got[min(i, len(got)-1)], c.col, c.pgType, got)
+			}
+		}
+		if next := got[len(typeCases)].name; next != "scd_id" {
+			t.Errorf("after the source columns comes %s, want scd_id", next)
+		}
+	})
+	cols := make([]string, len(typeCases))
+	for i, c := range typeCases {
+		cols[i] = c.col
+	}
+	t.Run("values stored exactly", func(t *testing.T) {
+		got := texts(t, pool, "typed_history", 1, cols)
+		for _, c := range typeCases {
+			t.Run(c.col, func(t *testing.T) {
+				if g := got[c.col]; g == nil || *g != c.want {
+					t.Errorf("%s (%s) = %v, want %s", c.col, c.pgType, deref(g), c.want)
+				}
+			})
+		}
+	})
+	t.Run("NULLs of every type", func(t *testing.T) {
+		got := texts(t, pool, "typed_history", 2, cols)
+		for _, c := range typeCases[1:] {
+			if g := got[c.col]; g != nil {
+				t.Errorf("%s = %q, want NULL", c.col, *g)
+			}
+		}
+	})
+	t.Run("a replay changes nothing", func(t *testing.T) {
+		// Read back from PostgreSQL (no cache), every value compares equal
+		// to the event's: no version is opened.
+		s2 := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
+		recs2 := [][2][]byte{}
+		for _, row := range []scdtest.Row{full, nulls} {
+			k, v := src.Envelope(scdtest.Change{Op: "u", After: row, LSN: 200, Commit: commit.Add(time.Hour)})
+			recs2 = append(recs2, [2][]byte{k, v})
+		}
+		res, err := s2.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.VersionsOpened != 0 {
+			t.Fatalf("an update with equal values opened %d versions", res.VersionsOpened)
+		}
+	})
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "NULL"
+	}
+	return *s
+}
