@@ -153,7 +153,10 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
 			scd_unavailable text[]
 		) WITH (fillfactor = 70)`, hist, cols),
+		// A pre-created table may hold only the source columns.
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_id bigint GENERATED ALWAYS AS IDENTITY,
+			ADD COLUMN IF NOT EXISTS valid_from timestamptz, ADD COLUMN IF NOT EXISTS valid_to timestamptz,
+			ADD COLUMN IF NOT EXISTS is_current boolean, ADD COLUMN IF NOT EXISTS scd_seq bytea,
 			ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
 			ADD COLUMN IF NOT EXISTS scd_op text NOT NULL DEFAULT 'u',
 			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea,

@@ -273,7 +273,10 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
 	var res Result
 	var ops *cacheOps
-	retries, err := s.withRetry(ctx, "applying batch", func(ctx context.Context) error {
+	// A value PostgreSQL rejects fails the whole batch; the batch is then
+	// applied again isolating the events that carry such values.
+	isolate := false
+	attempt := func(ctx context.Context) error {
 		res, ops = Result{}, &cacheOps{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			registerTypes(tx.Conn().TypeMap())
@@ -288,7 +291,11 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 			}
 			allDead := dead
 			for _, name := range targets {
-				r, d, err := s.applyTable(ctx, tx, plans[name], ops)
+				apply := s.applyTable
+				if isolate {
+					apply = s.applyIsolating
+				}
+				r, d, err := apply(ctx, tx, plans[name], ops)
 				if err != nil {
 					return fmt.Errorf("applying batch to %s: %w", name, err)
 				}
@@ -301,14 +308,25 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 			res.DeadLetters = len(allDead)
 			return s.writeOffsets(ctx, tx, offsets)
 		})
-
-	})
+	}
+	retries, err := s.withRetry(ctx, "applying batch", attempt)
+	if err != nil && isDataError(err) {
+		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
+		isolate = true
+		var more int
+		more, err = s.withRetry(ctx, "applying batch", attempt)
+		retries += more
+	}
 	res.Retries = retries
 	if err != nil {
 		s.cache.reset()
 		return res, err
 	}
-	s.cache.apply(ops)
+	if isolate {
+		s.cache.reset() // savepoints rolled back what ops recorded
+	} else {
+		s.cache.apply(ops)
+	}
 	for part, o := range offsets {
 		s.written[part] = o
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
@@ -102,13 +103,17 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 		args = append(args, column(len(w.t1Bulk), func(j int) []byte { return w.t1Bulk[j].below }))
 		var sets, lhs, rhs []string
 		for n, ci := range t.t1Idx {
-			types = append(types, t.cols[ci].typeName)
+			typ, arg, val, err := t.unnestColumn(tx, ci, len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }, fmt.Sprintf("x.c%d", n))
+			if err != nil {
+				return err
+			}
+			types = append(types, typ)
 			names = append(names, fmt.Sprintf("c%d", n))
-			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }))
+			args = append(args, arg)
 			q := pgx.Identifier{t.cols[ci].name}.Sanitize()
-			sets = append(sets, fmt.Sprintf("%s = x.c%d", q, n))
+			sets = append(sets, fmt.Sprintf("%s = %s", q, val))
 			lhs = append(lhs, "h."+q)
-			rhs = append(rhs, fmt.Sprintf("x.c%d", n))
+			rhs = append(rhs, val)
 		}
 		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below) AND ROW(%s) IS DISTINCT FROM ROW(%s)",
 			hist, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
@@ -200,10 +205,14 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 			continue
 		}
 		n := fmt.Sprintf("c%d", ci)
-		types = append(types, c.typeName)
+		typ, arg, val, err := t.unnestColumn(tx, ci, len(vs), func(i int) any { return vs[i].row[ci] }, "x."+n)
+		if err != nil {
+			return err
+		}
+		types = append(types, typ)
 		names = append(names, n)
-		args = append(args, column(len(vs), func(i int) any { return vs[i].row[ci] }))
-		sets = append(sets, fmt.Sprintf("%s = x.%s", pgx.Identifier{c.name}.Sanitize(), n))
+		args = append(args, arg)
+		sets = append(sets, fmt.Sprintf("%s = %s", pgx.Identifier{c.name}.Sanitize(), val))
 	}
 	book := []struct{ col, typ string }{
 		{"valid_from", "timestamptz"}, {"valid_to", "timestamptz"}, {"is_current", "boolean"},
@@ -233,4 +242,29 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		return fmt.Errorf("rewriting versions of %s: %w", t.hist.Sanitize(), err)
 	}
 	return nil
+}
+
+// unnestColumn renders one source column for an unnest: its array type,
+// the argument, and the expression giving the value from ref. unnest
+// flattens arrays of arrays, so array columns travel as their text and are
+// cast back.
+func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
+	c := &t.cols[ci]
+	if !strings.HasSuffix(c.typeName, "[]") {
+		return c.typeName, column(n, get), ref, nil
+	}
+	m := tx.Conn().TypeMap()
+	texts := make([]any, n)
+	for i := range texts {
+		v := get(i)
+		if v == nil {
+			continue
+		}
+		b, err := m.Encode(c.oid, pgtype.TextFormatCode, v, nil)
+		if err != nil {
+			return "", nil, "", fmt.Errorf("column %s: %w", c.name, err)
+		}
+		texts[i] = string(b)
+	}
+	return "text", texts, fmt.Sprintf("%s::%s", ref, c.typeName), nil
 }
