@@ -157,7 +157,6 @@ func (c *Config) validateTables() error {
 			if c.SchemaRegistry.URL == "" {
 				return errf("schema_registry.url", "is required by %s (format debezium-avro)", key("format"))
 			}
-			return errf(key("format"), "debezium-avro is not supported by this build yet; use debezium-json")
 		}
 		if err := oneOf(key("connector"), t.Connector, "postgresql", "mysql", "sqlserver"); err != nil {
 			return err

@@ -49,7 +49,10 @@ type Sink interface {
 // records that go to the dead-letter table. Events must not reference the
 // record's buffers.
 type Decoder interface {
-	Decode(o change.Origin, key, value []byte) (*change.Event, error)
+	// Decode blocks while what it needs (a schema registry) is
+	// unreachable; it returns an error wrapping debezium.ErrRetry when
+	// ctx ends first: the record was neither decoded nor dead-lettered.
+	Decode(ctx context.Context, o change.Origin, key, value []byte) (*change.Event, error)
 	// Target names the table a topic's events belong to ("" if none).
 	Target(topic string) string
 }
@@ -66,7 +69,7 @@ type Config struct {
 	SASL           sasl.Mechanism
 	// Rules name the topics and how to decode them.
 	Rules []debezium.Rule
-	// Decoder decodes records (default: debezium.New(Rules)).
+	// Decoder decodes records (default: debezium.New(Rules, nil): JSON only).
 	Decoder Decoder
 
 	ReorderWindow     time.Duration
@@ -123,7 +126,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		health = &Health{}
 	}
 	if cfg.Decoder == nil {
-		cfg.Decoder = debezium.New(cfg.Rules)
+		cfg.Decoder = debezium.New(cfg.Rules, nil)
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
@@ -221,7 +224,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 			if fetches.IsClientClosed() {
 				return nil
 			}
-			c.take(fetches)
+			c.take(ctx, fetches)
 		}
 		c.mu.Lock()
 		err := c.maybeFlush(ctx, false)
@@ -269,7 +272,7 @@ func (c *Consumer) pollWait() time.Duration {
 }
 
 // take decodes polled records into the sequencer.
-func (c *Consumer) take(fetches kgo.Fetches) {
+func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	kafkaOK := true
 	fetches.EachError(func(topic string, p int32, err error) {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -286,11 +289,23 @@ func (c *Consumer) take(fetches kgo.Fetches) {
 		c.hwm[change.Partition{Topic: p.Topic, Partition: p.Partition}] = p.HighWatermark
 	})
 	c.commitMu.Unlock()
+	// A partition whose record could not be decoded for want of the
+	// schema registry (only when ctx ends) takes no more records: its
+	// commit point stays below that record.
+	var stopped map[change.Partition]bool
 	fetches.EachRecord(func(r *kgo.Record) {
 		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
+		if stopped[o.Partition] {
+			return
+		}
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
-		ev, err := c.dec.Decode(o, r.Key, r.Value)
+		ev, err := c.dec.Decode(ctx, o, r.Key, r.Value)
 		switch {
+		case errors.Is(err, debezium.ErrRetry):
+			if stopped == nil {
+				stopped = map[change.Partition]bool{}
+			}
+			stopped[o.Partition] = true
 		case errors.Is(err, debezium.ErrSkip):
 			c.seq.Skip(o)
 		case err != nil:

@@ -1,6 +1,7 @@
 package debezium_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -77,7 +78,7 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.Logf("%d envelopes, %d bytes on average (key and value)", len(recs), total/len(recs))
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "customers_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}})
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
 	o := change.Origin{Partition: change.Partition{Topic: src.Topic()}}
 	var scan, dec time.Duration
 	b.Run("scan", func(b *testing.B) {
@@ -103,7 +104,7 @@ func BenchmarkDecode(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
 			r := recs[i%len(recs)]
-			if _, err := d.Decode(o, r[0], r[1]); err != nil {
+			if _, err := d.Decode(context.Background(), o, r[0], r[1]); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -116,7 +117,7 @@ func BenchmarkDecode(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
 			r := recs[i%len(recs)]
-			ev, err := d.Decode(o, r[0], r[1])
+			ev, err := d.Decode(context.Background(), o, r[0], r[1])
 			if err != nil {
 				b.Fatal(err)
 			}

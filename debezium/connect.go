@@ -20,6 +20,8 @@ type Schema struct {
 	Fields     []*Schema         `json:"fields"`
 	Items      *Schema           `json:"items"`
 	Parameters map[string]string `json:"parameters"`
+	// union: in Avro, the value is wrapped in a union with null.
+	union bool
 }
 
 // field returns the struct field called name, nil if there is none.
@@ -72,6 +74,7 @@ type column struct {
 	pgType string
 	scale  int32   // kDecimal
 	elem   *column // kArray
+	union  bool    // Avro: values come wrapped in a union
 }
 
 // The semantic types of DESIGN.md section 4 and their PostgreSQL types.
@@ -122,7 +125,7 @@ var base = map[string]struct {
 
 // newColumn maps one field's schema to a column.
 func newColumn(name string, s *Schema) (*column, error) {
-	c := &column{name: name}
+	c := &column{name: name, union: s.union}
 	if sem, ok := semantic[s.Name]; ok {
 		c.kind, c.pgType = sem.kind, sem.pgType
 		if c.kind == kDecimal {

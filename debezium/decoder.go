@@ -1,11 +1,13 @@
 package debezium
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/twmb/franz-go/pkg/sr"
 )
 
 // Rule says how to decode one topic (one `tables` entry of the config).
@@ -28,20 +30,33 @@ type rule struct {
 // ErrSkip marks a record that needs no apply: a tombstone or a heartbeat.
 var ErrSkip = errors.New("nothing to apply")
 
+// ErrRetry marks a record that could not be decoded yet: the schema
+// registry was unreachable until the caller's context ended. It is not a
+// dead letter; the record must be read again.
+var ErrRetry = errors.New("schema registry unreachable")
+
+// Registry fetches writer schemas by id: franz-go's *sr.Client, or srfake's
+// client in tests. It is called only on a cache miss.
+type Registry interface {
+	SchemaByID(ctx context.Context, id int) (sr.Schema, error)
+}
+
 // Decoder turns Debezium records into change events, one topic's format
 // each. Decode may be called from several goroutines at once.
 type Decoder struct {
 	rules   map[string]*rule
 	schemas *schemaCache
+	avro    *avroCache
 }
 
 // maxSchemas bounds the schema cache: distinct schema texts (value and key
 // schemas of every topic, and their versions as the sources evolve).
 const maxSchemas = 1024
 
-// New returns a Decoder for the given rules.
-func New(rules []Rule) *Decoder {
-	d := &Decoder{rules: map[string]*rule{}, schemas: newSchemaCache(maxSchemas)}
+// New returns a Decoder for the given rules. reg is needed only by rules of
+// format debezium-avro (nil otherwise).
+func New(rules []Rule, reg Registry) *Decoder {
+	d := &Decoder{rules: map[string]*rule{}, schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg)}
 	for _, r := range rules {
 		cr := &rule{Rule: r, vfPath: splitPath(r.ValidFrom)}
 		for _, p := range r.SequenceBy {
@@ -57,6 +72,15 @@ func splitPath(p string) []string {
 	return strings.Split(strings.TrimPrefix(p, "payload."), ".")
 }
 
+// ruleList returns the rules the Decoder was made with.
+func (d *Decoder) ruleList() []Rule {
+	var out []Rule
+	for _, r := range d.rules {
+		out = append(out, r.Rule)
+	}
+	return out
+}
+
 // Target returns the target table configured for topic, "" if none.
 func (d *Decoder) Target(topic string) string {
 	if r := d.rules[topic]; r != nil {
@@ -69,10 +93,22 @@ func (d *Decoder) Target(topic string) string {
 // heartbeats, and another error, naming what is wrong, for anything that
 // must go to the dead-letter table. The event keeps no reference to key or
 // value.
-func (d *Decoder) Decode(o change.Origin, key, value []byte) (*change.Event, error) {
+// Avro schemas missing from the cache are fetched from the registry,
+// retrying while it is unreachable; when ctx ends first Decode returns an
+// error wrapping ErrRetry.
+func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte) (*change.Event, error) {
 	r := d.rules[o.Topic]
 	if r == nil {
 		return nil, fmt.Errorf("no table is configured for topic %q", o.Topic)
 	}
+	if r.Format == FormatAvro {
+		return d.decodeAvro(ctx, r, o, key, value)
+	}
 	return d.decodeJSON(r, o, key, value)
 }
+
+// The formats of DESIGN.md section 3.
+const (
+	FormatJSON = "debezium-json"
+	FormatAvro = "debezium-avro"
+)

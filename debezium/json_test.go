@@ -1,6 +1,7 @@
 package debezium
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -35,9 +36,9 @@ const withSchema = `{"schema":{"type":"struct","fields":[
   "source":{"lsn":24023928,"ts_ms":1767225600000},"op":"c","ts_ms":1767225600123}}`
 
 func TestDecode(t *testing.T) {
-	d := New(rules)
+	d := New(rules, nil)
 	t.Run("with schema: logical types", func(t *testing.T) {
-		ev, err := d.Decode(origin("shop.public.customers"), []byte(`{"customer_id":"C1"}`), []byte(withSchema))
+		ev, err := d.Decode(context.Background(), origin("shop.public.customers"), []byte(`{"customer_id":"C1"}`), []byte(withSchema))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,7 +67,7 @@ func TestDecode(t *testing.T) {
 		}
 	})
 	t.Run("without schema, key fields from the message key", func(t *testing.T) {
-		ev, err := d.Decode(origin("shop.public.orders"), []byte(`{"shop":1,"order_id":"A-9"}`),
+		ev, err := d.Decode(context.Background(), origin("shop.public.orders"), []byte(`{"shop":1,"order_id":"A-9"}`),
 			[]byte(`{"before":{"shop":1,"order_id":"A-9"},"after":null,"source":{"sequence":"[\"100\",\"120\"]","lsn":120},"op":"d","ts_ms":1767225600000}`))
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +78,7 @@ func TestDecode(t *testing.T) {
 		}
 	})
 	t.Run("mysql binlog position, key from after", func(t *testing.T) {
-		ev, err := d.Decode(origin("inv.items"), nil,
+		ev, err := d.Decode(context.Background(), origin("inv.items"), nil,
 			[]byte(`{"after":{"sku":"X","qty":3},"source":{"file":"mysql-bin.000003","pos":154,"row":0,"ts_ms":1767225600000},"op":"u"}`))
 		if err != nil {
 			t.Fatal(err)
@@ -87,7 +88,7 @@ func TestDecode(t *testing.T) {
 		}
 	})
 	t.Run("truncate", func(t *testing.T) {
-		ev, err := d.Decode(origin("shop.public.customers"), nil, []byte(`{"source":{"lsn":5,"ts_ms":1767225600000},"op":"t"}`))
+		ev, err := d.Decode(context.Background(), origin("shop.public.customers"), nil, []byte(`{"source":{"lsn":5,"ts_ms":1767225600000},"op":"t"}`))
 		if err != nil || ev.Op != change.OpTruncate || ev.Key != nil {
 			t.Fatalf("event %+v, %v", ev, err)
 		}
@@ -95,7 +96,7 @@ func TestDecode(t *testing.T) {
 }
 
 func TestDecodeSkipsAndRejects(t *testing.T) {
-	d := New(rules)
+	d := New(rules, nil)
 	key := []byte(`{"customer_id":"C1"}`)
 	ok := `"after":{"customer_id":"C1"},"source":{"lsn":1,"ts_ms":1}`
 	tests := []struct {
@@ -120,7 +121,7 @@ func TestDecodeSkipsAndRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := d.Decode(origin(tc.topic), tc.key, tc.value)
+			_, err := d.Decode(context.Background(), origin(tc.topic), tc.key, tc.value)
 			if tc.skip {
 				if !errors.Is(err, ErrSkip) {
 					t.Fatalf("got %v, want a skip", err)

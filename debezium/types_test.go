@@ -16,6 +16,8 @@ import (
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -113,7 +115,7 @@ func decodeAll(t *testing.T, d *debezium.Decoder, topic string, recs [][2][]byte
 	t.Helper()
 	var evs []*change.Event
 	for i, r := range recs {
-		ev, err := d.Decode(change.Origin{Partition: change.Partition{Topic: topic}, Offset: int64(i)}, r[0], r[1])
+		ev, err := d.Decode(context.Background(), change.Origin{Partition: change.Partition{Topic: topic}, Offset: int64(i)}, r[0], r[1])
 		if err != nil {
 			t.Fatalf("record %d: %v", i, err)
 		}
@@ -145,12 +147,50 @@ func texts(t *testing.T, pool *pgxpool.Pool, table string, id int, cols []string
 	return out
 }
 
+// format renders changes of a source as one of the formats.
+type format struct {
+	name    string
+	decoder func(t *testing.T, src *scdtest.Source) *debezium.Decoder
+	render  func(src *scdtest.Source, c scdtest.Change) (key, value []byte)
+}
+
+var formats = []format{
+	{"json", func(t *testing.T, src *scdtest.Source) *debezium.Decoder {
+		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
+			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+	}, (*scdtest.Source).Envelope},
+	{"avro", func(t *testing.T, src *scdtest.Source) *debezium.Decoder {
+		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history", Format: debezium.FormatAvro,
+			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, avroRegistry(t, src))
+	}, func(src *scdtest.Source, c scdtest.Change) ([]byte, []byte) { return src.AvroEnvelope(c, 1, 2) }},
+}
+
+// avroRegistry is a fake schema registry holding src's value schema as id
+// 1 and its key schema as id 2, as Debezium's AvroConverter registers them.
+func avroRegistry(t *testing.T, src *scdtest.Source) debezium.Registry {
+	t.Helper()
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	reg.SeedSchema(src.Topic()+"-value", 1, 1, sr.Schema{Schema: src.AvroValueSchema(), Type: sr.TypeAvro})
+	reg.SeedSchema(src.Topic()+"-key", 1, 2, sr.Schema{Schema: src.AvroKeySchema(), Type: sr.TypeAvro})
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
 func TestTypesThroughTheSink(t *testing.T) {
+	for _, f := range formats {
+		t.Run(f.name, func(t *testing.T) { typesThroughTheSink(t, f) })
+	}
+}
+
+func typesThroughTheSink(t *testing.T, f format) {
 	ctx := context.Background()
 	pool := newPool(t)
 	src := typedSource()
-	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}})
+	d := f.decoder(t, src)
 	s := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
 
 	full, nulls := scdtest.Row{}, scdtest.Row{"id": 2}
@@ -160,7 +200,7 @@ func TestTypesThroughTheSink(t *testing.T) {
 	commit := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var recs [][2][]byte
 	for i, row := range []scdtest.Row{full, nulls} {
-		k, v := src.Envelope(scdtest.Change{Op: "r", After: row, LSN: 100, Commit: commit, Snapshot: "true", TxID: int64(i)})
+		k, v := f.render(src, scdtest.Change{Op: "r", After: row, LSN: 100, Commit: commit, Snapshot: "true", TxID: int64(i)})
 		recs = append(recs, [2][]byte{k, v})
 	}
 	if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs)}); err != nil {
@@ -218,7 +258,7 @@ func TestTypesThroughTheSink(t *testing.T) {
 		s2 := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
 		recs2 := [][2][]byte{}
 		for _, row := range []scdtest.Row{full, nulls} {
-			k, v := src.Envelope(scdtest.Change{Op: "u", After: row, LSN: 200, Commit: commit.Add(time.Hour)})
+			k, v := f.render(src, scdtest.Change{Op: "u", After: row, LSN: 200, Commit: commit.Add(time.Hour)})
 			recs2 = append(recs2, [2][]byte{k, v})
 		}
 		res, err := s2.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs2)})
@@ -246,7 +286,7 @@ func TestUnavailablePlaceholdersInTypedColumns(t *testing.T) {
 	pool := newPool(t)
 	src := typedSource()
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}})
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
 	s := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
 	first := scdtest.Row{"id": 1, "small": 1, "name": "long text", "blob": b64([]byte("long bytes")),
 		"tags": []string{"x", "y"}, "doc": `{"k": "long json"}`}

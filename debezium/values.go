@@ -173,66 +173,13 @@ func (c *column) value(v gjson.Result) (any, error) {
 			}
 			return decimal(val.Str, int32(scale))
 		}
-	case kDate:
+	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:
 		if n, ok := intOf(v); ok {
-			return time.Date(1970, 1, 1+int(n), 0, 0, 0, 0, time.UTC), nil
+			return c.fromInt(n)
 		}
-	case kTimeMilli, kTimeMicro, kTimeNano:
-		if n, ok := intOf(v); ok {
-			us := n
-			switch c.kind {
-			case kTimeMilli:
-				us = n * 1000
-			case kTimeNano:
-				us = n / 1000
-			}
-			if us < 0 || us > 24*3600*1e6 {
-				return nil, fmt.Errorf("time of day %d µs is out of range", us)
-			}
-			return pgtype.Time{Microseconds: us, Valid: true}, nil
-		}
-	case kTimestampMilli, kTimestampMicro, kTimestampNano:
-		if n, ok := intOf(v); ok {
-			switch {
-			case n >= posInfinityMillis:
-				return pgtype.Timestamp{InfinityModifier: pgtype.Infinity, Valid: true}, nil
-			case n <= negInfinityMillis:
-				return pgtype.Timestamp{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
-			case c.kind == kTimestampMilli:
-				return time.UnixMilli(n).UTC(), nil
-			case c.kind == kTimestampMicro:
-				return time.UnixMicro(n).UTC(), nil
-			}
-			return time.Unix(0, n).UTC(), nil
-		}
-	case kZonedTimestamp:
+	case kZonedTimestamp, kInterval, kJSON:
 		if v.Type == gjson.String {
-			switch v.Str {
-			case "infinity", "+infinity":
-				return pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, nil
-			case "-infinity":
-				return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
-			}
-			t, err := time.Parse(time.RFC3339Nano, v.Str)
-			if err != nil {
-				return nil, fmt.Errorf("%q is not an ISO 8601 timestamp", v.Str)
-			}
-			return t, nil
-		}
-	case kMicroDuration:
-		if n, ok := intOf(v); ok {
-			return pgtype.Interval{Microseconds: n, Valid: true}, nil
-		}
-	case kInterval:
-		if v.Type == gjson.String {
-			return isoInterval(v.Str)
-		}
-	case kJSON:
-		if v.Type == gjson.String {
-			if !gjson.Valid(v.Str) {
-				return nil, fmt.Errorf("%q is not JSON", clip(v.Str))
-			}
-			return json.RawMessage(v.Str), nil
+			return c.fromString(v.Str)
 		}
 	case kStruct:
 		return json.RawMessage(v.Raw), nil
@@ -255,6 +202,67 @@ func (c *column) value(v gjson.Result) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("%s does not fit %s", clip(v.Raw), c.pgType)
+}
+
+// fromInt decodes the integer forms of Debezium's time types.
+func (c *column) fromInt(n int64) (any, error) {
+	switch c.kind {
+	case kDate:
+		return time.Date(1970, 1, 1+int(n), 0, 0, 0, 0, time.UTC), nil
+	case kTimeMilli, kTimeMicro, kTimeNano:
+		us := n
+		switch c.kind {
+		case kTimeMilli:
+			us = n * 1000
+		case kTimeNano:
+			us = n / 1000
+		}
+		if us < 0 || us > 24*3600*1e6 {
+			return nil, fmt.Errorf("time of day %d µs is out of range", us)
+		}
+		return pgtype.Time{Microseconds: us, Valid: true}, nil
+	case kTimestampMilli, kTimestampMicro, kTimestampNano:
+		switch {
+		case n >= posInfinityMillis:
+			return pgtype.Timestamp{InfinityModifier: pgtype.Infinity, Valid: true}, nil
+		case n <= negInfinityMillis:
+			return pgtype.Timestamp{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
+		case c.kind == kTimestampMilli:
+			return time.UnixMilli(n).UTC(), nil
+		case c.kind == kTimestampMicro:
+			return time.UnixMicro(n).UTC(), nil
+		}
+		return time.Unix(0, n).UTC(), nil
+	case kMicroDuration:
+		return pgtype.Interval{Microseconds: n, Valid: true}, nil
+	}
+	return nil, fmt.Errorf("%d does not fit %s", n, c.pgType)
+}
+
+// fromString decodes the string forms of Debezium's semantic types.
+func (c *column) fromString(s string) (any, error) {
+	switch c.kind {
+	case kZonedTimestamp:
+		switch s {
+		case "infinity", "+infinity":
+			return pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, nil
+		case "-infinity":
+			return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an ISO 8601 timestamp", clip(s))
+		}
+		return t, nil
+	case kInterval:
+		return isoInterval(s)
+	case kJSON:
+		if !gjson.Valid(s) {
+			return nil, fmt.Errorf("%q is not JSON", clip(s))
+		}
+		return json.RawMessage(s), nil
+	}
+	return nil, fmt.Errorf("%q does not fit %s", clip(s), c.pgType)
 }
 
 func clip(s string) string {

@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"github.com/twmb/franz-go/pkg/sr"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
@@ -52,9 +53,27 @@ func Rules(cfg *config.Config) []debezium.Rule {
 	var rules []debezium.Rule
 	for _, t := range cfg.Tables {
 		rules = append(rules, debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
-			SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom})
+			SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format})
 	}
 	return rules
+}
+
+// Decoder builds the record decoder, with a schema registry client when a
+// table uses format debezium-avro.
+func Decoder(cfg *config.Config) (*debezium.Decoder, error) {
+	var reg debezium.Registry
+	if cfg.SchemaRegistry.URL != "" {
+		opts := []sr.ClientOpt{sr.URLs(cfg.SchemaRegistry.URL), sr.UserAgent("scd2sink")}
+		if cfg.SchemaRegistry.Username != "" {
+			opts = append(opts, sr.BasicAuth(cfg.SchemaRegistry.Username, cfg.SchemaRegistry.Password))
+		}
+		cl, err := sr.NewClient(opts...)
+		if err != nil {
+			return nil, &config.Error{Key: "schema_registry.url", Msg: "cannot be used: " + err.Error()}
+		}
+		reg = cl
+	}
+	return debezium.New(Rules(cfg), reg), nil
 }
 
 // Pool opens a PostgreSQL pool. Errors never quote the DSN.
@@ -108,9 +127,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		health.Postgres.Store(true)
+		dec, err := Decoder(cfg)
+		if err != nil {
+			return err
+		}
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
-			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg),
+			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
 			Logger: log.Named("consumer"), Metrics: metrics, Opts: opts.KafkaOpts,

@@ -1,0 +1,369 @@
+package debezium
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/linkedin/goavro/v2"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/tidwall/gjson"
+	"github.com/twmb/franz-go/pkg/sr"
+)
+
+// avroSchema is one writer schema, ready to decode: goavro's codec and the
+// Connect model of the record.
+type avroSchema struct {
+	codec *goavro.Codec
+	root  *Schema
+	row   *rowSchema // the envelope's before/after record, or a key record
+	err   error      // the schema cannot be used: records with it are dead letters
+}
+
+// avroCache holds writer schemas by registry id.
+type avroCache struct {
+	reg Registry
+	mu  sync.Mutex
+	m   map[int]*avroSchema
+}
+
+func newAvroCache(reg Registry) *avroCache { return &avroCache{reg: reg, m: map[int]*avroSchema{}} }
+
+// Retry pacing while the registry is unreachable.
+var (
+	registryBackoffMin = 100 * time.Millisecond
+	registryBackoffMax = 10 * time.Second
+)
+
+// get returns the schema with the given id, fetching it on a miss and
+// retrying while the registry is unreachable. An id the registry does not
+// know is an error (a dead letter); ctx ending first is ErrRetry.
+func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema, error) {
+	c.mu.Lock()
+	s := c.m[id]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	if c.reg == nil {
+		return nil, errors.New("no schema_registry is configured")
+	}
+	backoff := registryBackoffMin
+	for {
+		sch, err := c.reg.SchemaByID(ctx, id)
+		if err == nil {
+			s = buildAvro(sch, envelope)
+			break
+		}
+		var re *sr.ResponseError
+		if errors.As(err, &re) && (re.StatusCode == http.StatusNotFound || re.ErrorCode == 40403) {
+			return nil, fmt.Errorf("schema id %d is not in the schema registry: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("fetching schema id %d: %w (%w)", id, ErrRetry, err)
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, registryBackoffMax)
+	}
+	c.mu.Lock()
+	c.m[id] = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+func buildAvro(sch sr.Schema, envelope bool) *avroSchema {
+	if sch.Type != sr.TypeAvro {
+		return &avroSchema{err: fmt.Errorf("schema is %s, not Avro", sch.Type)}
+	}
+	root, stripped, err := fromAvro(sch.Schema)
+	if err != nil {
+		return &avroSchema{err: err}
+	}
+	codec, err := goavro.NewCodec(stripped)
+	if err != nil {
+		return &avroSchema{err: fmt.Errorf("avro schema: %w", err)}
+	}
+	out := &avroSchema{codec: codec, root: root}
+	rs := root
+	if envelope {
+		if rs = root.field("after"); rs == nil {
+			rs = root.field("before")
+		}
+	}
+	if rs != nil && rs.Type == "struct" {
+		if out.row, err = newRowSchema(rs); err != nil {
+			out.err = err
+		}
+	}
+	return out
+}
+
+// confluent splits the Confluent wire format: magic byte 0, a 4-byte
+// schema id, the Avro binary.
+func confluent(b []byte) (int, []byte, error) {
+	if len(b) < 5 || b[0] != 0 {
+		return 0, nil, errors.New("not the Confluent Avro wire format (magic byte 0 and a schema id)")
+	}
+	return int(binary.BigEndian.Uint32(b[1:5])), b[5:], nil
+}
+
+// decodeRecord decodes an Avro record with its writer schema.
+func (d *Decoder) decodeRecord(ctx context.Context, b []byte, envelope bool) (*avroSchema, map[string]any, error) {
+	id, body, err := confluent(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := d.avro.get(ctx, id, envelope)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.err != nil {
+		return nil, nil, fmt.Errorf("schema id %d: %w", id, s.err)
+	}
+	native, rest, err := s.codec.NativeFromBinary(body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("avro record (schema id %d): %w", id, err)
+	}
+	if len(rest) != 0 {
+		return nil, nil, fmt.Errorf("avro record (schema id %d): %d bytes left over", id, len(rest))
+	}
+	rec, ok := native.(map[string]any)
+	if !ok {
+		return nil, nil, fmt.Errorf("avro value (schema id %d) is not a record", id)
+	}
+	return s, rec, nil
+}
+
+// unwrapUnion takes a value out of goavro's union wrapper {"type": value}.
+func unwrapUnion(v any) any {
+	if m, ok := v.(map[string]any); ok && len(m) == 1 {
+		for _, x := range m {
+			return x
+		}
+	}
+	return v
+}
+
+// avroPath follows a path of field names through a decoded record, taking
+// values out of their unions as the schema says.
+func avroPath(s *Schema, rec map[string]any, path []string) (any, *Schema) {
+	var cur any = rec
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok || s == nil {
+			return nil, nil
+		}
+		if s = s.field(p); s == nil {
+			return nil, nil
+		}
+		cur = m[p]
+		if s.union {
+			cur = unwrapUnion(cur)
+		}
+	}
+	return cur, s
+}
+
+func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key, value []byte) (*change.Event, error) {
+	if len(value) == 0 {
+		return nil, ErrSkip // tombstone
+	}
+	s, rec, err := d.decodeRecord(ctx, value, true)
+	if err != nil {
+		return nil, fmt.Errorf("value: %w", err)
+	}
+	opv, _ := avroPath(s.root, rec, []string{"op"})
+	opStr, ok := opv.(string)
+	if !ok {
+		if s.root.field("op") == nil && s.root.field("ts_ms") != nil {
+			return nil, ErrSkip // a heartbeat
+		}
+		return nil, errors.New("envelope has no op field")
+	}
+	op, err := change.ParseOp(opStr)
+	if err != nil {
+		return nil, err
+	}
+	ev := &change.Event{Table: r.Target, Op: op, Origin: o}
+	if s.row != nil {
+		ev.Row = s.row
+	}
+	seq := make([]byte, 0, 12*len(r.seqPaths))
+	for i, p := range r.seqPaths {
+		v, _ := avroPath(s.root, rec, p)
+		if seq, err = appendAvroSeq(seq, v); err != nil {
+			return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
+		}
+	}
+	ev.Seq = seq
+	if op.HasAfter() {
+		after, _ := avroPath(s.root, rec, []string{"after"})
+		m, ok := after.(map[string]any)
+		if !ok || s.row == nil {
+			return nil, fmt.Errorf("%s event: no after image", opStr)
+		}
+		if ev.After, err = s.row.nativeRow(m); err != nil {
+			return nil, fmt.Errorf("%s event: %w", opStr, err)
+		}
+	}
+	if ev.ValidFrom, err = avroValidFrom(r, s, rec); err != nil {
+		return nil, err
+	}
+	if op == change.OpTruncate {
+		return ev, nil
+	}
+	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, key, s, rec); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// nativeRow decodes a goavro record into typed values, as DecodeRow does
+// for JSON.
+func (r *rowSchema) nativeRow(m map[string]any) (map[string]any, error) {
+	out := make(map[string]any, len(m))
+	for name, v := range m {
+		c := r.byName[name]
+		if c == nil {
+			continue
+		}
+		val, err := c.native(v)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: %w", name, err)
+		}
+		out[name] = val
+	}
+	return out, nil
+}
+
+func appendAvroSeq(seq []byte, v any) ([]byte, error) {
+	switch x := v.(type) {
+	case int64:
+		return change.AppendSeqInt(seq, x), nil
+	case int32:
+		return change.AppendSeqInt(seq, int64(x)), nil
+	case string:
+		if t := strings.TrimSpace(x); len(t) > 0 && t[0] == '[' && gjson.Valid(t) {
+			return appendSeqArray(seq, gjson.Parse(t))
+		}
+		return change.AppendSeqText(seq, x), nil
+	case nil:
+		return nil, errors.New("is missing")
+	}
+	return nil, fmt.Errorf("is a %T, not a number or string", v)
+}
+
+func avroValidFrom(r *rule, s *avroSchema, rec map[string]any) (time.Time, error) {
+	v, _ := avroPath(s.root, rec, r.vfPath)
+	if v == nil {
+		return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
+	}
+	if len(r.vfPath) == 2 && (r.vfPath[0] == "after" || r.vfPath[0] == "before") && s.row != nil {
+		if c := s.row.byName[r.vfPath[1]]; c != nil {
+			tv, err := c.native(v)
+			if t, ok := tv.(time.Time); ok && err == nil {
+				return t, nil
+			}
+			return time.Time{}, fmt.Errorf("valid_from %s is a %s column, not a time", r.ValidFrom, c.pgType)
+		}
+	}
+	switch x := v.(type) {
+	case int64:
+		switch {
+		case strings.HasSuffix(r.ValidFrom, "_us"):
+			return time.UnixMicro(x).UTC(), nil
+		case strings.HasSuffix(r.ValidFrom, "_ns"):
+			return time.Unix(0, x).UTC(), nil
+		}
+		return time.UnixMilli(x).UTC(), nil
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, x)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("valid_from %s: %q is not an RFC 3339 time", r.ValidFrom, clip(x))
+		}
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("valid_from %s: a %T is not a time", r.ValidFrom, v)
+}
+
+// avroKey reads the key: an Avro record (Confluent wire format) or JSON,
+// as the key converter wrote it; configured key columns may come from the
+// row images instead.
+func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, s *avroSchema, rec map[string]any) ([]any, []string, error) {
+	var names []string
+	var vals []any
+	var kerr error
+	if len(raw) > 0 && raw[0] == 0 {
+		ks, krec, err := d.decodeRecord(ctx, raw, false)
+		if errors.Is(err, ErrRetry) {
+			return nil, nil, err
+		}
+		if err == nil && ks.row != nil {
+			for _, c := range ks.row.cols {
+				v, err := c.native(krec[c.name])
+				if err != nil {
+					return nil, nil, fmt.Errorf("message key: column %s: %w", c.name, err)
+				}
+				vals = append(vals, v)
+			}
+			names = ks.row.names // shared: no allocation per event
+		} else if err == nil {
+			kerr = errors.New("key is not an Avro record")
+		} else {
+			kerr = err
+		}
+	} else {
+		fields, ks, err := d.keyFields(raw)
+		kerr = err
+		for _, f := range fields {
+			v, err := typed(ks, f.name, f.v)
+			if err != nil {
+				return nil, nil, fmt.Errorf("message key: %w", err)
+			}
+			names, vals = append(names, strings.Clone(f.name)), append(vals, v)
+		}
+	}
+	if len(r.Keys) == 0 {
+		if kerr != nil {
+			return nil, nil, fmt.Errorf("message key: %w", kerr)
+		}
+		if len(names) == 0 {
+			return nil, nil, errors.New("message has no key and the table configures no keys")
+		}
+		return vals, names, nil
+	}
+	out := make([]any, len(r.Keys))
+	for i, k := range r.Keys {
+		var v any
+		for j, n := range names {
+			if n == k {
+				v = vals[j]
+			}
+		}
+		for _, img := range []string{"before", "after"} {
+			if v != nil || s.row == nil {
+				break
+			}
+			if c := s.row.byName[k]; c != nil {
+				if raw, _ := avroPath(s.root, rec, []string{img, k}); raw != nil {
+					var err error
+					if v, err = c.native(raw); err != nil {
+						return nil, nil, fmt.Errorf("key column %s: %w", k, err)
+					}
+				}
+			}
+		}
+		if v == nil {
+			return nil, nil, fmt.Errorf("key column %s is missing", k)
+		}
+		out[i] = v
+	}
+	return out, r.Keys, nil
+}

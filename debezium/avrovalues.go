@@ -1,0 +1,137 @@
+package debezium
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+var unavailableBytes = []byte(change.Unavailable)
+
+// native decodes one goavro value of the column (logical types were
+// stripped from the codec: values are Avro's primitives, records as maps,
+// arrays as slices, unions wrapped). The results are those of value.
+func (c *column) native(v any) (any, error) {
+	if c.union {
+		v = unwrapUnion(v)
+	}
+	if v == nil {
+		return nil, nil
+	}
+	switch x := v.(type) {
+	case string:
+		if x == change.Unavailable {
+			return change.Unavailable, nil
+		}
+	case []byte:
+		if bytes.Equal(x, unavailableBytes) {
+			return change.Unavailable, nil
+		}
+	}
+	switch c.kind {
+	case kBool:
+		if b, ok := v.(bool); ok {
+			return b, nil
+		}
+	case kInt16, kInt32, kInt64:
+		var n int64
+		switch x := v.(type) {
+		case int32:
+			n = int64(x)
+		case int64:
+			n = x
+		default:
+			return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+		}
+		switch {
+		case c.kind == kInt16 && (n < math.MinInt16 || n > math.MaxInt16):
+			return nil, fmt.Errorf("%d is out of range for smallint", n)
+		case c.kind == kInt16:
+			return int16(n), nil
+		case c.kind == kInt32 && (n < math.MinInt32 || n > math.MaxInt32):
+			return nil, fmt.Errorf("%d is out of range for integer", n)
+		case c.kind == kInt32:
+			return int32(n), nil
+		}
+		return n, nil
+	case kFloat32:
+		if f, ok := v.(float32); ok {
+			return f, nil
+		}
+		if f, ok := v.(float64); ok {
+			return float32(f), nil
+		}
+	case kFloat64:
+		if f, ok := v.(float64); ok {
+			return f, nil
+		}
+		if f, ok := v.(float32); ok {
+			return float64(f), nil
+		}
+	case kString:
+		if s, ok := v.(string); ok {
+			return s, nil
+		}
+	case kBytes:
+		if b, ok := v.([]byte); ok {
+			return b, nil
+		}
+	case kDecimal:
+		if b, ok := v.([]byte); ok {
+			return decimal(base64.StdEncoding.EncodeToString(b), c.scale)
+		}
+	case kVarDecimal:
+		if m, ok := v.(map[string]any); ok {
+			sc, ok1 := m["scale"].(int32)
+			val, ok2 := m["value"].([]byte)
+			if ok1 && ok2 {
+				return decimal(base64.StdEncoding.EncodeToString(val), sc)
+			}
+		}
+	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:
+		var n int64
+		switch x := v.(type) {
+		case int32:
+			n = int64(x)
+		case int64:
+			n = x
+		default:
+			return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+		}
+		return c.fromInt(n)
+	case kZonedTimestamp, kInterval, kJSON:
+		if s, ok := v.(string); ok {
+			return c.fromString(s)
+		}
+	case kStruct:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		return json.RawMessage(b), nil
+	case kArray:
+		list, ok := v.([]any)
+		if !ok {
+			break
+		}
+		if len(list) == 1 {
+			if s, ok := unwrapUnion(list[0]).(string); ok && s == change.Unavailable {
+				return change.Unavailable, nil
+			}
+		}
+		out := make([]any, len(list))
+		for i, e := range list {
+			ev, err := c.elem.native(e)
+			if err != nil {
+				return nil, fmt.Errorf("element %d: %w", i+1, err)
+			}
+			out[i] = ev
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+}
