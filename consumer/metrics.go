@@ -17,6 +17,8 @@ type Metrics struct {
 	VersionsClosed prometheus.Counter
 	Repaired       prometheus.Counter
 	Duplicates     prometheus.Counter
+	TypeMismatch   prometheus.Counter
+	Rejected       prometheus.Counter
 	Buffered       prometheus.Gauge
 	Paused         prometheus.Gauge
 	ApplySeconds   prometheus.Histogram
@@ -42,6 +44,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Keys whose history was re-folded because of late or repeated events."}),
 		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_duplicates_dropped_total",
 			Help: "Events dropped as already applied."}),
+		TypeMismatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_type_mismatches_total",
+			Help: "Events dead-lettered because a value no longer fits its history column's type (the source's type changed)."}),
+		Rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_values_rejected_total",
+			Help: "Events dead-lettered because PostgreSQL rejected a value (SQLSTATE class 22 or 23)."}),
 		Buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_buffered_events",
 			Help: "Events waiting in the reorder buffer."}),
 		Paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_paused",
@@ -53,7 +59,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
-			m.Duplicates, m.Buffered, m.Paused, m.ApplySeconds, m.Lag)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.Paused, m.ApplySeconds, m.Lag)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -66,6 +72,8 @@ func (m *Metrics) record(r sink.Result) {
 	m.VersionsClosed.Add(float64(r.VersionsClosed))
 	m.Repaired.Add(float64(r.Repaired))
 	m.Duplicates.Add(float64(r.Duplicates))
+	m.TypeMismatch.Add(float64(r.TypeMismatches))
+	m.Rejected.Add(float64(r.Rejected))
 }
 
 // Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL reachable.

@@ -44,9 +44,13 @@ func customerRow(i int) scdtest.Row {
 	}
 }
 
+// avroChanges are the changes envelopes rendered last.
+var avroChanges []scdtest.Change
+
 // envelopes renders n changes of customers: snapshot reads, updates with
 // before null (default replica identity) and with a full before image.
 func envelopes(n int) (src *scdtest.Source, recs [][2][]byte) {
+	avroChanges = avroChanges[:0]
 	src = customers()
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := 0; i < n; i++ {
@@ -61,6 +65,7 @@ func envelopes(n int) (src *scdtest.Source, recs [][2][]byte) {
 		}
 		k, v := src.Envelope(c)
 		recs = append(recs, [2][]byte{k, v})
+		avroChanges = append(avroChanges, c)
 	}
 	return src, recs
 }
@@ -111,6 +116,32 @@ func BenchmarkDecode(b *testing.B) {
 		dec = b.Elapsed() / time.Duration(b.N)
 		if scan > 0 {
 			b.ReportMetric(float64(dec)/float64(scan), "x-scan")
+		}
+	})
+	// Avro: the same changes in the Confluent wire format, schemas already
+	// cached (one registry fetch per id on the first records).
+	reg := avroRegistry(b, src)
+	da := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "customers_history", Format: debezium.FormatAvro,
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, reg)
+	var avro [][2][]byte
+	avroBytes := 0
+	for i := range recs {
+		c := avroChanges[i]
+		k, v := src.AvroEnvelope(c, 1, 2)
+		avro = append(avro, [2][]byte{k, v})
+		avroBytes += len(k) + len(v)
+	}
+	b.Run("avro", func(b *testing.B) {
+		b.SetBytes(int64(avroBytes / len(avro)))
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			r := avro[i%len(avro)]
+			if _, err := da.Decode(context.Background(), o, r[0], r[1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if scan > 0 {
+			b.ReportMetric(float64(b.Elapsed()/time.Duration(b.N))/float64(scan), "x-json-scan")
 		}
 	})
 	b.Run("json+row", func(b *testing.B) {

@@ -150,16 +150,16 @@ func texts(t *testing.T, pool *pgxpool.Pool, table string, id int, cols []string
 // format renders changes of a source as one of the formats.
 type format struct {
 	name    string
-	decoder func(t *testing.T, src *scdtest.Source) *debezium.Decoder
+	decoder func(t testing.TB, src *scdtest.Source) *debezium.Decoder
 	render  func(src *scdtest.Source, c scdtest.Change) (key, value []byte)
 }
 
 var formats = []format{
-	{"json", func(t *testing.T, src *scdtest.Source) *debezium.Decoder {
+	{"json", func(t testing.TB, src *scdtest.Source) *debezium.Decoder {
 		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
 			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
 	}, (*scdtest.Source).Envelope},
-	{"avro", func(t *testing.T, src *scdtest.Source) *debezium.Decoder {
+	{"avro", func(t testing.TB, src *scdtest.Source) *debezium.Decoder {
 		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history", Format: debezium.FormatAvro,
 			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, avroRegistry(t, src))
 	}, func(src *scdtest.Source, c scdtest.Change) ([]byte, []byte) { return src.AvroEnvelope(c, 1, 2) }},
@@ -167,7 +167,7 @@ var formats = []format{
 
 // avroRegistry is a fake schema registry holding src's value schema as id
 // 1 and its key schema as id 2, as Debezium's AvroConverter registers them.
-func avroRegistry(t *testing.T, src *scdtest.Source) debezium.Registry {
+func avroRegistry(t testing.TB, src *scdtest.Source) debezium.Registry {
 	t.Helper()
 	reg := srfake.New()
 	t.Cleanup(reg.Close)
@@ -319,5 +319,110 @@ func TestUnavailablePlaceholdersInTypedColumns(t *testing.T) {
 		if g := got[c]; g == nil || *g != w {
 			t.Errorf("%s = %s, want %s", c, deref(g), w)
 		}
+	}
+}
+
+// A source's schema evolves: a new column is added to the history table
+// (typed, nullable), a dropped column is NULL in new versions, and a type
+// change that no longer fits the table's column dead-letters the event
+// with the reason.
+func TestSchemaEvolution(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	col := func(name, schema string) scdtest.Col { return scdtest.Col{Name: name, Schema: schema} }
+	id := col("id", `{"type":"int32","optional":false}`)
+	plan := col("plan", `{"type":"string","optional":true}`)
+	score := col("score", `{"type":"int32","optional":true}`)
+	city := col("city", `{"type":"string","optional":true}`)
+	scoreText := col("score", `{"type":"string","optional":true}`)
+	versions := [][]scdtest.Col{{id, plan, score}, {id, plan, score, city}, {id, plan, city}, {id, plan, city, scoreText}}
+	rows := []scdtest.Row{
+		{"id": 1, "plan": "basic", "score": 10},
+		{"id": 1, "plan": "pro", "score": 11, "city": "Wien"},
+		{"id": 1, "plan": "team", "city": "Linz"},
+		{"id": 1, "plan": "enterprise", "city": "Graz", "score": "high"},
+	}
+	d := debezium.New([]debezium.Rule{{Topic: "shop.public.evolving", Target: "evolving_history",
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+	s := newSink(t, pool, sink.TableSpec{Target: "evolving_history"})
+	at := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	var mismatches, dead int
+	for i, cols := range versions {
+		src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "evolving", Keys: []string{"id"}, Cols: cols}
+		k, v := src.Envelope(scdtest.Change{Op: map[bool]string{true: "c", false: "u"}[i == 0], After: rows[i],
+			LSN: int64(100 + i), Commit: at.Add(time.Duration(i) * time.Hour)})
+		res, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), [][2][]byte{{k, v}})})
+		if err != nil {
+			t.Fatalf("version %d: %v", i+1, err)
+		}
+		mismatches += res.TypeMismatches
+		dead += res.DeadLetters
+	}
+	var got string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(':', plan, coalesce(score::text, 'NULL'), coalesce(city, 'NULL'), is_current), ' ' ORDER BY scd_seq)
+		FROM evolving_history`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := "basic:10:NULL:f pro:11:Wien:f team:NULL:Linz:t"; got != want {
+		t.Errorf("history %q, want %q", got, want)
+	}
+	var typ string
+	if err := pool.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'evolving_history'::regclass AND attname = 'city'`).Scan(&typ); err != nil || typ != "text" {
+		t.Errorf("city column: %q, %v", typ, err)
+	}
+	if dead != 1 || mismatches != 1 {
+		t.Fatalf("%d dead letters, %d type mismatches; want 1 and 1", dead, mismatches)
+	}
+	var msg string
+	if err := pool.QueryRow(ctx, `SELECT error FROM scd2sink_dead_letters`).Scan(&msg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(msg, "column score: the source's type changed to text, incompatible with the history table's integer") {
+		t.Errorf("dead letter: %s", msg)
+	}
+}
+
+// Table and column names come from configuration and events: quotes,
+// semicolons, uppercase and names beyond PostgreSQL's 63 bytes are all
+// identifiers, never SQL.
+func TestUntrustedIdentifiers(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	long := strings.Repeat("long_name_", 7) // 70 bytes: PostgreSQL keeps 63
+	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "odd", Keys: []string{`Id "Key"`},
+		Cols: []scdtest.Col{
+			{Name: `Id "Key"`, Schema: `{"type":"int32","optional":false}`},
+			{Name: `plan'; DROP TABLE x; --`, Schema: `{"type":"string","optional":true}`},
+			{Name: "MixedCase", Schema: `{"type":"string","optional":true}`},
+			{Name: long, Schema: `{"type":"string","optional":true}`},
+		}}
+	target := `Odd "History"; DROP`
+	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: target,
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+	s := newSink(t, pool, sink.TableSpec{Target: target})
+	at := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	var recs [][2][]byte
+	for i, plan := range []string{"basic", "pro"} {
+		k, v := src.Envelope(scdtest.Change{Op: "u", LSN: int64(10 + i), Commit: at.Add(time.Duration(i) * time.Hour),
+			After: scdtest.Row{`Id "Key"`: 1, `plan'; DROP TABLE x; --`: plan, "MixedCase": "M" + plan, long: "L" + plan}})
+		recs = append(recs, [2][]byte{k, v})
+	}
+	res, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs)})
+	if err != nil || res.DeadLetters != 0 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	var got string
+	q := fmt.Sprintf(`SELECT string_agg(concat_ws('|', %s, %s, %s, %s, is_current), ' ' ORDER BY scd_seq) FROM %s`,
+		pgx.Identifier{`Id "Key"`}.Sanitize(), pgx.Identifier{`plan'; DROP TABLE x; --`}.Sanitize(),
+		pgx.Identifier{"MixedCase"}.Sanitize(), pgx.Identifier{long[:63]}.Sanitize(), pgx.Identifier{target}.Sanitize())
+	if err := pool.QueryRow(ctx, q).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := "1|basic|Mbasic|Lbasic|f 1|pro|Mpro|Lpro|t"; got != want {
+		t.Errorf("history %q, want %q", got, want)
+	}
+	verify, err := s.Verify(ctx, target)
+	if err != nil || len(verify) != 0 {
+		t.Errorf("verify: %v, %v", verify, err)
 	}
 }

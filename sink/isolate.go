@@ -57,6 +57,7 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 		sub := p.subPlan([]*keyPlan{{id: kp.id, key: kp.key, events: keep}}, true)
 		r, d, err2 := s.trySavepoint(ctx, tx, sub, ops)
 		if err2 == nil {
+			r.Rejected++
 			return r, append(d, eventDeadLetter(evs[drop].src, fmt.Errorf("rejected by PostgreSQL: %w", err))), nil
 		}
 		if !isDataError(err2) {
@@ -68,14 +69,16 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 	for _, e := range evs {
 		dead = append(dead, eventDeadLetter(e.src, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
+	res = Result{Rejected: len(evs)}
 	if len(p.truncates) > 0 {
 		r, d, err := s.trySavepoint(ctx, tx, p.subPlan(nil, true), ops)
 		if err != nil {
 			return r, nil, err
 		}
+		r.Rejected += res.Rejected
 		return r, append(dead, d...), nil
 	}
-	return Result{}, dead, nil
+	return res, dead, nil
 }
 
 // trySavepoint applies p inside a savepoint, rolling back to it on error.

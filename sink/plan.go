@@ -2,9 +2,11 @@ package sink
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -47,10 +49,8 @@ func keyID(key []any) string {
 // plan converts a batch's events into typed rows grouped by table and key.
 // Events that cannot be converted become dead letters. Truncates of tables
 // that do not exist yet are returned apart: they are only recorded.
-func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (map[string]*tablePlan, []DeadLetter, []earlyTruncate) {
-	plans := map[string]*tablePlan{}
-	var dead []DeadLetter
-	var early []earlyTruncate
+func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
+	plans = map[string]*tablePlan{}
 	for i, ev := range evs {
 		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() {
 			continue // undecodable: already a dead letter
@@ -76,6 +76,10 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (map[string]*t
 		fe, key, err := s.toFevent(t, ev, afters[i])
 		if err != nil {
 			dead = append(dead, eventDeadLetter(ev, err))
+			var tm errTypeMismatch
+			if errors.As(err, &tm) {
+				mismatches++
+			}
 			continue
 		}
 		if ev.Op == change.OpTruncate {
@@ -91,7 +95,7 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (map[string]*t
 		}
 		sortEvents(p.truncates)
 	}
-	return plans, dead, early
+	return plans, dead, early, mismatches
 }
 
 // earlyTruncate is a truncate of a table that does not exist yet: nothing to
@@ -151,11 +155,14 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			}
 			i, ok := t.colIdx[name]
 			if !ok {
+				i, ok = t.colIdx[pgIdent(name)]
+			}
+			if !ok {
 				return fe, nil, fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
 			}
 			v, err := s.conv.convert(&t.cols[i], raw)
 			if err != nil {
-				return fe, nil, fmt.Errorf("column %s: %w", name, err)
+				return fe, nil, typeMismatch(ev, &t.cols[i], err)
 			}
 			row[i] = v
 		}
@@ -170,6 +177,40 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		fe.row = row
 	}
 	return fe, key, nil
+}
+
+// pgIdent is name as PostgreSQL keeps it: at most 63 bytes, cut at a
+// character boundary (longer identifiers are truncated, with a NOTICE).
+func pgIdent(name string) string {
+	const max = 63
+	if len(name) <= max {
+		return name
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut]
+}
+
+// errTypeMismatch marks a value that does not fit its column's type.
+type errTypeMismatch struct{ error }
+
+func (e errTypeMismatch) Unwrap() error { return e.error }
+
+// typeMismatch explains a value that does not fit its column: when the
+// event's schema declares another type than the table's, the source's
+// type changed incompatibly.
+func typeMismatch(ev *change.Event, col *colInfo, err error) error {
+	if ev.Row != nil {
+		for _, c := range ev.Row.Columns() {
+			if c.Name == col.name && c.PGType != col.typeName && c.PGType != col.fullType {
+				return errTypeMismatch{fmt.Errorf("column %s: the source's type changed to %s, incompatible with the history table's %s: %w",
+					col.name, c.PGType, col.fullType, err)}
+			}
+		}
+	}
+	return errTypeMismatch{fmt.Errorf("column %s: %w", col.name, err)}
 }
 
 // eventDeadLetter renders an event that failed after decoding. The original

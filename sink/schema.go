@@ -232,7 +232,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	tracked := map[string]bool{}
 	for _, c := range t.spec.TrackHistory {
-		tracked[c] = true
+		tracked[pgIdent(c)] = true
 	}
 	t.cols, t.colIdx = cols, map[string]int{}
 	t.hasInfinity = false
@@ -247,7 +247,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		c := &t.cols[i]
 		t.colIdx[c.name] = i
 		for _, k := range t.spec.Keys {
-			c.key = c.key || k == c.name
+			c.key = c.key || pgIdent(k) == c.name
 		}
 		switch {
 		case c.key:
@@ -259,7 +259,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	for _, k := range t.spec.Keys {
-		i, ok := t.colIdx[k]
+		i, ok := t.colIdx[pgIdent(k)]
 		if !ok {
 			return fmt.Errorf("history table %s has no key column %q", t.hist.Sanitize(), k)
 		}

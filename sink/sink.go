@@ -156,7 +156,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		t := s.tables[ev.Table]
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
-				if _, ok := t.colIdx[name]; ok {
+				if _, ok := t.colIdx[pgIdent(name)]; ok {
 					return
 				}
 			}
@@ -235,6 +235,8 @@ type Prepared struct {
 	targets []string
 	dead    []DeadLetter
 	early   []earlyTruncate
+	// mismatches counts the dead letters whose value did not fit its column.
+	mismatches int
 }
 
 // Prepare does the CPU-bound half of applying a batch: it creates tables and
@@ -257,9 +259,9 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	if err := s.prepare(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
-	plans, dead, early := s.plan(b.Events, afters)
+	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, plans: plans, early: early,
+	p := &Prepared{offsets: b.Offsets, plans: plans, early: early, mismatches: mismatches,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -318,6 +320,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		retries += more
 	}
 	res.Retries = retries
+	res.TypeMismatches = p.mismatches
 	if err != nil {
 		s.cache.reset()
 		return res, err

@@ -104,6 +104,11 @@ type Result struct {
 	VersionsClosed int
 	Repaired       int // keys whose history was re-folded because of late events
 	Retries        int
+	// TypeMismatches counts dead letters whose value no longer fits its
+	// column's type; Rejected those PostgreSQL refused. Both are among
+	// DeadLetters.
+	TypeMismatches int
+	Rejected       int
 }
 
 func (r *Result) add(o Result) {
@@ -113,6 +118,8 @@ func (r *Result) add(o Result) {
 	r.VersionsOpened += o.VersionsOpened
 	r.VersionsClosed += o.VersionsClosed
 	r.Repaired += o.Repaired
+	r.TypeMismatches += o.TypeMismatches
+	r.Rejected += o.Rejected
 }
 
 func (c *Config) defaults() error {
