@@ -17,6 +17,13 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 )
 
+func init() {
+	// goavro sizes an array from the count a record declares: bound it, so
+	// that a corrupt record is an error, not an allocation of gigabytes.
+	goavro.MaxBlockCount = 1 << 20
+	goavro.MaxBlockSize = 64 << 20
+}
+
 // avroSchema is one writer schema, ready to decode: goavro's codec and the
 // Connect model of the record.
 type avroSchema struct {

@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/big"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -394,41 +393,4 @@ func rowsEqual(a, b []any, idx []int) bool {
 		}
 	}
 	return true
-}
-
-// inferType picks a column type for a value of a column the table lacks
-// (events without a schema).
-func inferType(v any) string {
-	switch x := v.(type) {
-	case bool:
-		return "boolean"
-	case json.Number:
-		if _, err := strconv.ParseInt(x.String(), 10, 64); err == nil {
-			return "bigint"
-		}
-		return "numeric"
-	case int16:
-		return "smallint"
-	case int32:
-		return "integer"
-	case int, int64:
-		return "bigint"
-	case float32:
-		return "real"
-	case float64:
-		return "double precision"
-	case pgtype.Numeric:
-		return "numeric"
-	case time.Time:
-		return "timestamptz"
-	case []byte:
-		return "bytea"
-	case map[string]any, []any, json.RawMessage:
-		return "jsonb"
-	case string:
-		if strings.HasPrefix(x, "{") && json.Valid([]byte(x)) {
-			return "jsonb"
-		}
-	}
-	return "text"
 }

@@ -174,9 +174,12 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				note(c.Name, c.PGType, false)
 			}
 		}
+		// Without a schema a column is text (DESIGN.md section 4): a value's
+		// JSON form does not say whether 1 is an integer column's or a
+		// numeric one's.
 		if len(ev.Key) == len(spec.Keys) {
-			for i, k := range spec.Keys {
-				note(k, inferType(ev.Key[i]), true)
+			for _, k := range spec.Keys {
+				note(k, "text", true)
 			}
 		}
 		if ev.Row == nil {
@@ -186,7 +189,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			}
 			sort.Strings(names)
 			for _, name := range names {
-				note(name, inferType(afters[i][name]), true)
+				note(name, "text", true)
 			}
 		}
 	}
