@@ -52,7 +52,7 @@ type Decoder interface {
 	// Decode blocks while what it needs (a schema registry) is
 	// unreachable; it returns an error wrapping debezium.ErrRetry when
 	// ctx ends first: the record was neither decoded nor dead-lettered.
-	Decode(ctx context.Context, o change.Origin, key, value []byte) (*change.Event, error)
+	Decode(ctx context.Context, o change.Origin, key, value []byte, headers ...debezium.Header) (*change.Event, error)
 	// Target names the table a topic's events belong to ("" if none).
 	Target(topic string) string
 }
@@ -293,13 +293,18 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	// schema registry (only when ctx ends) takes no more records: its
 	// commit point stays below that record.
 	var stopped map[change.Partition]bool
+	var hdrs []debezium.Header
 	fetches.EachRecord(func(r *kgo.Record) {
 		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
 		if stopped[o.Partition] {
 			return
 		}
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
-		ev, err := c.dec.Decode(ctx, o, r.Key, r.Value)
+		hdrs = hdrs[:0]
+		for _, h := range r.Headers {
+			hdrs = append(hdrs, debezium.Header{Key: h.Key, Value: h.Value})
+		}
+		ev, err := c.dec.Decode(ctx, o, r.Key, r.Value, hdrs...)
 		switch {
 		case errors.Is(err, debezium.ErrRetry):
 			if stopped == nil {

@@ -96,15 +96,71 @@ func (d *Decoder) Target(topic string) string {
 // Avro schemas missing from the cache are fetched from the registry,
 // retrying while it is unreachable; when ctx ends first Decode returns an
 // error wrapping ErrRetry.
-func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte) (*change.Event, error) {
+//
+// headers are the record's headers: a create carrying __debezium.oldkey
+// (Debezium's primary-key change) gets the old key in Event.OldKey.
+func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte, headers ...Header) (*change.Event, error) {
 	r := d.rules[o.Topic]
 	if r == nil {
 		return nil, fmt.Errorf("no table is configured for topic %q", o.Topic)
 	}
+	var ev *change.Event
+	var err error
 	if r.Format == FormatAvro {
-		return d.decodeAvro(ctx, r, o, key, value)
+		ev, err = d.decodeAvro(ctx, r, o, key, value)
+	} else {
+		ev, err = d.decodeJSON(r, o, key, value)
 	}
-	return d.decodeJSON(r, o, key, value)
+	if err != nil || ev.Op != change.OpCreate {
+		return ev, err
+	}
+	for _, h := range headers {
+		if h.Key == OldKeyHeader {
+			if ev.OldKey, err = d.oldKey(ev, h.Value); err != nil {
+				return nil, fmt.Errorf("header %s: %w", OldKeyHeader, err)
+			}
+		}
+	}
+	return ev, nil
+}
+
+// Header is a Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// OldKeyHeader is the header Debezium sets on the create of a primary-key
+// change: the row's previous key (as JSON, the default header converter's
+// form of a struct).
+const OldKeyHeader = "__debezium.oldkey"
+
+// oldKey decodes the old key in the order of ev.Key.
+func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {
+	fields, ks, err := d.keyFields(raw)
+	if err != nil {
+		return nil, err
+	}
+	names := ev.KeyNames
+	if r := d.rules[ev.Origin.Topic]; r != nil && len(r.Keys) > 0 {
+		names = r.Keys
+	}
+	out := make([]any, len(names))
+	for i, n := range names {
+		found := false
+		for _, f := range fields {
+			if f.name == n {
+				if out[i], err = typed(ks, n, f.v); err != nil {
+					return nil, err
+				}
+				found = true
+			}
+		}
+		if !found || out[i] == nil {
+			return nil, fmt.Errorf("old key has no %s", n)
+		}
+	}
+	return out, nil
 }
 
 // The formats of DESIGN.md section 3.

@@ -22,6 +22,9 @@ type fevent struct {
 	// resolves it against the right previous image.
 	unavail []string
 	src     *change.Event // nil when rebuilt from the table
+	// oldKey: a create of a primary-key change, whose placeholders take
+	// the old key's values (typed, in key column order).
+	oldKey []any
 }
 
 // version is one row of a history table.

@@ -175,6 +175,16 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			}
 		}
 		fe.row = row
+		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.keyIdx) && len(fe.unavail) > 0 {
+			fe.oldKey = make([]any, len(ev.OldKey))
+			for i, ki := range t.keyIdx {
+				v, err := s.conv.convert(&t.cols[ki], ev.OldKey[i])
+				if err != nil || v == nil {
+					return fe, nil, fmt.Errorf("old key column %s: %v", t.cols[ki].name, err)
+				}
+				fe.oldKey[i] = v
+			}
+		}
 	}
 	return fe, key, nil
 }

@@ -300,7 +300,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				if isolate {
 					apply = s.applyIsolating
 				}
-				r, d, err := apply(ctx, tx, plans[name], ops)
+				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
 				if err != nil {
 					return fmt.Errorf("applying batch to %s: %w", name, err)
 				}

@@ -72,9 +72,13 @@ const Unavailable = "__debezium_unavailable_value"
 // decoded JSON values: nil, bool, string, json.Number, float64, int64,
 // time.Time, []byte, or nested map[string]any / []any for JSON columns.
 type Event struct {
-	Table     string // the configured target table this event belongs to
-	Key       []any
-	KeyNames  []string // the key columns, when the table configures none
+	Table    string // the configured target table this event belongs to
+	Key      []any
+	KeyNames []string // the key columns, when the table configures none
+	// OldKey is the previous key of a create that Debezium emits for a
+	// primary-key change (header __debezium.oldkey), in Key's order: its
+	// unavailable-value placeholders take the old key's values.
+	OldKey    []any
 	Seq       Seq
 	Op        Op
 	ValidFrom time.Time

@@ -1,0 +1,112 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// applyFunc applies one table's plan in a transaction.
+type applyFunc func(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error)
+
+// needsOldKey reports whether a key's batch holds the create of a
+// primary-key change that has unavailable-value placeholders.
+func (kp *keyPlan) needsOldKey() bool {
+	for _, e := range kp.events {
+		if e.oldKey != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// applyKeyChanges applies a table's plan in two steps when it holds
+// creates of primary-key changes with placeholders (DESIGN.md section 5:
+// "previous" is the old key's version live just before the create): first
+// every other key, the old keys among them, then, with the placeholders
+// resolved from the table, the keys those creates open. Applying a batch
+// in parts within one transaction gives the same history as the whole.
+func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps, apply applyFunc) (Result, []DeadLetter, error) {
+	var first, second []*keyPlan
+	for _, kp := range p.order {
+		if kp.needsOldKey() {
+			second = append(second, kp)
+		} else {
+			first = append(first, kp)
+		}
+	}
+	if len(second) == 0 {
+		return apply(ctx, tx, p, ops)
+	}
+	res, dead, err := apply(ctx, tx, p.subPlan(first, true), ops)
+	if err != nil {
+		return res, nil, err
+	}
+	resolved := make([]*keyPlan, len(second))
+	for i, kp := range second {
+		if resolved[i], err = s.resolveOldKeys(ctx, tx, p.t, kp); err != nil {
+			return res, nil, err
+		}
+	}
+	r, d, err := apply(ctx, tx, p.subPlan(resolved, false), ops)
+	if err != nil {
+		return res, nil, err
+	}
+	res.add(r)
+	return res, append(dead, d...), nil
+}
+
+// resolveOldKeys returns a copy of kp whose primary-key-change creates take
+// their placeholder columns from the old key's latest version before the
+// create. An old key the table does not hold (yet: it may live in another
+// partition that is behind) leaves those columns NULL, with a warning.
+func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyPlan) (*keyPlan, error) {
+	out := &keyPlan{id: kp.id, key: kp.key, events: slices.Clone(kp.events)}
+	for j, e := range out.events {
+		if e.oldKey == nil {
+			continue
+		}
+		var match string
+		args := []any{[]byte(e.seq)}
+		for i, k := range t.keyNames() {
+			match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
+			args = append(args, e.oldKey[i])
+		}
+		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", t.colList("h."), t.hist.Sanitize(), match)
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("reading the old key of a primary-key change in %s: %w", t.hist.Sanitize(), err)
+		}
+		var old []any
+		if rows.Next() {
+			if old, err = rows.Values(); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			t.normalizeRow(old)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		if old == nil {
+			s.log.Warn("primary-key change: the old key's version is not in the history table; unavailable columns of the new key are NULL",
+				zap.String("table", t.spec.Target), zap.String("seq", e.seq.String()), zap.Strings("columns", e.unavail))
+		}
+		row := slices.Clone(e.row)
+		for i, v := range row {
+			if _, ok := v.(unavailable); ok {
+				row[i] = nil
+				if old != nil {
+					row[i] = old[i]
+				}
+			}
+		}
+		e.row, e.unavail, e.oldKey = row, nil, nil
+		out.events[j] = e
+	}
+	return out, nil
+}
