@@ -283,19 +283,9 @@ func avroValidFrom(r *rule, s *avroSchema, rec map[string]any) (time.Time, error
 	}
 	switch x := v.(type) {
 	case int64:
-		switch {
-		case strings.HasSuffix(r.ValidFrom, "_us"):
-			return time.UnixMicro(x).UTC(), nil
-		case strings.HasSuffix(r.ValidFrom, "_ns"):
-			return time.Unix(0, x).UTC(), nil
-		}
-		return time.UnixMilli(x).UTC(), nil
+		return r.epochTime(x), nil
 	case string:
-		t, err := time.Parse(time.RFC3339Nano, x)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("valid_from %s: %q is not an RFC 3339 time", r.ValidFrom, clip(x))
-		}
-		return t, nil
+		return r.isoTime(x)
 	}
 	return time.Time{}, fmt.Errorf("valid_from %s: a %T is not a time", r.ValidFrom, v)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"math"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -38,26 +37,9 @@ func (c *column) native(v any) (any, error) {
 			return b, nil
 		}
 	case kInt16, kInt32, kInt64:
-		var n int64
-		switch x := v.(type) {
-		case int32:
-			n = int64(x)
-		case int64:
-			n = x
-		default:
-			return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+		if n, ok := avroInt(v); ok {
+			return c.sizedInt(n)
 		}
-		switch {
-		case c.kind == kInt16 && (n < math.MinInt16 || n > math.MaxInt16):
-			return nil, fmt.Errorf("%d is out of range for smallint", n)
-		case c.kind == kInt16:
-			return int16(n), nil
-		case c.kind == kInt32 && (n < math.MinInt32 || n > math.MaxInt32):
-			return nil, fmt.Errorf("%d is out of range for integer", n)
-		case c.kind == kInt32:
-			return int32(n), nil
-		}
-		return n, nil
 	case kFloat32:
 		if f, ok := v.(float32); ok {
 			return f, nil
@@ -93,16 +75,9 @@ func (c *column) native(v any) (any, error) {
 			}
 		}
 	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:
-		var n int64
-		switch x := v.(type) {
-		case int32:
-			n = int64(x)
-		case int64:
-			n = x
-		default:
-			return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+		if n, ok := avroInt(v); ok {
+			return c.fromInt(n)
 		}
-		return c.fromInt(n)
 	case kZonedTimestamp, kInterval, kJSON:
 		if s, ok := v.(string); ok {
 			return c.fromString(s)
@@ -134,4 +109,15 @@ func (c *column) native(v any) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("a %T does not fit %s", v, c.pgType)
+}
+
+// avroInt reads Avro's int or long.
+func avroInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int32:
+		return int64(x), true
+	case int64:
+		return x, true
+	}
+	return 0, false
 }

@@ -333,19 +333,30 @@ func validFrom(r *rule, payload gjson.Result, row *rowSchema) (time.Time, error)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("valid_from %s: %s is not an integer", r.ValidFrom, clip(v.Raw))
 		}
-		switch {
-		case strings.HasSuffix(r.ValidFrom, "_us"):
-			return time.UnixMicro(n).UTC(), nil
-		case strings.HasSuffix(r.ValidFrom, "_ns"):
-			return time.Unix(0, n).UTC(), nil
-		}
-		return time.UnixMilli(n).UTC(), nil
+		return r.epochTime(n), nil
 	case gjson.String:
-		t, err := time.Parse(time.RFC3339Nano, v.Str)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("valid_from %s: %q is not an RFC 3339 time", r.ValidFrom, clip(v.Str))
-		}
-		return t, nil
+		return r.isoTime(v.Str)
 	}
 	return time.Time{}, fmt.Errorf("valid_from %s: %s is not a time", r.ValidFrom, clip(v.Raw))
+}
+
+// epochTime reads a valid_from number: milliseconds, or microseconds for
+// paths ending in _us, nanoseconds for _ns.
+func (r *rule) epochTime(n int64) time.Time {
+	switch {
+	case strings.HasSuffix(r.ValidFrom, "_us"):
+		return time.UnixMicro(n).UTC()
+	case strings.HasSuffix(r.ValidFrom, "_ns"):
+		return time.Unix(0, n).UTC()
+	}
+	return time.UnixMilli(n).UTC()
+}
+
+// isoTime reads a valid_from string.
+func (r *rule) isoTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("valid_from %s: %q is not an RFC 3339 time", r.ValidFrom, clip(s))
+	}
+	return t, nil
 }

@@ -106,19 +106,7 @@ func (c *column) value(v gjson.Result) (any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s is not an integer", v.Raw)
 		}
-		switch c.kind {
-		case kInt16:
-			if n < math.MinInt16 || n > math.MaxInt16 {
-				return nil, fmt.Errorf("%d is out of range for smallint", n)
-			}
-			return int16(n), nil
-		case kInt32:
-			if n < math.MinInt32 || n > math.MaxInt32 {
-				return nil, fmt.Errorf("%d is out of range for integer", n)
-			}
-			return int32(n), nil
-		}
-		return n, nil
+		return c.sizedInt(n)
 	case kFloat32, kFloat64:
 		var f float64
 		switch v.Type {
@@ -202,6 +190,23 @@ func (c *column) value(v gjson.Result) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("%s does not fit %s", clip(v.Raw), c.pgType)
+}
+
+// sizedInt returns n as the Go type of the column's integer size.
+func (c *column) sizedInt(n int64) (any, error) {
+	switch c.kind {
+	case kInt16:
+		if n < math.MinInt16 || n > math.MaxInt16 {
+			return nil, fmt.Errorf("%d is out of range for smallint", n)
+		}
+		return int16(n), nil
+	case kInt32:
+		if n < math.MinInt32 || n > math.MaxInt32 {
+			return nil, fmt.Errorf("%d is out of range for integer", n)
+		}
+		return int32(n), nil
+	}
+	return n, nil
 }
 
 // fromInt decodes the integer forms of Debezium's time types.

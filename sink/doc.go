@@ -69,10 +69,32 @@
 // connections retry the whole transaction with capped backoff; anything else
 // is returned.
 //
+// A value PostgreSQL rejects (SQLSTATE class 22 or 23) fails the batch; it
+// is then applied again with each table's keys bisected under savepoints
+// (isolate.go) until the events carrying such values are found: they become
+// dead letters with the database's message, everything else is applied.
+// Applying a batch in parts inside one transaction is safe because keys do
+// not interact and the fold gives the same history whether a key's events
+// arrive in one batch or several. The same argument lets a batch holding
+// the create of a primary-key change apply its other keys first, so that
+// the create's placeholders can be resolved from the old key's version in
+// the table (keychange.go).
+//
+// # Values
+//
+// Events decoded with a schema carry typed values (change.RowDecoder); the
+// converter turns them into exactly what pgx returns when it reads the
+// column back, so an event's value and the stored one compare equal:
+// integers sized to the column, pgtype.Numeric with its scale, times
+// truncated to microseconds, infinities as pgtype values, timetz in a codec
+// of its own, arrays element by element. JSON columns are read and written
+// as their text (json.RawMessage, see types.go) and compared canonically, as
+// jsonb compares them.
+//
 // # Limits
 //
-// Key columns must not be NULL (such events are dead-lettered). JSON column
-// values compare after decoding into Go values, so numbers beyond float64
-// precision inside JSON compare rounded. A truncate re-folds every key live at
-// its sequence in one transaction, which for very large tables is slow.
+// Key columns must not be NULL (such events are dead-lettered). A truncate
+// re-folds every key live at its sequence in one transaction, which for very
+// large tables is slow. The create of a primary-key change whose old key is
+// not in the table yet stores NULL for its placeholder columns.
 package sink
