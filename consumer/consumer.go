@@ -69,7 +69,7 @@ type Config struct {
 	SASL           sasl.Mechanism
 	// Rules name the topics and how to decode them.
 	Rules []debezium.Rule
-	// Decoder decodes records (default: debezium.New(Rules, nil): JSON only).
+	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
 	Decoder Decoder
 
 	ReorderWindow     time.Duration
@@ -126,7 +126,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		health = &Health{}
 	}
 	if cfg.Decoder == nil {
-		cfg.Decoder = debezium.New(cfg.Rules, nil)
+		cfg.Decoder = debezium.New(cfg.Rules, nil, cfg.Logger)
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),

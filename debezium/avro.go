@@ -15,6 +15,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
 	"github.com/twmb/franz-go/pkg/sr"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -36,11 +37,14 @@ type avroSchema struct {
 // avroCache holds writer schemas by registry id.
 type avroCache struct {
 	reg Registry
+	log *zap.Logger
 	mu  sync.Mutex
 	m   map[int]*avroSchema
 }
 
-func newAvroCache(reg Registry) *avroCache { return &avroCache{reg: reg, m: map[int]*avroSchema{}} }
+func newAvroCache(reg Registry, log *zap.Logger) *avroCache {
+	return &avroCache{reg: reg, log: log, m: map[int]*avroSchema{}}
+}
 
 // Retry pacing while the registry is unreachable.
 var (
@@ -62,6 +66,7 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 		return nil, errors.New("no schema_registry is configured")
 	}
 	backoff := registryBackoffMin
+	var warned time.Time
 	for {
 		sch, err := c.reg.SchemaByID(ctx, id)
 		if err == nil {
@@ -71,6 +76,10 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 		var re *sr.ResponseError
 		if errors.As(err, &re) && (re.StatusCode == http.StatusNotFound || re.ErrorCode == 40403) {
 			return nil, fmt.Errorf("schema id %d is not in the schema registry: %w", id, err)
+		}
+		if time.Since(warned) > 30*time.Second {
+			warned = time.Now()
+			c.log.Warn("schema registry unreachable or refusing; retrying", zap.Int("schema_id", id), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():

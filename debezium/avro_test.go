@@ -64,7 +64,7 @@ func TestAvroRegistryFailures(t *testing.T) {
 	}
 	registryBackoffMin, registryBackoffMax = time.Millisecond, 10*time.Millisecond
 	d := New([]Rule{{Topic: src.Topic(), Target: "customers_history", Format: FormatAvro,
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, cl)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, cl, nil)
 	o := change.Origin{Partition: change.Partition{Topic: src.Topic()}}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	key, value := src.AvroEnvelope(scdtest.Change{Op: "c", After: scdtest.Row{"id": 1, "plan": "pro"}, LSN: 10, Commit: at}, 7, 0)
@@ -80,7 +80,7 @@ func TestAvroRegistryFailures(t *testing.T) {
 		}
 	})
 	t.Run("unreachable until shutdown: ErrRetry", func(t *testing.T) {
-		d := New(d.ruleList(), cl) // an empty cache
+		d := New(d.ruleList(), cl, nil) // an empty cache
 		fails.Store(1 << 30)
 		defer fails.Store(0)
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

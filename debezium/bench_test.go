@@ -83,7 +83,7 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.Logf("%d envelopes, %d bytes on average (key and value)", len(recs), total/len(recs))
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "customers_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	o := change.Origin{Partition: change.Partition{Topic: src.Topic()}}
 	var scan, dec time.Duration
 	b.Run("scan", func(b *testing.B) {
@@ -122,7 +122,7 @@ func BenchmarkDecode(b *testing.B) {
 	// cached (one registry fetch per id on the first records).
 	reg := avroRegistry(b, src)
 	da := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "customers_history", Format: debezium.FormatAvro,
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, reg)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, reg, nil)
 	var avro [][2][]byte
 	avroBytes := 0
 	for i := range recs {

@@ -47,7 +47,7 @@ func TestConnectorSequences(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := New([]Rule{{Topic: "t", Target: "items_history", Keys: []string{"sku"}, SequenceBy: tc.seqBy, ValidFrom: "source.ts_ms"}}, nil)
+			d := New([]Rule{{Topic: "t", Target: "items_history", Keys: []string{"sku"}, SequenceBy: tc.seqBy, ValidFrom: "source.ts_ms"}}, nil, nil)
 			type got struct {
 				want int
 				seq  change.Seq

@@ -8,6 +8,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/sr"
+	"go.uber.org/zap"
 )
 
 // Rule says how to decode one topic (one `tables` entry of the config).
@@ -54,9 +55,13 @@ type Decoder struct {
 const maxSchemas = 1024
 
 // New returns a Decoder for the given rules. reg is needed only by rules of
-// format debezium-avro (nil otherwise).
-func New(rules []Rule, reg Registry) *Decoder {
-	d := &Decoder{rules: map[string]*rule{}, schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg)}
+// format debezium-avro (nil otherwise); log (nil: none) hears about an
+// unreachable registry.
+func New(rules []Rule, reg Registry, log *zap.Logger) *Decoder {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	d := &Decoder{rules: map[string]*rule{}, schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg, log)}
 	for _, r := range rules {
 		cr := &rule{Rule: r, vfPath: splitPath(r.ValidFrom)}
 		for _, p := range r.SequenceBy {

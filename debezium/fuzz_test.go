@@ -35,7 +35,7 @@ func seedEnvelopes(f *testing.F) {
 func FuzzDecodeJSON(f *testing.F) {
 	seedEnvelopes(f)
 	d := debezium.New([]debezium.Rule{{Topic: "shop.public.customers", Target: "customers_history",
-		SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+		SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	o := change.Origin{Partition: change.Partition{Topic: "shop.public.customers"}}
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		ev, err := d.Decode(context.Background(), o, key, value)
@@ -87,7 +87,7 @@ func FuzzDecodeAvro(f *testing.F) {
 	src := customers()
 	reg := avroRegistry(f, src)
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "customers_history", Format: debezium.FormatAvro,
-		SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "source.ts_ms"}}, reg)
+		SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "source.ts_ms"}}, reg, nil)
 	_, _ = envelopes(6)
 	for _, c := range avroChanges {
 		k, v := src.AvroEnvelope(c, 1, 2)

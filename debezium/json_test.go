@@ -36,7 +36,7 @@ const withSchema = `{"schema":{"type":"struct","fields":[
   "source":{"lsn":24023928,"ts_ms":1767225600000},"op":"c","ts_ms":1767225600123}}`
 
 func TestDecode(t *testing.T) {
-	d := New(rules, nil)
+	d := New(rules, nil, nil)
 	t.Run("with schema: logical types", func(t *testing.T) {
 		ev, err := d.Decode(context.Background(), origin("shop.public.customers"), []byte(`{"customer_id":"C1"}`), []byte(withSchema))
 		if err != nil {
@@ -96,7 +96,7 @@ func TestDecode(t *testing.T) {
 }
 
 func TestDecodeSkipsAndRejects(t *testing.T) {
-	d := New(rules, nil)
+	d := New(rules, nil, nil)
 	key := []byte(`{"customer_id":"C1"}`)
 	ok := `"after":{"customer_id":"C1"},"source":{"lsn":1,"ts_ms":1}`
 	tests := []struct {

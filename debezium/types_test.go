@@ -157,11 +157,11 @@ type format struct {
 var formats = []format{
 	{"json", func(t testing.TB, src *scdtest.Source) *debezium.Decoder {
 		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
-			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	}, (*scdtest.Source).Envelope},
 	{"avro", func(t testing.TB, src *scdtest.Source) *debezium.Decoder {
 		return debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history", Format: debezium.FormatAvro,
-			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, avroRegistry(t, src))
+			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, avroRegistry(t, src), nil)
 	}, func(src *scdtest.Source, c scdtest.Change) ([]byte, []byte) { return src.AvroEnvelope(c, 1, 2) }},
 }
 
@@ -286,7 +286,7 @@ func TestUnavailablePlaceholdersInTypedColumns(t *testing.T) {
 	pool := newPool(t)
 	src := typedSource()
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "typed_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	s := newSink(t, pool, sink.TableSpec{Target: "typed_history"})
 	first := scdtest.Row{"id": 1, "small": 1, "name": "long text", "blob": b64([]byte("long bytes")),
 		"tags": []string{"x", "y"}, "doc": `{"k": "long json"}`}
@@ -343,7 +343,7 @@ func TestSchemaEvolution(t *testing.T) {
 		{"id": 1, "plan": "enterprise", "city": "Graz", "score": "high"},
 	}
 	d := debezium.New([]debezium.Rule{{Topic: "shop.public.evolving", Target: "evolving_history",
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	s := newSink(t, pool, sink.TableSpec{Target: "evolving_history"})
 	at := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	var mismatches, dead int
@@ -398,7 +398,7 @@ func TestUntrustedIdentifiers(t *testing.T) {
 		}}
 	target := `Odd "History"; DROP`
 	d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: target,
-		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+		SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 	s := newSink(t, pool, sink.TableSpec{Target: target})
 	at := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	var recs [][2][]byte
@@ -465,7 +465,7 @@ func TestPrimaryKeyChange(t *testing.T) {
 			ctx := context.Background()
 			pool := newPool(t)
 			d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "docs_history",
-				SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil)
+				SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 			s := newSink(t, pool, sink.TableSpec{Target: "docs_history"}) // every column tracked
 			var evs []*change.Event
 			for i, r := range recs {

@@ -60,7 +60,7 @@ func Rules(cfg *config.Config) []debezium.Rule {
 
 // Decoder builds the record decoder, with a schema registry client when a
 // table uses format debezium-avro.
-func Decoder(cfg *config.Config) (*debezium.Decoder, error) {
+func Decoder(cfg *config.Config, log *zap.Logger) (*debezium.Decoder, error) {
 	var reg debezium.Registry
 	if cfg.SchemaRegistry.URL != "" {
 		opts := []sr.ClientOpt{sr.URLs(cfg.SchemaRegistry.URL), sr.UserAgent("scd2sink")}
@@ -73,7 +73,7 @@ func Decoder(cfg *config.Config) (*debezium.Decoder, error) {
 		}
 		reg = cl
 	}
-	return debezium.New(Rules(cfg), reg), nil
+	return debezium.New(Rules(cfg), reg, log), nil
 }
 
 // Pool opens a PostgreSQL pool. Errors never quote the DSN.
@@ -127,7 +127,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		health.Postgres.Store(true)
-		dec, err := Decoder(cfg)
+		dec, err := Decoder(cfg, log.Named("decoder"))
 		if err != nil {
 			return err
 		}
