@@ -40,6 +40,8 @@ type Sink interface {
 	Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared, error)
 	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
+	// Anchors returns what Batch.Anchors recorded with those offsets.
+	Anchors(ctx context.Context) (map[change.Partition]change.Seq, error)
 	Forget()
 }
 
@@ -103,6 +105,7 @@ type Consumer struct {
 	commitMu   sync.Mutex // guards committed, lastCommit and hwm (the applier commits)
 	mu         sync.Mutex // guards everything below
 	seq        *sequencer.Sequencer
+	anchors    *anchors
 	pending    []*change.Event
 	dead       []sink.DeadLetter
 	since      time.Time                  // when the oldest pending item was taken
@@ -130,7 +133,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
-		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
+		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors()}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
@@ -319,6 +322,11 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: err.Error(), Table: c.target(r.Topic)})
 			c.seq.Skip(o)
 		default:
+			if ev.Seq == nil {
+				ev.Seq = c.anchors.anchor(o) // a snapshot read without a sequence
+			} else {
+				c.anchors.see(o, ev.Seq)
+			}
 			c.seq.Add(ev)
 		}
 	})
@@ -393,7 +401,8 @@ func (c *Consumer) flush(ctx context.Context) error {
 	for first := true; first || len(c.pending) > 0; first = false {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
 		rest := c.pending[n:]
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: c.commitPoints(rest)})
+		offsets := c.commitPoints(rest)
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets)})
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,9 @@ func (r *recordingSink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Res
 }
 func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error) { return nil, nil }
 func (r *recordingSink) Forget()                                                     {}
+func (r *recordingSink) Anchors(context.Context) (map[change.Partition]change.Seq, error) {
+	return nil, nil
+}
 
 // TestFlushBatches: splitting released events into batches of three, as
 // flush does, each batch's commit points stay below every event not yet
@@ -29,7 +32,7 @@ func TestFlushBatches(t *testing.T) {
 	p0, p1 := change.Partition{Topic: "t", Partition: 0}, change.Partition{Topic: "t", Partition: 1}
 	rs := &recordingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 3}, sink: rs, m: NewMetrics(nil), health: &Health{},
-		seq:       sequencer.New(sequencer.Config{}, time.Now),
+		seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	for i := int64(0); i < 8; i++ {
 		p := p0

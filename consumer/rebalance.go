@@ -37,6 +37,23 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 		c.log.Warn("reading scd2sink_offsets; resuming from Kafka's offsets", zap.Error(err))
 		return offsets, nil
 	}
+	anchors, err := c.sink.Anchors(ctx)
+	if err != nil {
+		c.log.Warn("reading scd2sink_offsets' anchors", zap.Error(err))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer func() {
+		// Resuming where scd2sink_offsets stands, the recorded anchor holds.
+		for topic, parts := range offsets {
+			for p, off := range parts {
+				part := change.Partition{Topic: topic, Partition: p}
+				if at, ok := applied[part]; ok && anchors[part] != nil && off.EpochOffset().Offset == at {
+					c.anchors.resume(part, at, anchors[part])
+				}
+			}
+		}
+	}()
 	for topic, parts := range offsets {
 		for p, off := range parts {
 			at, ok := applied[change.Partition{Topic: topic, Partition: p}]
@@ -66,6 +83,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 		c.dropPending(parts)
 	}
 	c.seq.DropPartitions(parts)
+	c.anchors.drop(parts)
 	c.forgetCommitted(parts)
 	c.sink.Forget()
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
@@ -79,6 +97,7 @@ func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]in
 	parts := partitions(lost)
 	_ = c.applier.wait() // nothing is in flight when callbacks run; be sure
 	c.seq.DropPartitions(parts)
+	c.anchors.drop(parts)
 	c.dropPending(parts)
 	c.forgetCommitted(parts)
 	c.sink.Forget()

@@ -215,6 +215,10 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	for i, p := range r.seqPaths {
 		v, _ := avroPath(s.root, rec, p)
 		if seq, err = appendAvroSeq(seq, v); err != nil {
+			if errors.Is(err, errMissing) && op == change.OpRead {
+				seq = nil // an incremental-snapshot read: the consumer anchors it
+				break
+			}
 			return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
 		}
 	}
@@ -271,7 +275,7 @@ func appendAvroSeq(seq []byte, v any) ([]byte, error) {
 		}
 		return change.AppendSeqText(seq, x), nil
 	case nil:
-		return nil, errors.New("is missing")
+		return nil, errMissing
 	}
 	return nil, fmt.Errorf("is a %T, not a number or string", v)
 }

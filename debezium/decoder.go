@@ -98,6 +98,10 @@ func (d *Decoder) Target(topic string) string {
 // heartbeats, and another error, naming what is wrong, for anything that
 // must go to the dead-letter table. The event keeps no reference to key or
 // value.
+// A snapshot read (op r) without a sequence, as incremental snapshots
+// write them, comes back with a nil Seq: the caller anchors it in its
+// partition (see consumer).
+//
 // Avro schemas missing from the cache are fetched from the registry,
 // retrying while it is unreachable; when ctx ends first Decode returns an
 // error wrapping ErrRetry.

@@ -228,6 +228,10 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	seq := make([]byte, 0, 12*len(r.seqPaths))
 	for i, p := range r.seqPaths {
 		if seq, err = appendSeq(seq, get(env.payload, p)); err != nil {
+			if errors.Is(err, errMissing) && opv == change.OpRead {
+				seq = nil // an incremental-snapshot read: the consumer anchors it
+				break
+			}
 			return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
 		}
 	}
@@ -281,8 +285,11 @@ func appendSeq(seq []byte, v gjson.Result) ([]byte, error) {
 	case gjson.True, gjson.False:
 		return nil, errors.New("is a boolean, not a number or string")
 	}
-	return nil, errors.New("is missing")
+	return nil, errMissing
 }
+
+// errMissing: a sequence path is absent or null.
+var errMissing = errors.New("is missing")
 
 func appendSeqArray(seq []byte, arr gjson.Result) ([]byte, error) {
 	n := 0

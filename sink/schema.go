@@ -76,6 +76,9 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
 			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
 			PRIMARY KEY (consumer_group, topic, partition))`, s),
+		// The highest sequence below next_offset: where a snapshot read
+		// without a sequence is anchored after a restart.
+		fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS anchor_seq bytea`, s),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (
 			target text NOT NULL, scd_seq bytea NOT NULL, valid_from timestamptz NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, scd_seq))`, s),

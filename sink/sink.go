@@ -234,6 +234,7 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 // Prepared is a batch ready for ApplyPrepared.
 type Prepared struct {
 	offsets map[change.Partition]int64
+	anchors map[change.Partition]change.Seq
 	plans   map[string]*tablePlan
 	targets []string
 	dead    []DeadLetter
@@ -264,7 +265,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, plans: plans, early: early, mismatches: mismatches,
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, plans: plans, early: early, mismatches: mismatches,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -311,7 +312,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			return s.writeOffsets(ctx, tx, offsets)
+			return s.writeOffsets(ctx, tx, offsets, p.anchors)
 		})
 	}
 	retries, err := s.withRetry(ctx, "applying batch", attempt)
@@ -412,24 +413,49 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 	return nil
 }
 
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64) error {
+func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq) error {
 	if len(offsets) == 0 {
 		return nil
 	}
 	var topics []string
 	var parts []int32
 	var offs []int64
+	var anch [][]byte
 	for p, o := range offsets {
 		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
+		anch = append(anch, anchors[p])
 	}
-	q := fmt.Sprintf(`INSERT INTO %s.scd2sink_offsets (consumer_group, topic, partition, next_offset, updated_at)
-		SELECT $1, t, p, o, now() FROM unnest($2::text[], $3::int[], $4::bigint[]) AS x(t, p, o)
-		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = now()`,
+	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, updated_at)
+		SELECT $1, t, p, n, a, now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[]) AS x(t, p, n, a)
+		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset,
+			anchor_seq = coalesce(excluded.anchor_seq, o.anchor_seq), updated_at = now()`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs); err != nil {
+	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch); err != nil {
 		return fmt.Errorf("recording offsets: %w", err)
 	}
 	return nil
+}
+
+// Anchors returns, per partition of the configured consumer group, the
+// highest sequence of the records below its recorded offset: what a
+// consumer resuming there anchors a snapshot read without a sequence to.
+func (s *Sink) Anchors(ctx context.Context) (map[change.Partition]change.Seq, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, anchor_seq FROM %s.scd2sink_offsets WHERE consumer_group = $1 AND anchor_seq IS NOT NULL`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
+	}
+	defer rows.Close()
+	out := map[change.Partition]change.Seq{}
+	for rows.Next() {
+		var p change.Partition
+		var a []byte
+		if err := rows.Scan(&p.Topic, &p.Partition, &a); err != nil {
+			return nil, err
+		}
+		out[p] = a
+	}
+	return out, rows.Err()
 }
 
 // Offsets returns the offsets recorded in scd2sink_offsets for the

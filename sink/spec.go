@@ -93,6 +93,9 @@ type Batch struct {
 	Events      []*change.Event
 	DeadLetters []DeadLetter
 	Offsets     map[change.Partition]int64
+	// Anchors are, per partition, the highest sequence of the records below
+	// its offset in Offsets; recorded beside the offset (see Sink.Anchors).
+	Anchors map[change.Partition]change.Seq
 }
 
 // Result counts what one Apply did.
