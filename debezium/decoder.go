@@ -120,11 +120,14 @@ func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte
 	} else {
 		ev, err = d.decodeJSON(r, o, key, value)
 	}
-	if err != nil || ev.Op != change.OpCreate {
+	if err != nil {
 		return ev, err
 	}
 	for _, h := range headers {
-		if h.Key == OldKeyHeader {
+		if h.Key == NewKeyHeader && ev.Op == change.OpDelete {
+			ev.KeyChanged = true
+		}
+		if h.Key == OldKeyHeader && ev.Op == change.OpCreate {
 			if ev.OldKey, err = d.oldKey(ev, h.Value); err != nil {
 				return nil, fmt.Errorf("header %s: %w", OldKeyHeader, err)
 			}
@@ -143,6 +146,10 @@ type Header struct {
 // change: the row's previous key (as JSON, the default header converter's
 // form of a struct).
 const OldKeyHeader = "__debezium.oldkey"
+
+// NewKeyHeader is the header Debezium sets on the delete of a primary-key
+// change: the row's new key.
+const NewKeyHeader = "__debezium.newkey"
 
 // oldKey decodes the old key in the order of ev.Key.
 func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {

@@ -32,6 +32,11 @@ type Config struct {
 	// MaxBufferedEvents is the size above which Full reports true and the
 	// caller should pause fetching.
 	MaxBufferedEvents int
+	// KeyChangeWait is how long the create of a primary-key change (an
+	// event with OldKey) waits, at most, for the delete of its old key to
+	// be released first (default 10 × ReorderWindow, at least 5s). See
+	// keychange.go.
+	KeyChangeWait time.Duration
 }
 
 // Conflict is an event rejected because another event of its key with the
@@ -67,6 +72,7 @@ type keyRef struct {
 type item struct {
 	ev       *change.Event
 	deadline int64 // unix nanoseconds: compact, for large buffers
+	gate     int64 // a primary-key change's create: wait for the old key until then
 }
 
 type keyBuf struct {
@@ -91,6 +97,8 @@ type Sequencer struct {
 	ready Output // keyless events and conflicts, handed out by the next call
 	n     int
 	stats Stats
+	// keyEnds are the released deletes of primary-key changes, by key.
+	keyEnds map[keyRef]change.Seq
 }
 
 // New returns an empty Sequencer; now is its clock (time.Now in production,
@@ -99,11 +107,15 @@ func New(cfg Config, now func() time.Time) *Sequencer {
 	if now == nil {
 		now = time.Now
 	}
+	if cfg.KeyChangeWait == 0 {
+		cfg.KeyChangeWait = max(10*cfg.ReorderWindow, 5*time.Second)
+	}
 	return &Sequencer{
-		cfg:   cfg,
-		now:   now,
-		keys:  make(map[keyRef]*keyBuf),
-		parts: make(map[change.Partition]*partState),
+		cfg:     cfg,
+		now:     now,
+		keys:    make(map[keyRef]*keyBuf),
+		parts:   make(map[change.Partition]*partState),
+		keyEnds: make(map[keyRef]change.Seq),
 	}
 }
 
@@ -173,7 +185,11 @@ func (s *Sequencer) Add(ev *change.Event) {
 		return
 	}
 	dl := s.now().Add(s.cfg.ReorderWindow).UnixNano()
-	kb.items = append(kb.items, item{ev: ev, deadline: dl})
+	it := item{ev: ev, deadline: dl}
+	if ev.OldKey != nil && ev.Op == change.OpCreate {
+		it.gate = s.now().Add(s.cfg.KeyChangeWait).UnixNano()
+	}
+	kb.items = append(kb.items, it)
 	s.n++
 	if len(kb.items) == 1 {
 		kb.scheduled = dl
@@ -221,6 +237,15 @@ func (s *Sequencer) Release() Output {
 			}
 			if upto == nil || it.ev.Seq.Compare(upto) > 0 {
 				upto = it.ev.Seq
+			}
+		}
+		if held := s.gated(kb, upto, now); held != nil {
+			upto = held.before
+			s.postpone(kb, held, now)
+			kb.scheduled = 0 // the entry just taken is gone: schedule anew
+			if upto == nil {
+				s.reschedule(kb.ref, kb)
+				continue
 			}
 		}
 		s.releaseKey(kb, &out, func(it item) bool { return it.ev.Seq.Compare(upto) <= 0 })
@@ -321,6 +346,7 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 	sort.SliceStable(taken, func(i, j int) bool { return taken[i].Seq.Compare(taken[j].Seq) < 0 })
 	for _, ev := range taken {
 		s.release(ev.Origin)
+		s.noteKeyChange(kb.ref, ev)
 	}
 	s.n -= len(taken)
 	s.stats.Released += int64(len(taken))
@@ -335,6 +361,9 @@ func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
 		return
 	}
 	first := kb.items[0].deadline
+	for _, it := range kb.items[1:] {
+		first = min(first, it.deadline) // a waiting create's deadline moves
+	}
 	if kb.scheduled != first {
 		kb.scheduled = first
 		heap.Push(&s.due, dueEntry{at: first, kb: kb})

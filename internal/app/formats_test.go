@@ -68,7 +68,10 @@ func TestFormatsThroughTheService(t *testing.T) {
 	for i, c := range changes {
 		c.Commit = at.Add(time.Duration(i) * time.Hour)
 		var hdrs []kgo.RecordHeader
-		if c.LSN == 121 {
+		switch c.LSN {
+		case 120:
+			hdrs = []kgo.RecordHeader{{Key: debezium.NewKeyHeader, Value: []byte(`{"id":2}`)}}
+		case 121:
 			hdrs = []kgo.RecordHeader{{Key: debezium.OldKeyHeader, Value: []byte(`{"id":1}`)}}
 		}
 		jk, jv := jsonSrc.Envelope(c)

@@ -78,11 +78,14 @@ type Event struct {
 	// OldKey is the previous key of a create that Debezium emits for a
 	// primary-key change (header __debezium.oldkey), in Key's order: its
 	// unavailable-value placeholders take the old key's values.
-	OldKey    []any
-	Seq       Seq
-	Op        Op
-	ValidFrom time.Time
-	After     map[string]any
+	OldKey []any
+	// KeyChanged marks the delete of a primary-key change (header
+	// __debezium.newkey): the row lives on under another key.
+	KeyChanged bool
+	Seq        Seq
+	Op         Op
+	ValidFrom  time.Time
+	After      map[string]any
 	// AfterJSON is the row image as a JSON object, kept instead of After by
 	// the Kafka decoder to hold buffered events compactly; the sink decodes
 	// it (numbers as json.Number). Set at most one of After and AfterJSON.

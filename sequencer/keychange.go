@@ -1,0 +1,87 @@
+package sequencer
+
+import (
+	"sort"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// A primary-key change is a delete of the old key and a create of the new
+// one (Event.OldKey), in one source transaction but possibly in different
+// partitions. The sink resolves the create's unavailable-value placeholders
+// from the old key's history, so the create waits, at most KeyChangeWait,
+// until the old key's delete has been released before it. After a
+// restart the delete may have been applied already and is never seen: the
+// wait then runs out and the sink finds the old key in the table.
+
+// gateStep is how often a waiting create looks again.
+const gateStep = 50 * time.Millisecond
+
+// maxKeyEnds bounds the memory of released primary-key deletes.
+const maxKeyEnds = 100_000
+
+// heldItem is the first event of a key that must wait, and the highest
+// sequence that may be released before it (nil: none).
+type heldItem struct {
+	it     *item
+	before change.Seq
+}
+
+// gated returns the first waiting create among kb's events up to upto.
+func (s *Sequencer) gated(kb *keyBuf, upto change.Seq, now int64) *heldItem {
+	if upto == nil {
+		return nil
+	}
+	idx := make([]int, 0, len(kb.items))
+	for i := range kb.items {
+		if kb.items[i].ev.Seq.Compare(upto) <= 0 {
+			idx = append(idx, i)
+		}
+	}
+	sort.Slice(idx, func(a, b int) bool { return kb.items[idx[a]].ev.Seq.Compare(kb.items[idx[b]].ev.Seq) < 0 })
+	var before change.Seq
+	for _, i := range idx {
+		it := &kb.items[i]
+		if it.gate != 0 && now < it.gate && !s.oldKeyEnded(kb.ref.table, it.ev) {
+			return &heldItem{it: it, before: before}
+		}
+		before = it.ev.Seq
+	}
+	return nil
+}
+
+// postpone makes the waiting create, and the events of its key after it, due
+// again at its next look.
+func (s *Sequencer) postpone(kb *keyBuf, h *heldItem, now int64) {
+	at := min(h.it.gate, now+int64(gateStep))
+	seq := h.it.ev.Seq
+	for i := range kb.items {
+		if kb.items[i].ev.Seq.Compare(seq) >= 0 {
+			kb.items[i].deadline = max(kb.items[i].deadline, at)
+		}
+	}
+}
+
+// oldKeyEnded reports whether the delete of ev's old key, before ev, has
+// been released (in an earlier Release: a batch applied before ev's).
+func (s *Sequencer) oldKeyEnded(table string, ev *change.Event) bool {
+	seq, ok := s.keyEnds[keyRef{table, change.KeyID(ev.OldKey)}]
+	return ok && seq.Compare(ev.Seq) < 0
+}
+
+// noteKeyChange remembers a released primary-key delete, and forgets the
+// old key's entry once its create is released.
+func (s *Sequencer) noteKeyChange(ref keyRef, ev *change.Event) {
+	switch {
+	case ev.KeyChanged && ev.Op == change.OpDelete:
+		if len(s.keyEnds) >= maxKeyEnds {
+			clear(s.keyEnds)
+		}
+		if cur, ok := s.keyEnds[ref]; !ok || ev.Seq.Compare(cur) > 0 {
+			s.keyEnds[ref] = ev.Seq
+		}
+	case ev.OldKey != nil:
+		delete(s.keyEnds, keyRef{ref.table, change.KeyID(ev.OldKey)})
+	}
+}
