@@ -330,7 +330,7 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, s *avroSchem
 			kerr = err
 		}
 	} else {
-		fields, ks, err := d.keyFields(raw)
+		fields, ks, err := d.keyFields(raw, &r.lastKey)
 		kerr = err
 		for _, f := range fields {
 			v, err := typed(ks, f.name, f.v)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -26,6 +27,9 @@ type rule struct {
 	Rule
 	seqPaths [][]string
 	vfPath   []string
+	// The schemas of the topic's last message (value and key): the
+	// JsonConverter repeats them, so a message is first tried against them.
+	lastValue, lastKey, lastHeader atomic.Pointer[cached]
 }
 
 // ErrSkip marks a record that needs no apply: a tombstone or a heartbeat.
@@ -153,7 +157,7 @@ const NewKeyHeader = "__debezium.newkey"
 
 // oldKey decodes the old key in the order of ev.Key.
 func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {
-	fields, ks, err := d.keyFields(raw)
+	fields, ks, err := d.keyFields(raw, &d.rules[ev.Origin.Topic].lastHeader)
 	if err != nil {
 		return nil, err
 	}

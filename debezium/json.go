@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -17,10 +18,56 @@ type envelopeSchema struct {
 	row *rowSchema // the before/after struct; nil when the schema has none
 }
 
-// jsonEnvelope is the payload of one record, with the spans decoding needs.
+// jsonEnvelope is the payload of one record, its top-level fields read in
+// one pass (Get would scan the payload again for each).
 type jsonEnvelope struct {
 	payload gjson.Result
 	schema  *envelopeSchema // nil without a schema
+	names   [16]string
+	values  [16]gjson.Result
+	n       int
+}
+
+// read takes the payload's top-level fields.
+func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
+	e.payload, e.schema, e.n = payload, schema, 0
+	payload.ForEach(func(k, v gjson.Result) bool {
+		if e.n == len(e.names) {
+			return false
+		}
+		e.names[e.n], e.values[e.n] = k.Str, v
+		e.n++
+		return true
+	})
+}
+
+// field returns a top-level field of the payload.
+func (e *jsonEnvelope) field(name string) gjson.Result {
+	for i := 0; i < e.n; i++ {
+		if e.names[i] == name {
+			return e.values[i]
+		}
+	}
+	if e.n == len(e.names) { // more fields than read in one pass
+		return e.payload.Get(escapePath(name))
+	}
+	return gjson.Result{}
+}
+
+// get follows an envelope path (field names taken literally, not as
+// gjson's path syntax).
+func (e *jsonEnvelope) get(path []string) gjson.Result {
+	if len(path) == 0 {
+		return gjson.Result{}
+	}
+	v := e.field(path[0])
+	for _, p := range path[1:] {
+		if !v.IsObject() {
+			return gjson.Result{}
+		}
+		v = v.Get(escapePath(p))
+	}
+	return v
 }
 
 // bytesString views b as a string without copying; the string must not
@@ -48,10 +95,30 @@ func trimSpace(s string) string {
 // unwrapJSON splits a JsonConverter message into its payload and the parsed
 // schema (from the cache); a message without a schema is its own payload.
 // Everything it returns is validated JSON. A null payload returns ok=false.
-func (d *Decoder) unwrapJSON(s string, parse func(string) *cached) (payload gjson.Result, schema *cached, ok bool, err error) {
+//
+// last remembers the schema of the previous message of the same stream:
+// when a message is exactly {"schema":<that text>,"payload":...}, as the
+// JsonConverter writes it, only the payload needs reading.
+func (d *Decoder) unwrapJSON(s string, parse func(string) *cached, last *atomic.Pointer[cached]) (payload gjson.Result, schema *cached, ok bool, err error) {
 	if s == "" || s[0] != '{' {
 		return payload, nil, false, errors.New("not a JSON object")
 	}
+	if c := last.Load(); c != nil {
+		if p, hit := samePrefix(s, c.raw); hit {
+			if !gjson.Valid(p) {
+				return payload, nil, false, errors.New("not valid JSON")
+			}
+			if p == "null" {
+				return payload, c, false, nil
+			}
+			return gjson.Parse(p), c, true, nil
+		}
+	}
+	defer func() {
+		if schema != nil {
+			last.Store(schema)
+		}
+	}()
 	var schemaRes, payloadRes gjson.Result
 	n := 0
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
@@ -85,6 +152,20 @@ func (d *Decoder) unwrapJSON(s string, parse func(string) *cached) (payload gjso
 		return payload, schema, false, nil
 	}
 	return payloadRes, schema, true, nil
+}
+
+// samePrefix returns the payload text of s when s is exactly
+// {"schema":<schema>,"payload":<payload>}.
+func samePrefix(s, schema string) (string, bool) {
+	const head, mid = `{"schema":`, `,"payload":`
+	if len(s) < len(head)+len(schema)+len(mid)+1 || s[:len(head)] != head || s[len(head):len(head)+len(schema)] != schema {
+		return "", false
+	}
+	rest := s[len(head)+len(schema):]
+	if rest[:len(mid)] != mid || rest[len(rest)-1] != '}' {
+		return "", false
+	}
+	return rest[len(mid) : len(rest)-1], true
 }
 
 // spansOK reports whether the results' raw spans lie inside s where gjson
@@ -160,7 +241,7 @@ func (d *Decoder) decodeJSON(r *rule, o change.Origin, key, value []byte) (*chan
 	if s == "" || s == "null" {
 		return nil, ErrSkip // tombstone
 	}
-	payload, sc, ok, err := d.unwrapJSON(s, parseEnvelopeSchema)
+	payload, sc, ok, err := d.unwrapJSON(s, parseEnvelopeSchema, &r.lastValue)
 	if err != nil {
 		return nil, fmt.Errorf("value is not Debezium JSON: %w", err)
 	}
@@ -173,23 +254,13 @@ func (d *Decoder) decodeJSON(r *rule, o change.Origin, key, value []byte) (*chan
 	if !payload.IsObject() {
 		return nil, errors.New("value is not Debezium JSON: payload is not an object")
 	}
-	env := jsonEnvelope{payload: payload}
+	var es *envelopeSchema
 	if sc != nil {
-		env.schema = sc.env
+		es = sc.env
 	}
+	var env jsonEnvelope
+	env.read(payload, es)
 	return d.fromEnvelope(r, o, key, &env)
-}
-
-// get follows a path of field names (gjson's path syntax is not used:
-// field names are taken literally).
-func get(v gjson.Result, path []string) gjson.Result {
-	for _, p := range path {
-		if !v.IsObject() {
-			return gjson.Result{}
-		}
-		v = v.Get(escapePath(p))
-	}
-	return v
 }
 
 // escapePath escapes gjson's path syntax in a literal field name.
@@ -208,11 +279,9 @@ func escapePath(p string) string {
 }
 
 func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEnvelope) (*change.Event, error) {
-	op := env.payload.Get("op")
+	op := env.field("op")
 	if !op.Exists() || op.Type == gjson.Null {
-		n := 0
-		env.payload.ForEach(func(k, _ gjson.Result) bool { n++; return true })
-		if env.payload.Get("ts_ms").Exists() && n <= 2 {
+		if env.field("ts_ms").Exists() && env.n <= 2 {
 			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
 		}
 		return nil, errors.New("envelope has no op field")
@@ -227,7 +296,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
 	seq := make([]byte, 0, 12*len(r.seqPaths))
 	for i, p := range r.seqPaths {
-		if seq, err = appendSeq(seq, get(env.payload, p)); err != nil {
+		if seq, err = appendSeq(seq, env.get(p)); err != nil {
 			if errors.Is(err, errMissing) && opv == change.OpRead {
 				seq = nil // an incremental-snapshot read: the consumer anchors it
 				break
@@ -241,7 +310,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		row = env.schema.row
 	}
 	if opv.HasAfter() {
-		after := env.payload.Get("after")
+		after := env.field("after")
 		if !after.IsObject() {
 			if after.Exists() && after.Type != gjson.Null {
 				return nil, fmt.Errorf("%s event: after image is not a JSON object", op.Str)
@@ -253,13 +322,13 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	if row != nil {
 		ev.Row = row
 	}
-	if ev.ValidFrom, err = validFrom(r, env.payload, row); err != nil {
+	if ev.ValidFrom, err = validFrom(r, env, row); err != nil {
 		return nil, err
 	}
 	if opv == change.OpTruncate {
 		return ev, nil
 	}
-	if ev.Key, ev.KeyNames, err = d.keyOf(r, key, env.payload, row); err != nil {
+	if ev.Key, ev.KeyNames, err = d.keyOf(r, key, env, row); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -317,8 +386,8 @@ func appendSeqArray(seq []byte, arr gjson.Result) ([]byte, error) {
 // validFrom reads the configured time: a number of milliseconds
 // (microseconds for paths ending in _us, nanoseconds for _ns), an RFC 3339
 // string, or a column of the after image (typed by its schema).
-func validFrom(r *rule, payload gjson.Result, row *rowSchema) (time.Time, error) {
-	v := get(payload, r.vfPath)
+func validFrom(r *rule, env *jsonEnvelope, row *rowSchema) (time.Time, error) {
+	v := env.get(r.vfPath)
 	if !v.Exists() || v.Type == gjson.Null {
 		return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
 	}

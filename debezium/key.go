@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tidwall/gjson"
 )
@@ -13,8 +14,8 @@ import (
 // row images; with no key configured, every field of the Kafka key, in
 // order. Values are typed by the key's schema (or the row's) when there is
 // one.
-func (d *Decoder) keyOf(r *rule, rawKey []byte, payload gjson.Result, row *rowSchema) ([]any, []string, error) {
-	fields, ks, kerr := d.keyFields(rawKey)
+func (d *Decoder) keyOf(r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchema) ([]any, []string, error) {
+	fields, ks, kerr := d.keyFields(rawKey, &r.lastKey)
 	if len(r.Keys) == 0 {
 		if kerr != nil {
 			return nil, nil, fmt.Errorf("message key: %w", kerr)
@@ -47,7 +48,7 @@ func (d *Decoder) keyOf(r *rule, rawKey []byte, payload gjson.Result, row *rowSc
 			if v != nil || err != nil {
 				break
 			}
-			if fv := payload.Get(img).Get(escapePath(k)); fv.Exists() {
+			if fv := env.get([]string{img, k}); fv.Exists() {
 				v, err = typed(row, k, fv)
 			}
 		}
@@ -70,12 +71,12 @@ type keyField struct {
 
 // keyFields returns the fields of a JSON Kafka key in their order, and the
 // key's schema when it was written with one.
-func (d *Decoder) keyFields(raw []byte) ([]keyField, *rowSchema, error) {
+func (d *Decoder) keyFields(raw []byte, last *atomic.Pointer[cached]) ([]keyField, *rowSchema, error) {
 	s := trimSpace(bytesString(raw))
 	if s == "" {
 		return nil, nil, errors.New("key is empty")
 	}
-	payload, sc, ok, err := d.unwrapJSON(s, parseKeySchema)
+	payload, sc, ok, err := d.unwrapJSON(s, parseKeySchema, last)
 	if err != nil {
 		return nil, nil, fmt.Errorf("key is not a JSON object: %w", err)
 	}
