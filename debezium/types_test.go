@@ -54,6 +54,8 @@ var typeCases = []typeCase{
 	{"cdate", `{"type":"int32","optional":true,"name":"org.apache.kafka.connect.data.Date","version":1}`, "date", 20454, "2026-01-01"},
 	{"t_ms", `{"type":"int32","optional":true,"name":"io.debezium.time.Time","version":1}`, "time without time zone", 3723004, "01:02:03.004"},
 	{"t_us", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTime","version":1}`, "time without time zone", int64(3723004005), "01:02:03.004005"},
+	{"t_ns", `{"type":"int64","optional":true,"name":"io.debezium.time.NanoTime","version":1}`, "time without time zone", int64(3723004005006), "01:02:03.004005"},
+	{"ctime", `{"type":"int32","optional":true,"name":"org.apache.kafka.connect.data.Time","version":1}`, "time without time zone", 3723004, "01:02:03.004"},
 	{"ts_ms", `{"type":"int64","optional":true,"name":"io.debezium.time.Timestamp","version":1}`, "timestamp without time zone", int64(1767225600123), "2026-01-01 00:00:00.123"},
 	{"cts", `{"type":"int64","optional":true,"name":"org.apache.kafka.connect.data.Timestamp","version":1}`, "timestamp without time zone", int64(-86400000), "1969-12-31 00:00:00"},
 	{"ts_us", `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1}`, "timestamp without time zone", int64(1767225600123456), "2026-01-01 00:00:00.123456"},

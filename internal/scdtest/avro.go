@@ -71,6 +71,8 @@ func avroType(cs connectSchema, nullFirst bool) any {
 			m["logicalType"] = "date"
 		case "org.apache.kafka.connect.data.Timestamp":
 			m["logicalType"] = "timestamp-millis"
+		case "org.apache.kafka.connect.data.Time":
+			m["logicalType"] = "time-millis"
 		}
 		if len(m) == 1 {
 			t = m["type"]
@@ -286,7 +288,7 @@ func stripDefaults(schema string) string {
 		switch t := x.(type) {
 		case map[string]any:
 			delete(t, "default")
-			if t["logicalType"] == "decimal" || t["logicalType"] == "date" || t["logicalType"] == "timestamp-millis" {
+			if t["logicalType"] == "decimal" || t["logicalType"] == "date" || t["logicalType"] == "timestamp-millis" || t["logicalType"] == "time-millis" {
 				delete(t, "logicalType") // encode the raw bytes and ints
 			}
 			for k, e := range t {
