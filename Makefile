@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test lint bench build
+.PHONY: test lint bench build e2e
 
 build:
 	$(GO) build -o bin/scd2sink ./cmd/scd2sink
@@ -13,7 +13,9 @@ test: lint
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./e2e/
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags e2e ./e2e/
 
 # Benchmarks: our events/s against a raw COPY of the same rows in the same
 # run, as a ratio. BenchmarkApply: the engine (sink) alone; BenchmarkPipeline:
@@ -21,3 +23,9 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench BenchmarkApply -benchtime 1x -timeout 30m ./sink/
 	$(GO) test -run '^$$' -bench BenchmarkPipeline -benchtime 1x -timeout 30m ./cmd/scd2sink/
+
+# The real stack (e2e/): Apache Kafka, Kafka Connect and Debezium from Maven
+# Central jars (cached in ~/.cache/scd2sink-e2e), source and target
+# PostgreSQL from the local binaries; needs java and mvn.
+e2e:
+	cd e2e && $(GO) test -tags e2e -count=1 -v -timeout 25m .

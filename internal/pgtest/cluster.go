@@ -60,7 +60,18 @@ func Start(ctx context.Context) (*Cluster, error) {
 		}
 		return c, nil
 	}
-	return startLocal(ctx, bindir)
+	return startLocal(ctx, bindir, nil)
+}
+
+// StartLocal starts a new server from the local binaries with extra
+// settings ("wal_level=logical", ...), for tests that need a server of
+// their own (the end-to-end suite's source database).
+func StartLocal(ctx context.Context, settings ...string) (*Cluster, error) {
+	bindir, err := findBindir()
+	if err != nil {
+		return nil, err
+	}
+	return startLocal(ctx, bindir, settings)
 }
 
 func findBindir() (string, error) {
@@ -97,7 +108,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startLocal(ctx context.Context, bindir string) (*Cluster, error) {
+func startLocal(ctx context.Context, bindir string, settings []string) (*Cluster, error) {
 	c := &Cluster{bindir: bindir}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -131,6 +142,9 @@ func startLocal(ctx context.Context, bindir string) (*Cluster, error) {
 		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off "+
 			"-c synchronous_commit=off -c full_page_writes=off -c shared_buffers=512MB "+
 			"-c max_wal_size=4GB -c max_connections=200", port, dir)
+		for _, set := range settings {
+			opts += " -c " + set
+		}
 		out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 		if err == nil {
 			c.base = &url.URL{Scheme: "postgres", User: url.User("postgres"),
