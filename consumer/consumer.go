@@ -99,6 +99,7 @@ type Consumer struct {
 
 	applier     *applier
 	cancelApply context.CancelFunc
+	stopBy      time.Time // when a drain's budget ends
 	// rebalanceWanted is set when franz-go holds a rebalance back for us.
 	rebalanceWanted atomic.Bool
 
@@ -194,8 +195,25 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 	defer cancelApply()
 	go c.applier.run(applyCtx)
 	defer func() {
-		c.client.Close() // may run the revoke callback, which still applies
-		c.applier.stop()
+		closed := make(chan struct{})
+		go func() {
+			c.client.Close() // may run the revoke callback, which still applies
+			c.applier.stop()
+			close(closed)
+		}()
+		if ctx.Err() == nil {
+			<-closed
+			return
+		}
+		// Shutting down: Close waits, without a deadline, for a group join
+		// still in progress (Kafka holds it until a crashed predecessor's
+		// session expires). drain has applied, committed and tried to
+		// leave; past the shutdown budget, stop without it.
+		select {
+		case <-closed:
+		case <-time.After(max(time.Until(c.stopBy), 100*time.Millisecond)):
+			c.log.Warn("the Kafka client did not close within the shutdown timeout (a group join was still waiting); stopping anyway")
+		}
 	}()
 	started := time.Now()
 	var lastWarn time.Time
@@ -528,6 +546,7 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 
 // drain applies and commits everything held, then leaves the group.
 func (c *Consumer) drain(timeout time.Duration) error {
+	c.stopBy = time.Now().Add(timeout)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c.mu.Lock()
@@ -544,6 +563,13 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	}
 	c.mu.Unlock()
 	c.client.AllowRebalance()
+	if !c.health.Joined.Load() {
+		// Never assigned anything (a join still waiting): nothing to
+		// commit, nothing to hand over; do not wait for the join.
+		c.stopBy = time.Now()
+		c.log.Info("stopped before joining the group")
+		return err
+	}
 	if lerr := c.client.LeaveGroupContext(ctx); lerr != nil && err == nil {
 		c.log.Warn("leaving the group", zap.Error(lerr))
 	}

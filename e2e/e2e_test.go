@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 )
@@ -59,7 +60,7 @@ func runSink(t *testing.T, dir, name, bootstrap, targetDSN string) *proc {
 	cfg := filepath.Join(dir, name+".yaml")
 	yaml := fmt.Sprintf(`kafka:
   brokers: %s
-  session_timeout: 6s
+  session_timeout: 10s
 postgres:
   dsn: %q
 http:
@@ -68,7 +69,7 @@ sequencer:
   reorder_window: 200ms
 sink:
   batch_max_wait: 100ms
-shutdown_timeout: 20s
+shutdown_timeout: 3s
 tables:
   - topic: shop.public.customers
     target: customers_history
@@ -80,58 +81,146 @@ tables:
 	return startProc(t, dir, name, []string{binary, "run", "--config", cfg})
 }
 
+// stack is the real pipeline of one test.
+type stack struct {
+	dir       string
+	src       sourceDB
+	target    *pgtest.Cluster
+	targetDSN string
+	kafka     *broker
+	conn      *connect
+	tpool     *pgxpool.Pool
+}
+
+func newStack(t *testing.T, ctx context.Context) *stack {
+	t.Helper()
+	st := &stack{dir: t.TempDir()}
+	writeLog4j(t, cache)
+	st.src = startSource(t, ctx)
+	var err error
+	if st.target, err = pgtest.StartLocal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.target.Stop)
+	if st.targetDSN, err = st.target.CreateDatabase(ctx, "warehouse"); err != nil {
+		t.Fatal(err)
+	}
+	st.tpool = utcPool(t, st.targetDSN)
+	st.kafka = startBroker(t, cache, st.dir)
+	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers")
+	// Debezium streams once its slot is active.
+	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
+		var active bool
+		err := st.src.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'scd2sink_e2e'`).Scan(&active)
+		return active, err
+	}); err != nil {
+		t.Fatalf("Debezium never started streaming: %v\n%s", err, st.conn.proc.tail(40))
+	}
+	return st
+}
+
+// converge waits until the history equals the source's audit log.
+func (st *stack) converge(t *testing.T, ctx context.Context, within time.Duration, logs ...*proc) int {
+	t.Helper()
+	want := truth(t, ctx, st.src)
+	var got []string
+	err := waitFor(ctx, within, func() (bool, error) {
+		var exists bool
+		if err := st.tpool.QueryRow(ctx, `SELECT to_regclass('public.customers_history') IS NOT NULL`).Scan(&exists); err != nil || !exists {
+			return false, err
+		}
+		got = stripSeq(scdtest.HistoryLines(t, st.tpool, historySpec, historyCols))
+		return scdtest.DiffLines(want, got) == "", nil
+	})
+	if err != nil {
+		var tails []string
+		for _, p := range logs {
+			tails = append(tails, p.name+":\n"+p.tail(20))
+		}
+		t.Fatalf("history never matched the source (%d expected, %d got versions): %v\n%s\n%s",
+			len(want), len(got), err, scdtest.DiffLines(want, got), strings.Join(tails, "\n"))
+	}
+	return len(want)
+}
+
 // TestHistoryMatchesSource: a workload on the source while scd2sink runs;
 // the history table then equals the fold of the source's own audit log,
 // and scd2sink verify passes.
 func TestHistoryMatchesSource(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	writeLog4j(t, cache)
-	src := startSource(t, ctx)
-	target, err := pgtest.StartLocal(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(target.Stop)
-	targetDSN, err := target.CreateDatabase(ctx, "warehouse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kafka := startBroker(t, cache, dir)
-	conn := startConnect(t, cache, dir, kafka.addr(), src, "public.customers")
-	// Debezium streams once its slot is active.
-	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
-		var active bool
-		err := src.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'scd2sink_e2e'`).Scan(&active)
-		return active, err
-	}); err != nil {
-		t.Fatalf("Debezium never started streaming: %v\n%s", err, conn.proc.tail(40))
-	}
-	sinkProc := runSink(t, dir, "scd2sink", kafka.addr(), targetDSN)
-
+	st := newStack(t, ctx)
+	sinkProc := runSink(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN)
 	w := newWorkload(1)
-	if err := w.run(ctx, src.pool, 300, 400); err != nil {
+	if err := w.run(ctx, st.src.pool, 300, 400); err != nil {
 		t.Fatal(err)
 	}
-	want := truth(t, ctx, src)
-	tpool := utcPool(t, targetDSN)
-	var got []string
-	err = waitFor(ctx, 120*time.Second, func() (bool, error) {
-		var exists bool
-		if err := tpool.QueryRow(ctx, `SELECT to_regclass('public.customers_history') IS NOT NULL`).Scan(&exists); err != nil || !exists {
-			return false, err
-		}
-		got = stripSeq(scdtest.HistoryLines(t, tpool, historySpec, historyCols))
-		return scdtest.DiffLines(want, got) == "", nil
-	})
-	if err != nil {
-		t.Fatalf("history never matched the source (%d expected, %d got versions): %v\n%s\nscd2sink:\n%s\nconnect:\n%s",
-			len(want), len(got), err, scdtest.DiffLines(want, got), sinkProc.tail(20), conn.proc.tail(20))
-	}
-	t.Logf("history equals the source's audit log: %d versions", len(want))
+	n := st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc)
+	t.Logf("history equals the source's audit log: %d versions", n)
 	sinkProc.stop(30 * time.Second)
-	cfg := filepath.Join(dir, "scd2sink.yaml")
+	cfg := filepath.Join(st.dir, "scd2sink.yaml")
 	if out, err := exec.Command(binary, "verify", "--config", cfg).CombinedOutput(); err != nil {
 		t.Fatalf("scd2sink verify: %v\n%s", err, out)
 	}
+}
+
+// TestFaults: with the workload running, scd2sink is SIGKILLed and
+// restarted at once three times, then SIGTERMed while its group join still
+// waits for the killed member's session (it must exit within
+// shutdown_timeout); the broker is SIGKILLed and restarted; Kafka Connect is
+// SIGKILLed and restarted (Debezium sends events again). After each, the
+// history equals the source's audit log.
+func TestFaults(t *testing.T) {
+	ctx := context.Background()
+	st := newStack(t, ctx)
+	w := newWorkload(2)
+	phase := func(name string, bulk, n int, fault func()) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- w.run(ctx, st.src.pool, bulk, n) }()
+		fault()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: workload: %v", name, err)
+		}
+	}
+	sinkProc := runSink(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN)
+	phase("scd2sink killed", 100, 300, func() {
+		for i := 0; i < 3; i++ {
+			time.Sleep(time.Duration(400+300*i) * time.Millisecond)
+			sinkProc.kill()
+			sinkProc = runSink(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN)
+		}
+	})
+	// Restarted right after a kill, the new member's join waits for the
+	// old session (session_timeout 10s); SIGTERM now must not wait for it.
+	time.Sleep(300 * time.Millisecond)
+	sinkProc.kill()
+	sinkProc = runSink(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN)
+	time.Sleep(time.Second)
+	start := time.Now()
+	sinkProc.stop(60 * time.Second)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("SIGTERM while joining: exited after %v, shutdown_timeout is 3s\n%s", took.Round(time.Millisecond), sinkProc.tail(15))
+	} else {
+		t.Logf("SIGTERM while joining: exited after %v", took.Round(time.Millisecond))
+	}
+	sinkProc = runSink(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN)
+	n := st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc)
+	t.Logf("after scd2sink was killed three times: history equals the source, %d versions", n)
+
+	phase("broker killed", 50, 200, func() {
+		time.Sleep(time.Second)
+		st.kafka.proc.kill()
+		time.Sleep(time.Second)
+		st.kafka.start(t, st.dir, cache)
+	})
+	n = st.converge(t, ctx, 180*time.Second, sinkProc, st.conn.proc, st.kafka.proc)
+	t.Logf("after the broker was killed: history equals the source, %d versions", n)
+
+	phase("connect killed", 50, 200, func() {
+		time.Sleep(time.Second)
+		st.conn.proc.kill()
+		st.conn.start(t, st.dir, cache)
+	})
+	n = st.converge(t, ctx, 180*time.Second, sinkProc, st.conn.proc)
+	t.Logf("after Kafka Connect was killed: history equals the source, %d versions", n)
 }
