@@ -76,6 +76,9 @@ tables:
   - topic: shop.public.customers
     target: customers_history
     track_history: [plan, city, balance]
+  - topic: shop.public.accounts
+    target: accounts_history
+    track_history: [tier, limit_amount]
 `, brokers, targetDSN, freePort(t))
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -122,7 +125,7 @@ func newStack(t *testing.T, ctx context.Context, partitions int32) *stack {
 			t.Fatalf("creating the topic: %v %v", err, resp.Err)
 		}
 	}
-	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers")
+	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers,public.accounts")
 	// Debezium streams once its slot is active.
 	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
 		var active bool
@@ -134,28 +137,43 @@ func newStack(t *testing.T, ctx context.Context, partitions int32) *stack {
 	return st
 }
 
-// converge waits until the history equals the source's audit log.
+// converge waits until every history table equals the source's audit log;
+// it returns the number of versions.
 func (st *stack) converge(t *testing.T, ctx context.Context, within time.Duration, logs ...*proc) int {
 	t.Helper()
-	want := truth(t, ctx, st.src)
-	var got []string
-	err := waitFor(ctx, within, func() (bool, error) {
-		var exists bool
-		if err := st.tpool.QueryRow(ctx, `SELECT to_regclass('public.customers_history') IS NOT NULL`).Scan(&exists); err != nil || !exists {
-			return false, err
+	total := 0
+	for _, tb := range tables {
+		want := truth(t, ctx, st.src, tb)
+		var got []string
+		err := waitFor(ctx, within, func() (bool, error) {
+			var exists bool
+			if err := st.tpool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, "public."+tb.spec.Target).Scan(&exists); err != nil || !exists {
+				return false, err
+			}
+			got = stripSeq(scdtest.HistoryLines(t, st.tpool, tb.spec, tb.cols))
+			return scdtest.DiffLines(want, got) == "", nil
+		})
+		if err != nil {
+			var tails []string
+			for _, p := range logs {
+				tails = append(tails, p.name+":\n"+p.tail(20))
+			}
+			t.Fatalf("%s never matched the source (%d expected, %d got versions): %v\n%s\n%s",
+				tb.spec.Target, len(want), len(got), err, scdtest.DiffLines(want, got), strings.Join(tails, "\n"))
 		}
-		got = stripSeq(scdtest.HistoryLines(t, st.tpool, historySpec, historyCols))
-		return scdtest.DiffLines(want, got) == "", nil
-	})
-	if err != nil {
-		var tails []string
-		for _, p := range logs {
-			tails = append(tails, p.name+":\n"+p.tail(20))
-		}
-		t.Fatalf("history never matched the source (%d expected, %d got versions): %v\n%s\n%s",
-			len(want), len(got), err, scdtest.DiffLines(want, got), strings.Join(tails, "\n"))
+		total += len(want)
 	}
-	return len(want)
+	return total
+}
+
+// histories reads every history table, without sequences.
+func (st *stack) histories(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, tb := range tables {
+		out = append(out, stripSeq(scdtest.HistoryLines(t, st.tpool, tb.spec, tb.cols))...)
+	}
+	return out
 }
 
 // TestHistoryMatchesSource: a workload on the source while scd2sink runs;
@@ -274,7 +292,7 @@ func TestSharedGroupRestartsAndRebuild(t *testing.T) {
 	}
 	n = st.converge(t, ctx, 180*time.Second, a, st.conn.proc)
 	t.Logf("one instance left: history equals the source, %d versions", n)
-	live := stripSeq(scdtest.HistoryLines(t, st.tpool, historySpec, historyCols))
+	live := st.histories(t)
 	a.stop(30 * time.Second)
 
 	// Wait for the group's members to be gone, then rebuild.
@@ -288,7 +306,7 @@ func TestSharedGroupRestartsAndRebuild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("scd2sink rebuild: %v\n%s", err, out)
 	}
-	rebuilt := stripSeq(scdtest.HistoryLines(t, st.tpool, historySpec, historyCols))
+	rebuilt := st.histories(t)
 	if d := scdtest.DiffLines(live, rebuilt); d != "" {
 		t.Fatalf("the rebuilt history differs from the live one:\n%s", d)
 	}

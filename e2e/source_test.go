@@ -38,24 +38,40 @@ CREATE TABLE customers (
 	id integer PRIMARY KEY, name text, plan text NOT NULL, city text, balance numeric(10,2),
 	birth date, updated_at timestamptz, attrs jsonb, ext uuid, bio text);
 ALTER TABLE customers ALTER COLUMN bio SET STORAGE EXTERNAL;
+-- REPLICA IDENTITY FULL: updates and deletes carry the whole old row.
+CREATE TABLE accounts (
+	id integer PRIMARY KEY, owner text NOT NULL, tier text, limit_amount numeric(12,3), opened date, note text);
+ALTER TABLE accounts REPLICA IDENTITY FULL;
+ALTER TABLE accounts ALTER COLUMN note SET STORAGE EXTERNAL;
 -- The ground truth: every row change, independent of Debezium.
-CREATE TABLE audit_log (id bigserial PRIMARY KEY, op char(1) NOT NULL, old jsonb, new jsonb);
+CREATE TABLE audit_log (id bigserial PRIMARY KEY, tbl text NOT NULL, op char(1) NOT NULL, old jsonb, new jsonb);
 CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO audit_log (op, old, new) VALUES (left(TG_OP, 1),
+	INSERT INTO audit_log (tbl, op, old, new) VALUES (TG_TABLE_NAME, left(TG_OP, 1),
 		CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END, CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END);
 	RETURN NULL;
 END $$;
 CREATE TRIGGER customers_audit AFTER INSERT OR UPDATE OR DELETE ON customers FOR EACH ROW EXECUTE FUNCTION audit();
+CREATE TRIGGER accounts_audit AFTER INSERT OR UPDATE OR DELETE ON accounts FOR EACH ROW EXECUTE FUNCTION audit();
 `
 
-// historyCols are the customers columns after the key, as the history
-// table holds them.
-var historyCols = []string{"name", "plan", "city", "balance", "birth", "updated_at", "attrs", "ext", "bio"}
+// srcTable is a source table and its history table.
+type srcTable struct {
+	name string
+	spec sink.TableSpec // as scd2sink is configured for it
+	cols []string       // the columns after the key
+}
 
-// historySpec is how scd2sink is configured for customers.
-var historySpec = sink.TableSpec{Target: "customers_history", Schema: "public", Keys: []string{"id"},
-	TrackHistory: []string{"plan", "city", "balance"}}
+// tables are the captured tables: customers with the default replica
+// identity, accounts with REPLICA IDENTITY FULL.
+var tables = []srcTable{
+	{"customers", sink.TableSpec{Target: "customers_history", Schema: "public", Keys: []string{"id"},
+		TrackHistory: []string{"plan", "city", "balance"}},
+		[]string{"name", "plan", "city", "balance", "birth", "updated_at", "attrs", "ext", "bio"}},
+	{"accounts", sink.TableSpec{Target: "accounts_history", Schema: "public", Keys: []string{"id"},
+		TrackHistory: []string{"tier", "limit_amount"}},
+		[]string{"owner", "tier", "limit_amount", "opened", "note"}},
+}
 
 func startSource(t *testing.T, ctx context.Context) sourceDB {
 	t.Helper()
@@ -97,14 +113,50 @@ func utcPool(t *testing.T, dsn string) *pgxpool.Pool {
 // hundreds of rows, tracked and untracked updates, no-op updates, deletes,
 // re-inserts of deleted keys and a primary-key change.
 type workload struct {
-	rng  *rand.Rand
-	live map[int]bool
-	gone []int
-	next int
+	rng      *rand.Rand
+	live     map[int]bool
+	gone     []int
+	next     int
+	accounts map[int]bool
+	nextAcct int
 }
 
 func newWorkload(seed uint64) *workload {
-	return &workload{rng: rand.New(rand.NewPCG(seed, 7)), live: map[int]bool{}, next: 1}
+	return &workload{rng: rand.New(rand.NewPCG(seed, 7)), live: map[int]bool{}, next: 1, accounts: map[int]bool{}, nextAcct: 1}
+}
+
+// account changes accounts: inserts, tracked and untracked updates, an
+// append to the TOASTed note, deletes.
+func (w *workload) account(ctx context.Context, tx pgx.Tx) error {
+	var ids []int
+	for id := range w.accounts {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	r := w.rng.IntN(100)
+	if len(ids) < 5 || r < 25 {
+		id := w.nextAcct
+		w.nextAcct++
+		w.accounts[id] = true
+		_, err := tx.Exec(ctx, `INSERT INTO accounts VALUES ($1, $2, $3, $4::numeric / 1000, date '1960-01-01' + $5::int, $6)`,
+			id, fmt.Sprintf("owner %d", id), plans[w.rng.IntN(4)], w.rng.IntN(10000000), w.rng.IntN(25000),
+			strings.Repeat(fmt.Sprintf("note %d %x ", id, w.rng.Uint64()), 150))
+		return err
+	}
+	id := ids[w.rng.IntN(len(ids))]
+	var err error
+	switch {
+	case r < 50:
+		_, err = tx.Exec(ctx, `UPDATE accounts SET tier = $2, limit_amount = limit_amount * 2 WHERE id = $1`, id, plans[w.rng.IntN(4)])
+	case r < 70:
+		_, err = tx.Exec(ctx, `UPDATE accounts SET owner = owner || '+' WHERE id = $1`, id)
+	case r < 85:
+		_, err = tx.Exec(ctx, `UPDATE accounts SET note = note || '.' WHERE id = $1`, id)
+	default:
+		delete(w.accounts, id)
+		_, err = tx.Exec(ctx, `DELETE FROM accounts WHERE id = $1`, id)
+	}
+	return err
 }
 
 var plans = []string{"basic", "pro", "team", "enterprise"}
@@ -146,6 +198,11 @@ func (w *workload) run(ctx context.Context, pool *pgxpool.Pool, bulk, n int) err
 	pkChanged := false
 	for i := 0; i < n; i++ {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if w.rng.IntN(3) == 0 {
+				if err := w.account(ctx, tx); err != nil {
+					return err
+				}
+			}
 			id := w.anyLive()
 			var q string
 			var args []any
@@ -188,8 +245,9 @@ func (w *workload) run(ctx context.Context, pool *pgxpool.Pool, bulk, n int) err
 // reference model of DESIGN.md section 5: events in commit order, the
 // commit time (milliseconds, as Debezium's source.ts_ms) as valid time, a
 // primary-key change as a delete of the old key and a create of the new.
-func truth(t *testing.T, ctx context.Context, src sourceDB) []string {
+func truth(t *testing.T, ctx context.Context, src sourceDB, tb srcTable) []string {
 	t.Helper()
+	historyCols, historySpec := tb.cols, tb.spec
 	sel := func(alias string) string {
 		var parts []string
 		for _, c := range append([]string{"id"}, historyCols...) {
@@ -197,10 +255,11 @@ func truth(t *testing.T, ctx context.Context, src sourceDB) []string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	rows, err := src.pool.Query(ctx, fmt.Sprintf(`SELECT a.op, date_trunc('milliseconds', pg_xact_commit_timestamp(a.xmin)), %s, %s
+	rows, err := src.pool.Query(ctx, fmt.Sprintf(`SELECT a.op, date_trunc('milliseconds', pg_xact_commit_timestamp(a.xmin)), %[1]s, %[2]s
 		FROM audit_log a,
-			LATERAL (SELECT jsonb_populate_record(NULL::customers, a.old) AS o, jsonb_populate_record(NULL::customers, a.new) AS n) r
-		ORDER BY pg_xact_commit_timestamp(a.xmin), a.id`, sel("r.o"), sel("r.n")))
+			LATERAL (SELECT jsonb_populate_record(NULL::%[3]s, a.old) AS o, jsonb_populate_record(NULL::%[3]s, a.new) AS n) r
+		WHERE a.tbl = $1
+		ORDER BY pg_xact_commit_timestamp(a.xmin), a.id`, sel("r.o"), sel("r.n"), tb.name), tb.name)
 	if err != nil {
 		t.Fatalf("reading the audit log: %v", err)
 	}
