@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -39,6 +40,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cache = strings.TrimSpace(string(out))
+	if err := trackHistoryFromDeploy(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		os.Exit(1)
+	}
 	bin, err := os.MkdirTemp("", "scd2sink-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -55,9 +60,43 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// runSink starts scd2sink run with a config for the stack.
+// trackHistoryFromDeploy gives the model the track_history that scd2sink
+// runs with (deploy/scd2sink.yaml).
+func trackHistoryFromDeploy() error {
+	raw, err := os.ReadFile("../deploy/scd2sink.yaml")
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Parse(raw, func(string) (string, bool) { return "", false })
+	if err != nil {
+		return fmt.Errorf("deploy/scd2sink.yaml: %w", err)
+	}
+	for i := range tables {
+		found := false
+		for _, tb := range cfg.Tables {
+			if tb.Target == tables[i].spec.Target {
+				tables[i].spec.TrackHistory, found = tb.TrackHistory, true
+			}
+		}
+		if !found {
+			return fmt.Errorf("deploy/scd2sink.yaml has no table %s", tables[i].spec.Target)
+		}
+	}
+	return nil
+}
+
+// runSink starts scd2sink run with a config for the stack: its tables are
+// those of docker-compose.yml's scd2sink (deploy/scd2sink.yaml).
 func runSink(t *testing.T, dir, name, bootstrap, targetDSN string) *proc {
 	t.Helper()
+	deployed, err := os.ReadFile("../deploy/scd2sink.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(deployed), "\ntables:")
+	if i < 0 {
+		t.Fatal("deploy/scd2sink.yaml has no tables section")
+	}
 	brokers, _ := json.Marshal([]string{bootstrap})
 	cfg := filepath.Join(dir, name+".yaml")
 	yaml := fmt.Sprintf(`kafka:
@@ -72,14 +111,7 @@ sequencer:
 sink:
   batch_max_wait: 100ms
 shutdown_timeout: 3s
-tables:
-  - topic: shop.public.customers
-    target: customers_history
-    track_history: [plan, city, balance]
-  - topic: shop.public.accounts
-    target: accounts_history
-    track_history: [tier, limit_amount]
-`, brokers, targetDSN, freePort(t))
+`, brokers, targetDSN, freePort(t)) + string(deployed[i+1:])
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}

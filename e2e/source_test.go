@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,20 +31,10 @@ type sourceDB struct {
 	pool    *pgxpool.Pool
 }
 
-// The source table: every type of the workload, a TOASTed text left
-// unchanged by most updates (default replica identity: Debezium sends the
-// unavailable-value placeholder for it).
-const sourceSchema = `
-CREATE TABLE customers (
-	id integer PRIMARY KEY, name text, plan text NOT NULL, city text, balance numeric(10,2),
-	birth date, updated_at timestamptz, attrs jsonb, ext uuid, bio text);
-ALTER TABLE customers ALTER COLUMN bio SET STORAGE EXTERNAL;
--- REPLICA IDENTITY FULL: updates and deletes carry the whole old row.
-CREATE TABLE accounts (
-	id integer PRIMARY KEY, owner text NOT NULL, tier text, limit_amount numeric(12,3), opened date, note text);
-ALTER TABLE accounts REPLICA IDENTITY FULL;
-ALTER TABLE accounts ALTER COLUMN note SET STORAGE EXTERNAL;
--- The ground truth: every row change, independent of Debezium.
+// auditSchema adds the ground truth to the sample schema
+// (deploy/source-init.sql, which docker-compose.yml uses too): every row
+// change, independent of Debezium.
+const auditSchema = `
 CREATE TABLE audit_log (id bigserial PRIMARY KEY, tbl text NOT NULL, op char(1) NOT NULL, old jsonb, new jsonb);
 CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -87,7 +78,11 @@ func startSource(t *testing.T, ctx context.Context) sourceDB {
 	u, _ := url.Parse(dsn)
 	port, _ := strconv.Atoi(u.Port())
 	pool := utcPool(t, dsn)
-	if _, err := pool.Exec(ctx, sourceSchema); err != nil {
+	sample, err := os.ReadFile("../deploy/source-init.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, string(sample)+auditSchema); err != nil {
 		t.Fatalf("source schema: %v", err)
 	}
 	return sourceDB{cluster: c, port: port, db: "shop", dsn: dsn, pool: pool}
