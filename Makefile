@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test lint bench build e2e
+.PHONY: test lint bench build e2e e2e-bench
 
 build:
 	$(GO) build -o bin/scd2sink ./cmd/scd2sink
@@ -29,3 +29,8 @@ bench:
 # PostgreSQL from the local binaries; needs java and mvn.
 e2e:
 	cd e2e && $(GO) test -tags e2e -count=1 -v -timeout 25m .
+
+# The peer benchmark on the real stack: Debezium's JDBC sink against scd2sink
+# over the same backlog of 200,000 events (docs/benchmarks.md).
+e2e-bench:
+	cd e2e && E2E_BENCH=1 $(GO) test -tags e2e -count=1 -v -timeout 40m -run TestPeerBenchmark .

@@ -18,4 +18,16 @@ for part in kafka debezium; do
     -DincludeScope=runtime -DoutputDirectory="$dest" >&2
   touch "$stamp"
 done
+# Debezium's JDBC sink (the peer benchmark): 3.6.1 is not served, 3.6.0 is,
+# as a plugin tarball.
+jdbc="$cache/plugins/debezium-connector-jdbc"
+if [ ! -f "$jdbc/.complete" ]; then
+  rm -rf "$jdbc" "$cache/dl"; mkdir -p "$cache/dl"
+  echo "e2e: fetching the JDBC sink connector into $jdbc" >&2
+  mvn -q -B -Dstyle.color=never dependency:copy \
+    -Dartifact=io.debezium:debezium-connector-jdbc:3.6.0.Final:tar.gz:plugin -DoutputDirectory="$cache/dl" >&2
+  tar -xzf "$cache/dl"/debezium-connector-jdbc-*.tar.gz -C "$cache/plugins"
+  rm -rf "$cache/dl"
+  touch "$jdbc/.complete"
+fi
 echo "$cache"
