@@ -25,6 +25,7 @@ func TestPeerBenchmark(t *testing.T) {
 	if os.Getenv("E2E_BENCH") == "" {
 		t.Skip("the peer benchmark runs with E2E_BENCH=1 (make e2e-bench)")
 	}
+	skipOnCompose(t)
 	ctx := context.Background()
 	st := newStack(t, ctx, 1)
 	const rows, rounds = 50000, 12 // 50,000 inserts + 12 × 12,500 updates
