@@ -126,6 +126,13 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 // order. DDL runs in its own transactions.
 func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]*newColumns{}
+	// Events written with one schema share its RowDecoder: its columns
+	// are noted once per table and batch, not once per event.
+	type tableSchema struct {
+		table string
+		row   change.RowDecoder
+	}
+	noted := map[tableSchema]bool{}
 	var order []string
 	for i, ev := range evs {
 		spec, ok := s.specs[ev.Table]
@@ -169,7 +176,8 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			}
 			extra[ev.Table].note(name, typ, inferred)
 		}
-		if ev.Row != nil {
+		if ev.Row != nil && !noted[tableSchema{ev.Table, ev.Row}] {
+			noted[tableSchema{ev.Table, ev.Row}] = true
 			for _, c := range ev.Row.Columns() {
 				note(c.Name, c.PGType, false)
 			}
