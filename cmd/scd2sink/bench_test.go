@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,46 +17,76 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
 
-// BenchmarkPipeline runs the real binary over 250,000 Debezium events
-// (50,000 keys, 10% Type-1-only updates) already in an in-process Kafka,
-// until every offset is applied; then COPYs the resulting history rows into
-// a table of the same shape and indexes. It reports the binary's events/s
-// (from its first applied batch to its last), the COPY rows/s, their ratio
-// and the binary's peak RSS. Two shapes of the same events:
-//   - schemaless: compact JSON without schema (JsonConverter schemas.enable=false);
-//   - debezium-json: what a Debezium 3.6 PostgreSQL connector writes with
-//     schemas on (about 4.6 KB: schema, full source block, before null),
-//     for a table with numeric, date, timestamptz, jsonb and a text of a few
-//     hundred bytes.
+// BenchmarkPipeline runs the real binary over a backlog already in an
+// in-process Kafka (scdtest.BenchWorkload: 250,000 changes of two tables
+// over 50,000 keys in 6 partitions each: a snapshot, tracked and
+// Type-1-only updates, deletes with their tombstones, re-creates; one
+// table with REPLICA IDENTITY FULL before images), until every offset is
+// applied; then COPYs the resulting history rows into tables of the same
+// shape and indexes. It reports events/s (changes, from the first applied
+// batch to the last), the COPY rows/s and their ratio, the binary's peak
+// RSS, its allocations per event and its CPU per event in each stage
+// (from a CPU profile of the whole run). Three shapes of the same changes:
+//   - debezium-json: what Debezium 3.6's PostgreSQL connector writes with
+//     JsonConverter, schemas on (about 4 KB: schema, full source block);
+//   - debezium-avro: Confluent Avro with a Schema Registry (srfake);
+//   - schemaless: JsonConverter with schemas.enable=false.
+//
+// The records are produced uncompressed, as a Kafka producer's default
+// compression.type=none writes them.
 func BenchmarkPipeline(b *testing.B) {
 	const nKeys, nEvents = 50_000, 250_000
-	evs := scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), "customers_history", nKeys, nEvents, 100)
-	b.Run("schemaless", func(b *testing.B) {
-		recs := make([]*kgo.Record, len(evs))
-		for i, ev := range evs {
-			k, v := scdtest.Debezium(ev, []string{"id"})
-			recs[i] = &kgo.Record{Topic: "bench.customers", Key: k, Value: v}
+	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(1, 2)), nKeys, nEvents)
+	for _, format := range []string{"debezium-json", "debezium-avro", "schemaless"} {
+		b.Run(format, func(b *testing.B) {
+			recs, registry := benchRecords(b, work, format)
+			b.Logf("%d records (%d changes), %d bytes each on average", len(recs), nEvents, avgSize(recs))
+			benchPipeline(b, recs, nEvents, format, registry)
+		})
+	}
+}
+
+// benchRecords renders the workload in a format; for Avro it seeds a
+// schema registry and returns its URL.
+func benchRecords(b *testing.B, work []scdtest.BenchRecord, format string) ([]*kgo.Record, string) {
+	b.Helper()
+	ids := map[string]int{}
+	var url string
+	if format == "debezium-avro" {
+		reg := srfake.New()
+		b.Cleanup(reg.Close)
+		url = reg.URL()
+		for i, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
+			ids[src.Table] = 10 + 2*i
+			reg.SeedSchema(src.Topic()+"-value", 1, 10+2*i, sr.Schema{Schema: src.AvroValueSchema(), Type: sr.TypeAvro})
+			reg.SeedSchema(src.Topic()+"-key", 1, 11+2*i, sr.Schema{Schema: src.AvroKeySchema(), Type: sr.TypeAvro})
 		}
-		benchPipeline(b, recs, scdtest.BenchColumns)
-	})
-	b.Run("debezium-json", func(b *testing.B) {
-		src := benchSource()
-		recs := make([]*kgo.Record, len(evs))
-		for i, ev := range evs {
-			k, v := src.Envelope(benchChange(ev))
-			recs[i] = &kgo.Record{Topic: "bench.customers", Key: k, Value: v}
+	}
+	recs := make([]*kgo.Record, len(work))
+	for i, w := range work {
+		var k, v []byte
+		switch format {
+		case "debezium-json":
+			k, v = w.Src.Envelope(w.Change)
+		case "debezium-avro":
+			k, v = w.Src.AvroEnvelope(w.Change, ids[w.Src.Table], ids[w.Src.Table]+1)
+		default:
+			k, v = w.Src.Schemaless(w.Change)
 		}
-		b.Logf("envelopes of %d bytes on average", avgSize(recs))
-		cols := append([]string{"balance", "birth", "signed_up", "attrs", "bio"}, scdtest.BenchColumns...)
-		benchPipeline(b, recs, cols)
-	})
+		if w.Tombstone {
+			v = nil
+		}
+		recs[i] = &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}
+	}
+	return recs, url
 }
 
 func avgSize(recs []*kgo.Record) int {
@@ -66,87 +97,84 @@ func avgSize(recs []*kgo.Record) int {
 	return n / len(recs)
 }
 
-// benchSource is the benchmark table as Debezium describes it.
-func benchSource() *scdtest.Source {
-	return &scdtest.Source{Server: "bench", DB: "bench", Schema: "public", Table: "customers", Keys: []string{"id"},
-		Cols: []scdtest.Col{
-			{Name: "id", Schema: `{"type":"int64","optional":false}`},
-			{Name: "name", Schema: `{"type":"string","optional":true}`},
-			{Name: "plan", Schema: `{"type":"string","optional":true}`},
-			{Name: "city", Schema: `{"type":"string","optional":true}`},
-			{Name: "score", Schema: `{"type":"int64","optional":true}`},
-			{Name: "balance", Schema: `{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"12"}}`},
-			{Name: "birth", Schema: `{"type":"int32","optional":true,"name":"io.debezium.time.Date","version":1}`},
-			{Name: "signed_up", Schema: `{"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","version":1}`},
-			{Name: "attrs", Schema: `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`},
-			{Name: "bio", Schema: `{"type":"string","optional":true}`},
-		}}
+// benchConfig is the binary's configuration for the benchmark tables.
+func benchConfig(brokers []string, dsn, format, registry, httpAddr string, extra string) string {
+	bs, _ := json.Marshal(brokers)
+	f := "debezium-json"
+	if format == "debezium-avro" {
+		f = format
+	}
+	cfg := fmt.Sprintf("kafka: {brokers: %s, group_id: bench}\npostgres: {dsn: %q}\nhttp: {addr: %q}\nlog: {level: warn}\n%s", bs, dsn, httpAddr, extra)
+	if registry != "" {
+		cfg += fmt.Sprintf("schema_registry: {url: %q}\n", registry)
+	}
+	cfg += "tables:\n"
+	for _, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
+		tracked, _ := json.Marshal(scdtest.BenchTracked[src.Table])
+		cfg += fmt.Sprintf("  - {topic: %s, target: %s_history, keys: [id], format: %s, track_history: %s}\n", src.Topic(), src.Table, f, tracked)
+	}
+	return cfg
 }
 
-// benchChange renders a benchmark event as the connector reports it.
-func benchChange(ev *change.Event) scdtest.Change {
-	id, _ := strconv.ParseInt(fmt.Sprint(ev.Key[0]), 10, 64)
-	lsn, _ := strconv.ParseInt(ev.Seq.Parts()[0], 10, 64)
-	row := scdtest.Row{"balance": scdtest.DecimalB64(strconv.FormatInt(id*137%1000000-500000, 10)),
-		"birth": 20000 - int(id%20000), "signed_up": scdtest.Zoned(time.Date(2024, 1, 1, 0, 0, int(id), 0, time.UTC)),
-		"attrs": fmt.Sprintf(`{"tier": %d, "tags": ["a", "b"], "score": 1.10}`, id%5),
-		"bio":   strings.Repeat(fmt.Sprintf("Customer %d likes long walks. ", id), 10)}
-	for k, v := range ev.After {
-		if n, ok := v.(json.Number); ok {
-			i, _ := n.Int64()
-			row[k] = i
-		} else {
-			row[k] = v
-		}
+// benchColumns are the columns of a benchmark history table but scd_id.
+func benchColumns(src *scdtest.Source) []string {
+	var cols []string
+	for _, c := range src.Cols {
+		cols = append(cols, c.Name)
 	}
-	op := "u"
-	if ev.Op == change.OpRead {
-		op = "r"
-	}
-	return scdtest.Change{Op: op, After: row, LSN: lsn * 8, TxID: lsn, Commit: ev.ValidFrom}
+	return append(cols, "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
 }
 
-func benchPipeline(b *testing.B, recs []*kgo.Record, copyCols []string) {
-	const partitions = 6
-	nEvents := int64(len(recs))
+// freeAddr returns a local TCP address nothing listens on.
+func freeAddr(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// benchKafka starts an in-process Kafka holding recs (6 partitions per topic).
+func benchKafka(b *testing.B, recs []*kgo.Record) *kfake.Cluster {
+	b.Helper()
+	ctx := context.Background()
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, scdtest.BenchCustomers().Topic(), scdtest.BenchAccounts().Topic()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchMaxBytes(1<<20),
+		kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		b.Fatal(err)
+	}
+	return kafka
+}
+
+func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, registry string) {
+	nRecords := int64(len(recs))
 	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
-		kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "bench.customers"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchMaxBytes(1<<20))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			b.Fatal(err)
-		}
-		cl.Close()
+		kafka := benchKafka(b, recs)
 		dsn := pgtest.NewDatabase(b)
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
 			b.Fatal(err)
 		}
-		brokers, _ := json.Marshal(kafka.ListenAddrs())
+		httpAddr := freeAddr(b)
 		cfgFile := filepath.Join(b.TempDir(), "scd2sink.yaml")
-		cfg := fmt.Sprintf(`kafka: {brokers: %s, group_id: bench}
-postgres: {dsn: %q}
-http: {addr: ""}
-log: {level: warn}
-tables:
-  - topic: bench.customers
-    target: customers_history
-    keys: [id]
-    track_history: [plan, city, score]
-`, brokers, dsn)
-		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		if err := os.WriteFile(cfgFile, []byte(benchConfig(kafka.ListenAddrs(), dsn, format, registry, httpAddr, "")), 0o600); err != nil {
 			b.Fatal(err)
 		}
-		bin := binary(b)
-		cmd := exec.Command(bin, "run", "--config", cfgFile)
+		prof := filepath.Join(b.TempDir(), "cpu.prof")
+		cmd := exec.Command(binary(b), "run", "--config", cfgFile)
 		cmd.Stderr = os.Stderr
-		cmd.Env = append(os.Environ(), os.Getenv("BENCH_ENV"))
+		cmd.Env = append(os.Environ(), "SCD2SINK_CPUPROFILE="+prof, os.Getenv("BENCH_ENV"))
 		b.StartTimer()
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
@@ -155,16 +183,16 @@ tables:
 		hwm := watchHWM(cmd.Process.Pid)
 		var first, at10, at90 time.Time
 		var applied int64
-		for applied < nEvents {
+		for applied < nRecords {
 			time.Sleep(10 * time.Millisecond)
 			_ = pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets`).Scan(&applied)
 			if applied > 0 && first.IsZero() {
 				first = time.Now()
 			}
-			if applied >= nEvents/10 && at10.IsZero() {
+			if applied >= nRecords/10 && at10.IsZero() {
 				at10 = time.Now()
 			}
-			if applied >= nEvents*9/10 && at90.IsZero() {
+			if applied >= nRecords*9/10 && at90.IsZero() {
 				at90 = time.Now()
 			}
 			if time.Since(start) > 10*time.Minute {
@@ -173,6 +201,7 @@ tables:
 		}
 		done := time.Now()
 		b.StopTimer()
+		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count")
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
 			b.Fatalf("scd2sink: %v", err)
@@ -181,8 +210,16 @@ tables:
 		// pages from before the exec. VmHWM is the binary's own peak.
 		rssMiB := float64(<-hwm) / 1024
 		var versions int64
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&versions)
-		copyRows, copyDur := scdtest.CopyBaseline(b, pool, pgx.Identifier{"customers_history"}, pgx.Identifier{"copy_target"}, copyCols, 10_000)
+		var copyRows int
+		var copyDur time.Duration
+		for _, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
+			var n int64
+			_ = pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s_history`, src.Table)).Scan(&n)
+			versions += n
+			rows, dur := scdtest.CopyBaseline(b, pool, pgx.Identifier{src.Table + "_history"}, pgx.Identifier{src.Table + "_copy"}, benchColumns(src), 10_000)
+			copyRows += rows
+			copyDur += dur
+		}
 		steady := done.Sub(first)
 		eps := float64(nEvents) / steady.Seconds()
 		sustained := float64(nEvents*8/10) / at90.Sub(at10).Seconds()
@@ -192,10 +229,19 @@ tables:
 		b.ReportMetric(eps/rps, "ratio")
 		b.ReportMetric(sustained/rps, "sustained_ratio")
 		b.ReportMetric(rssMiB, "peak_rss_MiB")
-		b.Logf("%d events -> %d versions: %s from start (%s from the first applied batch, the last reorder window included): %.0f events/s; "+
-			"sustained (10%% to 90%% applied) %.0f events/s; COPY %d rows in %s: %.0f rows/s; ratio %.2f (sustained %.2f); peak RSS %.0f MiB",
-			nEvents, versions, done.Sub(start).Round(time.Millisecond), steady.Round(time.Millisecond), eps,
-			sustained, copyRows, copyDur.Round(time.Millisecond), rps, eps/rps, sustained/rps, rssMiB)
+		b.ReportMetric(m["go_memstats_mallocs_total"]/float64(nEvents), "allocs/event")
+		b.ReportMetric(m["go_gc_duration_seconds_count"], "gc_cycles")
+		b.Logf("%d changes (%d records) -> %d versions: %s from start (%s from the first applied batch, the last reorder window included): %.0f events/s; "+
+			"sustained (10%% to 90%% applied) %.0f events/s; COPY %d rows in %s: %.0f rows/s; ratio %.2f (sustained %.2f); peak RSS %.0f MiB; %.0f allocations per event, %.0f GC cycles",
+			nEvents, nRecords, versions, done.Sub(start).Round(time.Millisecond), steady.Round(time.Millisecond), eps,
+			sustained, copyRows, copyDur.Round(time.Millisecond), rps, eps/rps, sustained/rps, rssMiB,
+			m["go_memstats_mallocs_total"]/float64(nEvents), m["go_gc_duration_seconds_count"])
+		reportStages(b, prof, nEvents)
+		if dst := os.Getenv("BENCH_PROFILE_DIR"); dst != "" {
+			if data, err := os.ReadFile(prof); err == nil {
+				_ = os.WriteFile(filepath.Join(dst, strings.ReplaceAll(b.Name(), "/", "_")+".prof"), data, 0o644)
+			}
+		}
 		pool.Close()
 		kafka.Close()
 	}

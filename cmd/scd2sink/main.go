@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/scd2sink/scd2sink/config"
@@ -112,6 +113,16 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		log.Warn("second signal: exiting at once", zap.String("signal", s.String()))
 		os.Exit(1)
 	}()
+	if path := os.Getenv("SCD2SINK_CPUPROFILE"); path != "" {
+		stop, err := cpuProfile(path)
+		if err != nil {
+			return exitCode(stderr, err)
+		}
+		defer stop()
+	}
+	if path := os.Getenv("SCD2SINK_MEMPROFILE"); path != "" {
+		defer memProfile(path, log)
+	}
 	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
 	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log}) }
 	if cmd == "rebuild" {
@@ -123,6 +134,36 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped cleanly")
 	return 0
+}
+
+// cpuProfile writes a CPU profile of the whole run to path
+// (SCD2SINK_CPUPROFILE, for benchmarks: BenchmarkPipeline reads it per
+// stage); the returned func ends it.
+func cpuProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("SCD2SINK_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("SCD2SINK_CPUPROFILE: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+}
+
+// memProfile writes the allocations of the whole run to path
+// (SCD2SINK_MEMPROFILE, for benchmarks).
+func memProfile(path string, log *zap.Logger) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		log.Warn("SCD2SINK_MEMPROFILE not written", zap.Error(err))
+	}
 }
 
 // exitCode prints err and maps it to an exit code: 2 for configuration

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/linkedin/goavro/v2"
@@ -281,6 +282,19 @@ func (s *Source) AvroEnvelope(c Change, valueID, keyID int) (key, value []byte) 
 // stripDefaults removes defaults so that goavro accepts the schema for
 // encoding test records (the decoder under test gets the real schema).
 func stripDefaults(schema string) string {
+	if s, ok := stripped.Load(schema); ok {
+		return s.(string)
+	}
+	out := stripDefaultsOnce(schema)
+	stripped.Store(schema, out)
+	return out
+}
+
+// stripped and codecs cache what encoding a schema's records needs
+// (benchmarks encode hundreds of thousands).
+var stripped, codecs sync.Map
+
+func stripDefaultsOnce(schema string) string {
 	var v any
 	_ = json.Unmarshal([]byte(schema), &v)
 	var walk func(any) any
@@ -306,13 +320,19 @@ func stripDefaults(schema string) string {
 }
 
 func encodeAvro(schema string, id int, native any) []byte {
-	codec, err := goavro.NewCodec(schema)
-	if err != nil {
-		panic(err)
+	var codec *goavro.Codec
+	if c, ok := codecs.Load(schema); ok {
+		codec = c.(*goavro.Codec)
+	} else {
+		var err error
+		if codec, err = goavro.NewCodec(schema); err != nil {
+			panic(err)
+		}
+		codecs.Store(schema, codec)
 	}
 	out := []byte{0, 0, 0, 0, 0}
 	binary.BigEndian.PutUint32(out[1:], uint32(id))
-	out, err = codec.BinaryFromNative(out, native)
+	out, err := codec.BinaryFromNative(out, native)
 	if err != nil {
 		panic(err)
 	}
