@@ -76,6 +76,9 @@ type SchemaRegistry struct {
 type Sequencer struct {
 	ReorderWindow     time.Duration `yaml:"reorder_window"`
 	MaxBufferedEvents int           `yaml:"max_buffered_events"`
+	// MaxBufferedBytes bounds the reorder buffer's memory; above it the
+	// events due soonest are released before their window ends.
+	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
 }
 
 // Sink is the sink: block.
@@ -296,6 +299,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Sequencer.MaxBufferedEvents == 0 {
 		c.Sequencer.MaxBufferedEvents = 200000
+	}
+	if c.Sequencer.MaxBufferedBytes == 0 {
+		c.Sequencer.MaxBufferedBytes = 32 << 20
 	}
 	if c.Sink.BatchMaxEvents == 0 {
 		c.Sink.BatchMaxEvents = 10000

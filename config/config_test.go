@@ -112,6 +112,7 @@ func TestBadValues(t *testing.T) {
 		{"number", minimal + "sink:\n  batch_max_events: many\n", "sink.batch_max_events"},
 		{"list", minimal + "    keys: id\n", "tables[0].keys"},
 		{"buffer", minimal + "sequencer:\n  max_buffered_events: -5\n", "sequencer.max_buffered_events"},
+		{"buffer bytes", minimal + "sequencer:\n  max_buffered_bytes: 1000\n", "sequencer.max_buffered_bytes"},
 		{"batch", minimal + "sink:\n  batch_max_events: -1\n", "sink.batch_max_events"},
 		{"wait", minimal + "sink:\n  batch_max_wait: -1ms\n", "sink.batch_max_wait"},
 		{"dead letter table", minimal + "sink:\n  dead_letter_table: \"a;b\"\n", "sink.dead_letter_table"},

@@ -92,6 +92,9 @@ func (c *Config) validateServices() error {
 	if c.Sequencer.MaxBufferedEvents < 1 {
 		return errf("sequencer.max_buffered_events", "must be at least 1")
 	}
+	if c.Sequencer.MaxBufferedBytes < 1<<20 {
+		return errf("sequencer.max_buffered_bytes", "must be at least 1048576 (1 MiB)")
+	}
 	if c.Sink.BatchMaxEvents < 1 {
 		return errf("sink.batch_max_events", "must be at least 1")
 	}

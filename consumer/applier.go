@@ -23,7 +23,7 @@ type applier struct {
 }
 
 func newApplier(c *Consumer) *applier {
-	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{})}
+	return &applier{c: c, jobs: make(chan job), done: make(chan struct{})}
 }
 
 // run applies batches until jobs is closed.

@@ -76,6 +76,7 @@ type Config struct {
 
 	ReorderWindow     time.Duration
 	MaxBufferedEvents int
+	MaxBufferedBytes  int64
 	BatchMaxEvents    int
 	BatchMaxWait      time.Duration
 
@@ -106,6 +107,7 @@ type Consumer struct {
 	commitMu   sync.Mutex // guards committed, lastCommit and hwm (the applier commits)
 	mu         sync.Mutex // guards everything below
 	seq        *sequencer.Sequencer
+	early      int64 // the sequencer's ReleasedEarly already counted
 	anchors    *anchors
 	pending    []*change.Event
 	dead       []sink.DeadLetter
@@ -133,7 +135,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		cfg.Decoder = debezium.New(cfg.Rules, nil, cfg.Logger)
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
-		seq:       sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow, MaxBufferedEvents: cfg.MaxBufferedEvents}, time.Now),
+		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
+			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors()}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
@@ -348,7 +351,17 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.seq.Add(ev)
 		}
 	})
+	c.noteBuffer()
+}
+
+// noteBuffer updates the reorder buffer's metrics. Called with mu held.
+func (c *Consumer) noteBuffer() {
 	c.m.Buffered.Set(float64(c.seq.Len()))
+	c.m.BufferedBytes.Set(float64(c.seq.Bytes()))
+	if early := c.seq.Stats().ReleasedEarly; early > c.early {
+		c.m.ReleasedEarly.Add(float64(early - c.early))
+		c.early = early
+	}
 }
 
 func (c *Consumer) target(topic string) string {
@@ -382,6 +395,7 @@ func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 // batch when it is big or old enough (or force). Called with mu held.
 func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	c.collect(c.seq.Release())
+	c.noteBuffer()
 	n := len(c.pending) + len(c.dead)
 	due := n >= c.cfg.BatchMaxEvents || (n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait)
 	if !due && !force && !c.commitStale() {
@@ -428,7 +442,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		c.pending, c.dead = rest, nil
 	}
 	c.pending = nil
-	c.m.Buffered.Set(float64(c.seq.Len()))
+	c.noteBuffer()
 	return nil
 }
 

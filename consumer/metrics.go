@@ -20,6 +20,8 @@ type Metrics struct {
 	TypeMismatch   prometheus.Counter
 	Rejected       prometheus.Counter
 	Buffered       prometheus.Gauge
+	BufferedBytes  prometheus.Gauge
+	ReleasedEarly  prometheus.Counter
 	Paused         prometheus.Gauge
 	ApplySeconds   prometheus.Histogram
 	Lag            *prometheus.GaugeVec
@@ -50,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events dead-lettered because PostgreSQL rejected a value (SQLSTATE class 22 or 23)."}),
 		Buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_buffered_events",
 			Help: "Events waiting in the reorder buffer."}),
+		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_buffered_bytes",
+			Help: "Estimated memory of the events in the reorder buffer (bounded by sequencer.max_buffered_bytes)."}),
+		ReleasedEarly: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_released_early_total",
+			Help: "Events released before their reorder window ended because the buffer was over sequencer.max_buffered_bytes."}),
 		Paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_paused",
 			Help: "1 while fetching is paused because the reorder buffer is full."}),
 		ApplySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "scd2sink_batch_apply_seconds",
@@ -59,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.Paused, m.ApplySeconds, m.Lag)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

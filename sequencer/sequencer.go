@@ -13,6 +13,17 @@
 // highest offset seen when nothing is held). Everything below it has been
 // handed out by Release, Flush or FlushPartitions, or needed no apply.
 //
+// Memory is bounded twice. MaxBufferedEvents is back-pressure: above it
+// Full tells the caller to stop fetching. MaxBufferedBytes bounds what the
+// buffer holds while fetching goes on: above it, Release hands out the
+// keys whose events are due soonest before their window ends, as if the
+// clock had reached their deadline, until the buffer is back under it. In a
+// backlog read faster than PostgreSQL takes it, the window thus shrinks to
+// what the budget holds instead of the buffer growing to rate × window.
+// History stays exact: an event of such a key that arrives later with a
+// lower sequence is repaired by the sink, like any late event; only its
+// cost differs.
+//
 // A Sequencer is not safe for concurrent use; one goroutine owns it.
 package sequencer
 
@@ -32,6 +43,9 @@ type Config struct {
 	// MaxBufferedEvents is the size above which Full reports true and the
 	// caller should pause fetching.
 	MaxBufferedEvents int
+	// MaxBufferedBytes bounds the estimated memory of the buffered events
+	// (change.Event.Size); 0 means no bound. See the package comment.
+	MaxBufferedBytes int64
 	// KeyChangeWait is how long the create of a primary-key change (an
 	// event with OldKey) waits, at most, for the delete of its old key to
 	// be released first (default 10 × ReorderWindow, at least 5s). See
@@ -62,6 +76,9 @@ type Stats struct {
 	Duplicates int64
 	Conflicts  int64
 	Released   int64
+	// ReleasedEarly counts the events released before their window ended
+	// because the buffer was over MaxBufferedBytes.
+	ReleasedEarly int64
 }
 
 type keyRef struct {
@@ -73,6 +90,7 @@ type item struct {
 	ev       *change.Event
 	deadline int64 // unix nanoseconds: compact, for large buffers
 	gate     int64 // a primary-key change's create: wait for the old key until then
+	size     int64 // ev.Size() when added
 }
 
 type keyBuf struct {
@@ -96,6 +114,7 @@ type Sequencer struct {
 	due   deadlineHeap
 	ready Output // keyless events and conflicts, handed out by the next call
 	n     int
+	bytes int64 // the sizes of the buffered items
 	stats Stats
 	// keyEnds are the released deletes of primary-key changes, by key.
 	keyEnds map[keyRef]change.Seq
@@ -185,7 +204,8 @@ func (s *Sequencer) Add(ev *change.Event) {
 		return
 	}
 	dl := s.now().Add(s.cfg.ReorderWindow).UnixNano()
-	it := item{ev: ev, deadline: dl}
+	it := item{ev: ev, deadline: dl, size: int64(ev.Size())}
+	s.bytes += it.size
 	if ev.OldKey != nil && ev.Op == change.OpCreate {
 		it.gate = s.now().Add(s.cfg.KeyChangeWait).UnixNano()
 	}
@@ -199,6 +219,13 @@ func (s *Sequencer) Add(ev *change.Event) {
 
 // Len returns the number of buffered events.
 func (s *Sequencer) Len() int { return s.n }
+
+// Bytes returns the estimated memory of the buffered events.
+func (s *Sequencer) Bytes() int64 { return s.bytes }
+
+func (s *Sequencer) overBudget() bool {
+	return s.cfg.MaxBufferedBytes > 0 && s.bytes > s.cfg.MaxBufferedBytes
+}
 
 // Full reports whether the buffer holds MaxBufferedEvents or more; the
 // caller should pause fetching until it is not.
@@ -220,16 +247,18 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 }
 
 // Release hands out every event that is due at the clock's current time,
-// together with the earlier buffered events of the same keys.
+// together with the earlier buffered events of the same keys; and, while
+// the buffer is over MaxBufferedBytes, the keys due soonest.
 func (s *Sequencer) Release() Output {
-	now := s.now().UnixNano()
+	clock := s.now().UnixNano()
 	out := s.takeReady()
-	for s.due.Len() > 0 && s.due[0].at <= now {
+	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
 		e := heap.Pop(&s.due).(dueEntry)
 		kb := e.kb
 		if s.keys[kb.ref] != kb || kb.scheduled != e.at {
 			continue // stale entry
 		}
+		now := max(clock, e.at) // over budget: as if the clock were at the key's deadline
 		var upto change.Seq
 		for _, it := range kb.items {
 			if it.deadline > now {
@@ -248,7 +277,13 @@ func (s *Sequencer) Release() Output {
 				continue
 			}
 		}
-		s.releaseKey(kb, &out, func(it item) bool { return it.ev.Seq.Compare(upto) <= 0 })
+		s.releaseKey(kb, &out, func(it item) bool {
+			take := it.ev.Seq.Compare(upto) <= 0
+			if take && e.at > clock && it.deadline > clock {
+				s.stats.ReleasedEarly++
+			}
+			return take
+		})
 	}
 	return out
 }
@@ -282,6 +317,7 @@ func (s *Sequencer) DropPartitions(parts []change.Partition) {
 		for _, it := range kb.items {
 			if set[it.ev.Origin.Partition] {
 				s.n--
+				s.bytes -= it.size
 			} else {
 				kept = append(kept, it)
 			}
@@ -338,6 +374,7 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 	for _, it := range kb.items {
 		if take(it) {
 			taken = append(taken, it.ev)
+			s.bytes -= it.size
 		} else {
 			kept = append(kept, it)
 		}

@@ -1,18 +1,22 @@
 package sink
 
+import "encoding/json"
+
 // stateCache remembers, per table and key, what the append path last wrote
 // (the latest version and the side-table summary), so the next batch of the
-// key need not read it back. It is bounded: two generations of at most
-// limit/2 keys each; a key read from the older generation moves to the
-// newer one, and when the newer one is full the older one is dropped.
+// key need not read it back. It is bounded by keys and by estimated bytes:
+// two generations of at most half of each; a key read from the older
+// generation moves to the newer one, and when the newer one is full the
+// older one is dropped.
 //
 // The cache is only right while this Sink is the only writer of its keys:
 // Apply empties it whenever scd2sink_offsets shows that another writer
 // applied one of the batch's partitions since this Sink last did, Forget
 // empties it on rebalances, and entries change only after a commit.
 type stateCache struct {
-	limit     int
-	cur, prev map[cacheKey]*latest
+	limit, maxBytes     int
+	cur, prev           map[cacheKey]*latest
+	curBytes, prevBytes int
 }
 
 // cacheKey names a key of one table as the sink knows it: when a column is
@@ -22,14 +26,15 @@ type cacheKey struct {
 	key   string
 }
 
-func newStateCache(limit int) *stateCache {
-	c := &stateCache{limit: limit}
+func newStateCache(limit, maxBytes int) *stateCache {
+	c := &stateCache{limit: limit, maxBytes: maxBytes}
 	c.reset()
 	return c
 }
 
 func (c *stateCache) reset() {
 	c.cur, c.prev = map[cacheKey]*latest{}, map[cacheKey]*latest{}
+	c.curBytes, c.prevBytes = 0, 0
 }
 
 func (c *stateCache) get(k cacheKey) (*latest, bool) {
@@ -37,8 +42,9 @@ func (c *stateCache) get(k cacheKey) (*latest, bool) {
 		return l, true
 	}
 	if l, ok := c.prev[k]; ok {
-		c.put(k, l)
 		delete(c.prev, k)
+		c.prevBytes -= l.size
+		c.put(k, l)
 		return l, true
 	}
 	return nil, false
@@ -48,15 +54,60 @@ func (c *stateCache) put(k cacheKey, l *latest) {
 	if c.limit <= 0 {
 		return
 	}
-	if _, ok := c.cur[k]; !ok && len(c.cur) >= c.limit/2 {
+	l.size = l.estimate(k)
+	old, ok := c.cur[k]
+	if ok {
+		c.curBytes -= old.size
+	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+l.size > c.maxBytes/2) {
 		c.prev, c.cur = c.cur, map[cacheKey]*latest{}
+		c.prevBytes, c.curBytes = c.curBytes, 0
+	}
+	if old, ok := c.prev[k]; ok { // a newer state replaces the older generation's
+		delete(c.prev, k)
+		c.prevBytes -= old.size
 	}
 	c.cur[k] = l
+	c.curBytes += l.size
 }
 
 func (c *stateCache) drop(k cacheKey) {
-	delete(c.cur, k)
-	delete(c.prev, k)
+	if l, ok := c.cur[k]; ok {
+		delete(c.cur, k)
+		c.curBytes -= l.size
+	}
+	if l, ok := c.prev[k]; ok {
+		delete(c.prev, k)
+		c.prevBytes -= l.size
+	}
+}
+
+// estimate is the memory an entry holds, in bytes (roughly: the version,
+// its key and row values).
+func (l *latest) estimate(k cacheKey) int {
+	n := 160 + len(k.key) + len(l.sideMaxSeq)
+	if v := l.v; v != nil {
+		n += 200 + len(v.seq) + len(v.closeSeq) + len(v.hash) + valuesSize(v.key) + valuesSize(v.row) + valuesSize(v.opener)
+	}
+	return n
+}
+
+// valuesSize estimates the memory of typed values.
+func valuesSize(vs []any) int {
+	n := 16 * len(vs)
+	for _, v := range vs {
+		switch x := v.(type) {
+		case string:
+			n += 16 + len(x)
+		case []byte:
+			n += 24 + len(x)
+		case json.RawMessage:
+			n += 24 + len(x)
+		case nil, bool:
+		default:
+			n += 32
+		}
+	}
+	return n
 }
 
 // cacheOps are the changes one transaction makes to the cache, applied only

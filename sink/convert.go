@@ -379,6 +379,12 @@ func valuesEqual(a, b any) bool {
 		if y, ok := b.(json.RawMessage); ok && bytes.Equal(x, y) {
 			return true
 		}
+	case pgtype.Numeric:
+		// At one scale the unscaled integers compare; else by value (canon).
+		if y, ok := b.(pgtype.Numeric); ok && x.Valid && y.Valid && x.Exp == y.Exp && !x.NaN && !y.NaN &&
+			x.InfinityModifier == pgtype.Finite && y.InfinityModifier == pgtype.Finite && x.Int != nil && y.Int != nil {
+			return x.Int.Cmp(y.Int) == 0
+		}
 	}
 	if b == nil {
 		return false

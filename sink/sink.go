@@ -40,7 +40,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: newStateCache(cfg.CacheKeys), written: map[change.Partition]int64{}}
+		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}}
 	for _, t := range cfg.Tables {
 		s.specs[t.Target] = t
 	}

@@ -72,7 +72,10 @@ type Config struct {
 	// CacheKeys bounds how many keys' latest state the Sink remembers between
 	// batches (0 = 200,000; negative = none). See stateCache.
 	CacheKeys int
-	Logger    *zap.Logger
+	// CacheBytes bounds the estimated memory of that state (0 = 32 MiB;
+	// negative = no bound but CacheKeys).
+	CacheBytes int
+	Logger     *zap.Logger
 }
 
 // DeadLetter is an event that could not be applied. It is written to the
@@ -143,6 +146,9 @@ func (c *Config) defaults() error {
 	}
 	if c.CacheKeys == 0 {
 		c.CacheKeys = 200_000
+	}
+	if c.CacheBytes == 0 {
+		c.CacheBytes = 32 << 20
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

@@ -140,28 +140,29 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.insVersions) > 0 {
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
-		rows := make([][]any, len(w.insVersions))
-		for i, iv := range w.insVersions {
-			rows[i] = append(append([]any(nil), iv.row...), versionBook(iv)...)
-		}
-		if _, err := tx.CopyFrom(ctx, t.hist, cols, pgx.CopyFromRows(rows)); err != nil {
+		rows := copyRows(len(w.insVersions), len(cols), func(i int, row []any) []any {
+			return appendBook(append(row, w.insVersions[i].row...), w.insVersions[i])
+		})
+		if _, err := tx.CopyFrom(ctx, t.hist, cols, rows); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
 	}
 	if len(w.insSide) > 0 {
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable")
-		rows := make([][]any, len(w.insSide))
-		for i, sr := range w.insSide {
-			row := sr.ev.row
-			if row == nil {
-				row = make([]any, len(t.cols))
+		rows := copyRows(len(w.insSide), len(cols), func(i int, row []any) []any {
+			sr := &w.insSide[i]
+			if sr.ev.row != nil {
+				row = append(row, sr.ev.row...)
+			} else {
+				row = row[:len(t.cols)]
+				clear(row)
 				for k, ki := range t.keyIdx {
 					row[ki] = sr.key[k]
 				}
 			}
-			rows[i] = append(append([]any(nil), row...), []byte(sr.ev.seq), sr.ev.op.String(), sr.ev.t, sr.ev.hash, sr.ev.unavail)
-		}
-		if _, err := tx.CopyFrom(ctx, t.side, cols, pgx.CopyFromRows(rows)); err != nil {
+			return append(row, []byte(sr.ev.seq), opText[sr.ev.op], sr.ev.t, sr.ev.hash, sr.ev.unavail)
+		})
+		if _, err := tx.CopyFrom(ctx, t.side, cols, rows); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
 	}
@@ -183,8 +184,8 @@ func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte) 
 	return types, names, args
 }
 
-// versionBook renders a version's bookkeeping columns, in insert order.
-func versionBook(v *version) []any {
+// appendBook appends a version's bookkeeping columns, in insert order.
+func appendBook(row []any, v *version) []any {
 	var to any
 	var cs any
 	if v.closed {
@@ -193,7 +194,32 @@ func versionBook(v *version) []any {
 	if v.closeSeq != nil {
 		cs = []byte(v.closeSeq)
 	}
-	return []any{v.from, to, !v.closed, []byte(v.seq), cs, v.op.String(), v.hash, v.unavail}
+	return append(row, v.from, to, !v.closed, []byte(v.seq), cs, opText[v.op], v.hash, v.unavail)
+}
+
+// opText holds each operation's text, boxed once.
+var opText = func() map[change.Op]any {
+	m := map[change.Op]any{}
+	for _, op := range []change.Op{change.OpCreate, change.OpRead, change.OpUpdate, change.OpDelete, change.OpTruncate} {
+		m[op] = op.String()
+	}
+	return m
+}()
+
+// copyRows streams n rows to COPY, each built by fill into one slice of
+// capacity width that is reused from row to row (pgx encodes a row before
+// it asks for the next).
+func copyRows(n, width int, fill func(i int, row []any) []any) pgx.CopyFromSource {
+	buf := make([]any, 0, width)
+	i := 0
+	return pgx.CopyFromFunc(func() ([]any, error) {
+		if i == n {
+			return nil, nil
+		}
+		row := fill(i, buf[:0])
+		i++
+		return row, nil
+	})
 }
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
@@ -218,13 +244,17 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		{"valid_from", "timestamptz"}, {"valid_to", "timestamptz"}, {"is_current", "boolean"},
 		{"scd_seq", "bytea"}, {"scd_close_seq", "bytea"}, {"scd_op", "text"}, {"scd_hash", "bytea"},
 	}
+	books := make([]any, 0, len(vs)*8)
+	for _, v := range vs {
+		books = appendBook(books, v)
+	}
 	for bi, b := range book {
 		if b.col == "scd_seq" {
 			continue // matched on, not set
 		}
 		types = append(types, b.typ)
 		names = append(names, "b_"+b.col)
-		args = append(args, column(len(vs), func(i int) any { return versionBook(vs[i])[bi] }))
+		args = append(args, column(len(vs), func(i int) any { return books[i*8+bi] }))
 		sets = append(sets, fmt.Sprintf("%s = x.b_%s", b.col, b.col))
 	}
 	// unnest flattens arrays of arrays, so the column list travels joined.

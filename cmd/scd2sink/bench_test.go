@@ -31,7 +31,7 @@ import (
 // Type-1-only updates, deletes with their tombstones, re-creates; one
 // table with REPLICA IDENTITY FULL before images), until every offset is
 // applied; then COPYs the resulting history rows into tables of the same
-// shape and indexes. It reports events/s (changes, from the first applied
+// shape and indexes (the best of three). It reports events/s (changes, from the first applied
 // batch to the last), the COPY rows/s and their ratio, the binary's peak
 // RSS, its allocations per event and its CPU per event in each stage
 // (from a CPU profile of the whole run). Three shapes of the same changes:
@@ -174,7 +174,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 		prof := filepath.Join(b.TempDir(), "cpu.prof")
 		cmd := exec.Command(binary(b), "run", "--config", cfgFile)
 		cmd.Stderr = os.Stderr
-		cmd.Env = append(os.Environ(), "SCD2SINK_CPUPROFILE="+prof, os.Getenv("BENCH_ENV"))
+		cmd.Env = append(append(os.Environ(), "SCD2SINK_CPUPROFILE="+prof), strings.Fields(os.Getenv("BENCH_ENV"))...) // BENCH_ENV: the binary's own settings (GOGC=... GOMEMLIMIT=...)
 		b.StartTimer()
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
@@ -201,7 +201,8 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 		}
 		done := time.Now()
 		b.StopTimer()
-		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count")
+		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count",
+			"scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count", "scd2sink_events_released_early_total")
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
 			b.Fatalf("scd2sink: %v", err)
@@ -216,9 +217,18 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 			var n int64
 			_ = pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s_history`, src.Table)).Scan(&n)
 			versions += n
-			rows, dur := scdtest.CopyBaseline(b, pool, pgx.Identifier{src.Table + "_history"}, pgx.Identifier{src.Table + "_copy"}, benchColumns(src), 10_000)
-			copyRows += rows
-			copyDur += dur
+			// The best of three COPYs: the yardstick at its fastest.
+			var best time.Duration
+			for i := range 3 {
+				rows, dur := scdtest.CopyBaseline(b, pool, pgx.Identifier{src.Table + "_history"}, pgx.Identifier{fmt.Sprintf("%s_copy%d", src.Table, i)}, benchColumns(src), 10_000)
+				if i == 0 || dur < best {
+					best = dur
+				}
+				if i == 0 {
+					copyRows += rows
+				}
+			}
+			copyDur += best
 		}
 		steady := done.Sub(first)
 		eps := float64(nEvents) / steady.Seconds()
@@ -236,6 +246,10 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 			nEvents, nRecords, versions, done.Sub(start).Round(time.Millisecond), steady.Round(time.Millisecond), eps,
 			sustained, copyRows, copyDur.Round(time.Millisecond), rps, eps/rps, sustained/rps, rssMiB,
 			m["go_memstats_mallocs_total"]/float64(nEvents), m["go_gc_duration_seconds_count"])
+		applyBusy := m["scd2sink_batch_apply_seconds_sum"] / steady.Seconds()
+		b.ReportMetric(applyBusy, "apply_busy")
+		b.Logf("the applier was busy %.0f%% of the time (%.0f transactions, %.1f s); %.0f events released early (buffer over its byte budget)",
+			100*applyBusy, m["scd2sink_batch_apply_seconds_count"], m["scd2sink_batch_apply_seconds_sum"], m["scd2sink_events_released_early_total"])
 		reportStages(b, prof, nEvents)
 		if dst := os.Getenv("BENCH_PROFILE_DIR"); dst != "" {
 			if data, err := os.ReadFile(prof); err == nil {

@@ -101,6 +101,26 @@ type Event struct {
 	hashd bool
 }
 
+// Size estimates the memory an event holds, in bytes: the struct, the raw
+// row image, the sequence and the key. The sequencer bounds its buffer
+// with it.
+func (e *Event) Size() int {
+	n := eventOverhead + len(e.AfterJSON) + len(e.Seq) + len(e.keyID) + len(e.Table)
+	for _, v := range e.Key {
+		n += 16
+		if s, ok := v.(string); ok {
+			n += len(s)
+		}
+	}
+	if e.After != nil {
+		n += 64 * len(e.After) // a decoded image: map entries and boxed values
+	}
+	return n
+}
+
+// eventOverhead is an Event's struct and the allocations around it.
+const eventOverhead = 320
+
 // KeyID returns a canonical string identifying the event's business key
 // within its table; equal keys give equal strings.
 func (e *Event) KeyID() string {
