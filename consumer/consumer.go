@@ -111,7 +111,7 @@ type Consumer struct {
 	anchors    *anchors
 	pending    []*change.Event
 	dead       []sink.DeadLetter
-	since      time.Time                  // when the oldest pending item was taken
+	since      time.Time                  // when the oldest pending item was fetched
 	committed  map[change.Partition]int64 // last offsets committed to Kafka
 	lastCommit time.Time
 	hwm        map[change.Partition]int64
@@ -318,6 +318,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	// commit point stays below that record.
 	var stopped map[change.Partition]bool
 	var hdrs []debezium.Header
+	received := time.Now().UnixNano()
 	fetches.EachRecord(func(r *kgo.Record) {
 		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
 		if stopped[o.Partition] {
@@ -343,6 +344,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: err.Error(), Table: c.target(r.Topic)})
 			c.seq.Skip(o)
 		default:
+			ev.Received = received
 			if ev.Seq == nil {
 				ev.Seq = c.anchors.anchor(o) // a snapshot read without a sequence
 			} else {
@@ -375,9 +377,17 @@ func (c *Consumer) addDead(d sink.DeadLetter) {
 	c.dead = append(c.dead, d)
 }
 
+// collect adds what the sequencer released to the pending batch. The
+// batch's age is its oldest event's: the time an event waited in the
+// reorder window counts towards batch_max_wait.
 func (c *Consumer) collect(out sequencer.Output) {
 	if out.Len() > 0 && len(c.pending) == 0 && len(c.dead) == 0 {
 		c.since = time.Now()
+	}
+	for _, ev := range out.Events {
+		if ev.Received > 0 && ev.Received < c.since.UnixNano() {
+			c.since = time.Unix(0, ev.Received)
+		}
 	}
 	c.pending = append(c.pending, out.Events...)
 	for _, cf := range out.Conflicts {
@@ -397,7 +407,9 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	c.collect(c.seq.Release())
 	c.noteBuffer()
 	n := len(c.pending) + len(c.dead)
-	due := n >= c.cfg.BatchMaxEvents || (n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait)
+	// A batch that is old enough waits while the applier is busy: it
+	// would wait for it anyway, and it grows meanwhile (group commit).
+	due := n >= c.cfg.BatchMaxEvents || (n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait && c.applier.idle())
 	if !due && !force && !c.commitStale() {
 		return nil
 	}

@@ -95,6 +95,9 @@ type Event struct {
 	// schema); without it AfterJSON is decoded as schemaless JSON.
 	Row    RowDecoder
 	Origin Origin
+	// Received is when the consumer fetched the event (unix nanoseconds;
+	// 0 if unknown): a batch's age counts from its oldest event's.
+	Received int64
 
 	keyID string
 	hash  [16]byte
