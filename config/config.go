@@ -301,7 +301,7 @@ func (c *Config) applyDefaults() {
 		c.Sequencer.MaxBufferedEvents = 200000
 	}
 	if c.Sequencer.MaxBufferedBytes == 0 {
-		c.Sequencer.MaxBufferedBytes = 32 << 20
+		c.Sequencer.MaxBufferedBytes = 16 << 20
 	}
 	if c.Sink.BatchMaxEvents == 0 {
 		c.Sink.BatchMaxEvents = 10000

@@ -23,7 +23,7 @@ type applier struct {
 }
 
 func newApplier(c *Consumer) *applier {
-	return &applier{c: c, jobs: make(chan job), done: make(chan struct{})}
+	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{})}
 }
 
 // run applies batches until jobs is closed.
@@ -64,6 +64,9 @@ func (a *applier) wait() error {
 }
 
 func (a *applier) idle() bool { return a.busy.Load() == 0 }
+
+// queued reports whether a batch waits behind the one being applied.
+func (a *applier) queued() bool { return a.busy.Load() >= 2 }
 
 func (a *applier) err() error {
 	if p := a.failed.Load(); p != nil {

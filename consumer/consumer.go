@@ -407,9 +407,13 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	c.collect(c.seq.Release())
 	c.noteBuffer()
 	n := len(c.pending) + len(c.dead)
-	// A batch that is old enough waits while the applier is busy: it
-	// would wait for it anyway, and it grows meanwhile (group commit).
-	due := n >= c.cfg.BatchMaxEvents || (n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait && c.applier.idle())
+	// A batch that is old enough goes at once to an idle applier. While
+	// the applier is busy it grows (group commit) and is prepared and
+	// queued behind the running one when it is half full, so that the
+	// applier finds it ready; while one is queued it waits.
+	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
+	due := n >= c.cfg.BatchMaxEvents || (old && c.applier.idle()) ||
+		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/tidwall/gjson"
 )
 
 // unavailable marks Debezium's unavailable-value placeholder inside a typed
@@ -32,6 +33,9 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 	}
 	if s, ok := v.(string); ok && s == change.Unavailable {
 		return unavailable{}, nil
+	}
+	if same(col.oid, v) {
+		return v, nil // already what the column holds: no copy, no new box
 	}
 	switch col.oid {
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID:
@@ -137,6 +141,37 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 		return nil, fmt.Errorf("value %q does not fit type %s: %w", asText(v), col.typeName, err)
 	}
 	return out, nil
+}
+
+// same reports whether v is already the value convert would return for a
+// column of type oid (the common case for events decoded with a schema).
+func same(oid uint32, v any) bool {
+	switch x := v.(type) {
+	case string:
+		return oid == pgtype.TextOID || oid == pgtype.VarcharOID || oid == pgtype.BPCharOID || oid == pgtype.NameOID
+	case int64:
+		return oid == pgtype.Int8OID
+	case int32:
+		return oid == pgtype.Int4OID
+	case int16:
+		return oid == pgtype.Int2OID
+	case bool:
+		return oid == pgtype.BoolOID
+	case float64:
+		return oid == pgtype.Float8OID
+	case pgtype.Numeric:
+		return oid == pgtype.NumericOID
+	case time.Time:
+		switch oid {
+		case pgtype.TimestamptzOID:
+			return x.Nanosecond()%1000 == 0
+		case pgtype.TimestampOID:
+			return x.Nanosecond()%1000 == 0 && x.Location() == time.UTC
+		case pgtype.DateOID:
+			return x.Location() == time.UTC && x.Hour() == 0 && x.Minute() == 0 && x.Second() == 0 && x.Nanosecond() == 0
+		}
+	}
+	return false
 }
 
 // convertArray converts each element of an array value.
@@ -268,10 +303,10 @@ func asTime(oid uint32, v any) (time.Time, error) {
 func asJSON(v any) (any, error) {
 	switch x := v.(type) {
 	case json.RawMessage:
-		if !json.Valid(x) {
+		if !gjson.ValidBytes(x) {
 			return nil, fmt.Errorf("not JSON: %q", clipText(string(x)))
 		}
-		return x, nil
+		return v, nil
 	case string:
 		if json.Valid([]byte(x)) {
 			return json.RawMessage(x), nil

@@ -43,7 +43,7 @@ func main() {
 	// The garbage collector's defaults, chosen by BenchmarkPipeline
 	// (docs/benchmarks.md): collect at 100% growth, but keep the heap under
 	// a soft limit of 200 MiB, which the default buffers fit (the reorder
-	// buffer's 32 MiB, the sink's 32 MiB cache, two batches in flight).
+	// buffer's 16 MiB, the sink's 32 MiB cache, three batches in flight).
 	// GOGC and GOMEMLIMIT in the environment override them; raise
 	// GOMEMLIMIT with wide rows or larger buffers.
 	if os.Getenv("GOGC") == "" {
