@@ -68,6 +68,12 @@ type runner struct {
 // start runs a consumer over a real sink until stopped.
 func start(t *testing.T, addrs []string, pool *pgxpool.Pool, schema string, specs []sink.TableSpec, window time.Duration) *runner {
 	t.Helper()
+	return startWith(t, addrs, pool, schema, specs, window, nil)
+}
+
+// startWith is start with the consumer's configuration adjusted by tweak.
+func startWith(t *testing.T, addrs []string, pool *pgxpool.Pool, schema string, specs []sink.TableSpec, window time.Duration, tweak func(*consumer.Config)) *runner {
+	t.Helper()
 	s, err := sink.New(sink.Config{Schema: schema, Tables: specs, ConsumerGroup: "g"}, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -75,9 +81,13 @@ func start(t *testing.T, addrs []string, pool *pgxpool.Pool, schema string, spec
 	if err := s.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(consumer.Config{Brokers: addrs, GroupID: "g", ClientID: "test", StartOffset: "earliest",
+	cfg := consumer.Config{Brokers: addrs, GroupID: "g", ClientID: "test", StartOffset: "earliest",
 		Rules: rulesFor(specs), ReorderWindow: window, MaxBufferedEvents: 1000, BatchMaxEvents: 50,
-		BatchMaxWait: 20 * time.Millisecond}, s, nil)
+		BatchMaxWait: 20 * time.Millisecond}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	c, err := consumer.New(cfg, s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
