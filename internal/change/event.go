@@ -116,7 +116,7 @@ func (e *Event) Size() int {
 		}
 	}
 	if e.After != nil {
-		n += 64 * len(e.After) // a decoded image: map entries and boxed values
+		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
 	return n
 }
