@@ -111,6 +111,29 @@ func firstLine(s string) string {
 	return s
 }
 
+// asOfFunction renders the DDL of <target>_as_of(at timestamptz): the
+// versions valid at at (DESIGN.md section 4). Its result type is the
+// history table's row type, so it follows added columns; a table renamed
+// or dropped (rebuild) needs it dropped first (AsOfFunctionDDL).
+func asOfFunction(schema, target, create string) string {
+	hist := pgx.Identifier{schema, target}.Sanitize()
+	return fmt.Sprintf(`%s FUNCTION %s(at timestamptz) RETURNS SETOF %s LANGUAGE sql STABLE AS
+		$scd2sink$ SELECT * FROM %s WHERE valid_from <= at AND (valid_to IS NULL OR at < valid_to) $scd2sink$`,
+		create, pgx.Identifier{schema, target + "_as_of"}.Sanitize(), hist, hist)
+}
+
+// DropAsOfFunction renders the DDL that drops a target's as-of function
+// (before its history table is dropped or renamed away).
+func DropAsOfFunction(schema, target string) string {
+	return fmt.Sprintf("DROP FUNCTION IF EXISTS %s(timestamptz)", pgx.Identifier{schema, target + "_as_of"}.Sanitize())
+}
+
+// CreateAsOfFunction renders the DDL that creates a target's as-of
+// function anew (after a rebuild swapped its history table in).
+func CreateAsOfFunction(schema, target string) string {
+	return asOfFunction(schema, target, "CREATE")
+}
+
 // ensureTable creates the history table, its side table and view if missing
 // (source columns first: spec.Columns, then extra, in order), adds the
 // columns of extra that an existing table lacks, and reads the table's
@@ -180,7 +203,8 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		def := pgx.Identifier{c.Name}.Sanitize() + " " + keyType(c.PGType)
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s", hist, def))
 	}
-	stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist))
+	stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist),
+		asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE"))
 	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
 		return nil, fmt.Errorf("creating history table %s: %w", hist, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -160,6 +161,7 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 	for _, t := range rc.Tables {
 		stmts = append(stmts,
 			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
+			sink.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
 			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
 				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize()))
 	}
@@ -267,6 +269,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 				}
 				for _, q := range []string{
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
+					sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+"_scd_key_seq"), bare(old+"_scd_key_seq")),
@@ -283,6 +286,9 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_key_seq"), bare(live+"_scd_key_seq")),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_events_key_seq"), bare(live+"_scd_events_key_seq")),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
+				sink.DropAsOfFunction(cfg.Postgres.Schema, rb),
+				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
+				sink.CreateAsOfFunction(cfg.Postgres.Schema, live),
 			} {
 				if err := exec(q); err != nil {
 					return err

@@ -134,6 +134,14 @@ tables:
 			t.Errorf("%s rebuilt differs from the fold:\n%s", spec.Target, d)
 		}
 	}
+	// The as-of function serves the swapped-in table.
+	for _, spec := range sc.Specs {
+		var asOf, current int64
+		q := fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s_as_of('infinity')), (SELECT count(*) FROM %[1]s_current)`, spec.Target)
+		if err := pool.QueryRow(ctx, q).Scan(&asOf, &current); err != nil || asOf != current {
+			t.Fatalf("%s_as_of after the swap: %d rows, current view %d (%v)", spec.Target, asOf, current, err)
+		}
+	}
 	var liveOffsets int64
 	_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = 'live'").Scan(&liveOffsets)
 	if liveOffsets != int64(len(recs)) {
