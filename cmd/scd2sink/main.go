@@ -3,6 +3,7 @@
 //
 //	scd2sink run      --config FILE
 //	scd2sink verify   --config FILE
+//	scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
 //	scd2sink demo
 //	scd2sink version
 package main
@@ -17,6 +18,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/scd2sink/scd2sink/config"
@@ -34,8 +36,13 @@ const usage = `usage:
                                     replay every topic from the earliest offset into fresh tables,
                                     swap them in when caught up; with --follow carry on as run
   scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
+  scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
+                                    print a key's versions (T: a target or topic; V: the key
+                                    values in key column order), or the version valid at TIME;
+                                    exit 1 when there is none
   scd2sink demo                     play a scripted scenario in-process and print its history
   scd2sink version
+  scd2sink help                     this text (also -h, --help)
 (--config defaults to $SCD2SINK_CONFIG, then scd2sink.yaml)
 `
 
@@ -61,12 +68,24 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file")
 	follow := false
 	if cmd == "rebuild" {
 		fs.BoolVar(&follow, "follow", false, "carry on as run after the swap")
+	}
+	var hq app.HistoryQuery
+	var keyList string
+	if cmd == "history" {
+		fs.StringVar(&hq.Table, "table", "", "a configured target, or its topic")
+		fs.StringVar(&keyList, "key", "", "the key values, comma-separated, in key column order")
+		fs.StringVar(&hq.At, "at", "", "a time: print the version valid then")
 	}
 	if err := fs.Parse(rest); err != nil {
 		return 2
@@ -81,7 +100,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
-	case "run", "verify", "rebuild":
+	case "run", "verify", "rebuild", "history":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -95,6 +114,23 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return exitCode(stderr, err)
 	}
 	defer func() { _ = log.Sync() }()
+	if cmd == "history" {
+		if hq.Table == "" || keyList == "" {
+			fmt.Fprintf(stderr, "scd2sink history: --table and --key are required\n%s", usage)
+			return 2
+		}
+		hq.Key = strings.Split(keyList, ",")
+		err := app.History(context.Background(), cfg, hq, stdout)
+		if errors.Is(err, app.ErrNoVersions) {
+			what := "no versions"
+			if hq.At != "" {
+				what = "no version valid at " + hq.At
+			}
+			fmt.Fprintf(stderr, "%s: key %s: %s\n", hq.Table, keyList, what)
+			return 1
+		}
+		return exitCode(stderr, err)
+	}
 	if cmd == "verify" {
 		n, err := app.Verify(context.Background(), cfg, stdout)
 		if err != nil {
