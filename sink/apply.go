@@ -252,7 +252,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 			evs = append(evs, t.withPlaceholders(fevent{seq: v.seq, op: v.op, t: v.from, row: v.row, hash: v.hash, unavail: v.unavail}))
 		}
 	}
-	fresh := 0
+	var fresh []fevent
 	for _, e := range batch {
 		if hash, ok := existing[string(e.seq)]; ok {
 			if bytes.Equal(hash, e.hash) {
@@ -263,11 +263,12 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 			continue
 		}
 		evs = append(evs, e)
-		fresh++
+		fresh = append(fresh, e)
 	}
-	if fresh == 0 && !forced {
+	if len(fresh) == 0 && !forced {
 		return dead
 	}
+	w.repairs = append(w.repairs, repairNote{key: kp.key, cause: repairCause(fresh, truncs)})
 	evs = append(evs, truncs...)
 	sortEvents(evs)
 	st := foldState{}
@@ -326,7 +327,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	for _, o := range oldSide {
 		w.delSide = append(w.delSide, sideRow{key: kp.key, ev: o})
 	}
-	res.Events += fresh
+	res.Events += len(fresh)
 	res.Repaired++
 	return dead
 }

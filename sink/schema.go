@@ -26,16 +26,18 @@ type colInfo struct {
 
 // table is a history table as it exists in the database.
 type table struct {
-	spec   TableSpec
-	hist   pgx.Identifier
-	side   pgx.Identifier
-	view   pgx.Identifier
-	cols   []colInfo
-	colIdx map[string]int
-	keyIdx []int // in spec.Keys order
-	trkIdx []int
-	t1Idx  []int
-	ignore map[string]bool
+	spec TableSpec
+	hist pgx.Identifier
+	side pgx.Identifier
+	// repairs is <target>_scd_repairs, the audit of late repairs.
+	repairs pgx.Identifier
+	view    pgx.Identifier
+	cols    []colInfo
+	colIdx  map[string]int
+	keyIdx  []int // in spec.Keys order
+	trkIdx  []int
+	t1Idx   []int
+	ignore  map[string]bool
 	// hasInfinity: a timestamp or date column may read back as infinity.
 	hasInfinity bool
 }
@@ -140,11 +142,12 @@ func CreateAsOfFunction(schema, target string) string {
 // columns back.
 func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*table, error) {
 	t := &table{
-		spec:   spec,
-		hist:   pgx.Identifier{spec.Schema, spec.Target},
-		side:   pgx.Identifier{spec.Schema, spec.Target + "_scd_events"},
-		view:   pgx.Identifier{spec.Schema, spec.Target + "_current"},
-		ignore: map[string]bool{},
+		spec:    spec,
+		hist:    pgx.Identifier{spec.Schema, spec.Target},
+		side:    pgx.Identifier{spec.Schema, spec.Target + "_scd_events"},
+		repairs: pgx.Identifier{spec.Schema, spec.Target + "_scd_repairs"},
+		view:    pgx.Identifier{spec.Schema, spec.Target + "_current"},
+		ignore:  map[string]bool{},
 	}
 	for _, c := range spec.IgnoreColumns {
 		t.ignore[c] = true
@@ -218,7 +221,10 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", side, pgx.Identifier{c.name}.Sanitize(), c.fullType))
 	}
 	stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
-		pgx.Identifier{spec.Target + "_scd_events_key_seq"}.Sanitize(), side, keyIdents))
+		pgx.Identifier{spec.Target + "_scd_events_key_seq"}.Sanitize(), side, keyIdents),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			repaired_at timestamptz NOT NULL DEFAULT now(), key jsonb NOT NULL, cause_seq bytea,
+			before jsonb NOT NULL, after jsonb)`, t.repairs.Sanitize()))
 	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
 		return nil, fmt.Errorf("creating side table %s: %w", side, err)
 	}

@@ -34,6 +34,7 @@ type writes struct {
 	full        []*version
 	insVersions []*version
 	insSide     []sideRow
+	repairs     []repairNote // late repairs, audited in <target>_scd_repairs
 }
 
 // unnest renders "unnest($a::t[], ...) AS alias(n1, ...)" for column arrays.
@@ -79,6 +80,17 @@ func (t *table) keyMatch(h, x string) string {
 }
 
 func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
+	audit, err := w.recordRepairsBefore(ctx, tx, t)
+	if err != nil {
+		return err
+	}
+	if err := w.execWrites(ctx, tx, t); err != nil {
+		return err
+	}
+	return w.recordRepairsAfter(ctx, tx, t, audit)
+}
+
+func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	if len(w.delVersions) > 0 {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {

@@ -162,8 +162,9 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 		stmts = append(stmts,
 			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
 			sink.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
-			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
-				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize()))
+			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
+				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize(),
+				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_repairs"}.Sanitize()))
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, st := range stmts {
@@ -287,6 +288,8 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_events_key_seq"), bare(live+"_scd_events_key_seq")),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
 				sink.DropAsOfFunction(cfg.Postgres.Schema, rb),
+				// The live audit of repairs stays; the replay's own is dropped.
+				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(rb+"_scd_repairs")),
 				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 				sink.CreateAsOfFunction(cfg.Postgres.Schema, live),
 			} {
