@@ -121,6 +121,24 @@ type Table struct {
 	IgnoreColumns []string `yaml:"ignore_columns"`
 	Type1Scope    string   `yaml:"type1_scope"`
 	Deletes       string   `yaml:"deletes"`
+	Views         []View   `yaml:"views"`
+}
+
+// View is one views: entry of a table: the history in another convention
+// (DESIGN.md section 3).
+type View struct {
+	Name string `yaml:"name"`
+	// Columns renames columns: source columns, scd_id, valid_from,
+	// valid_to, is_current.
+	Columns map[string]string `yaml:"columns"`
+	// Grain is timestamp (default) or day.
+	Grain string `yaml:"grain"`
+	// TimeZone is the IANA zone whose days grain day uses (default UTC).
+	TimeZone string `yaml:"time_zone"`
+	// End is exclusive (default) or inclusive.
+	End string `yaml:"end"`
+	// CurrentEnd replaces NULL in the end column of current versions.
+	CurrentEnd string `yaml:"current_end"`
 }
 
 // Error is a configuration error: Key names the offending key (as a path

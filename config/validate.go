@@ -137,6 +137,7 @@ func (c *Config) validateTables() error {
 		return errf("tables", "at least one table is required")
 	}
 	topics, targets := map[string]int{}, map[string]int{}
+	views := map[string]string{}
 	for i, t := range c.Tables {
 		key := func(field string) string { return fmt.Sprintf("tables[%d].%s", i, field) }
 		if t.Topic == "" {
@@ -197,6 +198,11 @@ func (c *Config) validateTables() error {
 				return errf(key("ignore_columns"), "%q is a key column", col)
 			}
 		}
+		for j := range t.Views {
+			if err := validateView(fmt.Sprintf("tables[%d].views[%d]", i, j), &c.Tables[i].Views[j], views); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -211,6 +217,59 @@ func distinct(key string, list []string) error {
 			return errf(key, "%q appears twice", s)
 		}
 		seen[s] = true
+	}
+	return nil
+}
+
+// validateView checks a views: entry and fills its defaults; seen maps the
+// view names met so far to their keys.
+func validateView(key string, v *View, seen map[string]string) error {
+	if !identifier.MatchString(v.Name) {
+		return errf(key+".name", "%q is not a plain identifier", v.Name)
+	}
+	if other, dup := seen[v.Name]; dup {
+		return errf(key+".name", "%q is also %s.name", v.Name, other)
+	}
+	seen[v.Name] = key
+	if v.Grain == "" {
+		v.Grain = "timestamp"
+	}
+	if v.End == "" {
+		v.End = "exclusive"
+	}
+	if v.TimeZone == "" {
+		v.TimeZone = "UTC"
+	}
+	if err := oneOf(key+".grain", v.Grain, "timestamp", "day"); err != nil {
+		return err
+	}
+	if err := oneOf(key+".end", v.End, "exclusive", "inclusive"); err != nil {
+		return err
+	}
+	if _, err := time.LoadLocation(v.TimeZone); err != nil {
+		return errf(key+".time_zone", "%q is not an IANA time zone", v.TimeZone)
+	}
+	if v.CurrentEnd != "" {
+		layouts := []string{"2006-01-02", time.RFC3339Nano, "2006-01-02 15:04:05"}
+		ok := false
+		for _, l := range layouts {
+			if _, err := time.Parse(l, v.CurrentEnd); err == nil {
+				ok = true
+			}
+		}
+		if !ok {
+			return errf(key+".current_end", "%q is not a date or timestamp (2006-01-02 or RFC 3339)", v.CurrentEnd)
+		}
+	}
+	names := map[string]string{}
+	for from, to := range v.Columns {
+		if from == "" || !identifier.MatchString(to) {
+			return errf(key+".columns", "%q: %q is not a plain identifier", from, to)
+		}
+		if other, dup := names[to]; dup {
+			return errf(key+".columns", "%q and %q are both renamed to %q", other, from, to)
+		}
+		names[to] = from
 	}
 	return nil
 }

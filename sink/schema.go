@@ -214,6 +214,11 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	if err := t.load(ctx, pool); err != nil {
 		return nil, err
 	}
+	if vs := t.viewStatements(); len(vs) > 0 {
+		if err := inDDLTx(ctx, pool, "scd2sink views of "+hist, vs); err != nil {
+			return nil, fmt.Errorf("creating the views of %s: %w", hist, err)
+		}
+	}
 	// The side table mirrors the history table's source columns and types.
 	stmts = []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[])`, side)}

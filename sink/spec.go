@@ -53,6 +53,9 @@ type TableSpec struct {
 	IgnoreColumns []string
 	Type1Scope    Type1Scope
 	Deletes       DeletesMode
+	// Views are presentations of the history in other conventions,
+	// created and replaced with the table.
+	Views []ViewSpec
 }
 
 // Config is the sink's configuration.

@@ -43,9 +43,18 @@ func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	for _, t := range cfg.Tables {
 		sc.Tables = append(sc.Tables, sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
 			TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
-			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes)})
+			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views)})
 	}
 	return sc
+}
+
+func viewSpecs(vs []config.View) []sink.ViewSpec {
+	var out []sink.ViewSpec
+	for _, v := range vs {
+		out = append(out, sink.ViewSpec{Name: v.Name, Columns: v.Columns, Day: v.Grain == "day", TimeZone: v.TimeZone,
+			Inclusive: v.End == "inclusive", CurrentEnd: v.CurrentEnd})
+	}
+	return out
 }
 
 // Rules turns the configuration's tables into the decoder's rules.

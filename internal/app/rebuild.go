@@ -20,12 +20,14 @@ const RebuildSuffix = "__rebuild"
 
 // rebuildConfig is cfg aimed at the rebuild tables: every target with
 // RebuildSuffix, its own consumer group starting from the earliest offset,
-// its own dead-letter table, no HTTP endpoint.
+// its own dead-letter table, no HTTP endpoint, no views (the swap points
+// the live views at the rebuilt tables).
 func rebuildConfig(cfg *config.Config) *config.Config {
 	rc := *cfg
 	rc.Tables = append([]config.Table(nil), cfg.Tables...)
 	for i := range rc.Tables {
 		rc.Tables[i].Target += RebuildSuffix
+		rc.Tables[i].Views = nil
 	}
 	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
 	rc.Kafka.StartOffset = "earliest"
@@ -293,6 +295,18 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 				sink.CreateAsOfFunction(cfg.Postgres.Schema, live),
 			} {
+				if err := exec(q); err != nil {
+					return err
+				}
+			}
+			// The views now read the rebuilt table.
+			spec := SinkConfig(cfg, zap.NewNop()).Tables[i]
+			spec.Schema = schema
+			views, err := sink.ViewStatements(ctx, tx, spec, live)
+			if err != nil {
+				return err
+			}
+			for _, q := range views {
 				if err := exec(q); err != nil {
 					return err
 				}

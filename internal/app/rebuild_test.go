@@ -64,7 +64,8 @@ http: {addr: ""}
 sequencer: {reorder_window: 20ms}
 sink: {batch_max_events: 300, batch_max_wait: 10ms}
 tables:
-  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s}
+  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s,
+     views: [{name: dim_acct, grain: day, end: inclusive, current_end: "9999-12-31", columns: {scd_id: acct_key}}]}
   - {topic: src.item, target: item_history, keys: [shop, sku], type1_scope: %s, deletes: %s}
 `, brokers, dsn, a.Type1Scope, a.Deletes, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })
 	if err != nil {
@@ -133,6 +134,12 @@ tables:
 		if d := scdtest.DiffLines(scdtest.ModelLines(spec, cols, scdtest.Fold(spec, cols, sc.Events)), got); d != "" {
 			t.Errorf("%s rebuilt differs from the fold:\n%s", spec.Target, d)
 		}
+	}
+	// The view reads the swapped-in table: every current version, by its key.
+	var viewCur, histCur int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM dim_acct d JOIN acct_history h ON h.scd_id = d.acct_key AND h.acct_id = d.acct_id AND h.valid_from::date = d.valid_from WHERE d.is_current),
+		(SELECT count(*) FROM acct_history WHERE is_current)`).Scan(&viewCur, &histCur); err != nil || viewCur != histCur || histCur == 0 {
+		t.Fatalf("dim_acct after the swap: %d current rows joining acct_history, which has %d (%v)", viewCur, histCur, err)
 	}
 	// The as-of function serves the swapped-in table.
 	for _, spec := range sc.Specs {

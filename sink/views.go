@@ -1,0 +1,115 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ViewSpec is a presentation of a history table in another convention
+// (DESIGN.md section 3): a view in the target's schema showing scd_id,
+// valid_from, valid_to, is_current and the source columns, renamed by
+// Columns.
+type ViewSpec struct {
+	Name string
+	// Columns maps column names to the names the view shows.
+	Columns map[string]string
+	// Day: one row per version that was valid at the end of at least one
+	// day in TimeZone, with dates for start and end (grain: day).
+	Day      bool
+	TimeZone string
+	// Inclusive: the end is the last day (Day) or microsecond of validity.
+	Inclusive bool
+	// CurrentEnd replaces NULL in the end of current versions ("" keeps NULL).
+	CurrentEnd string
+}
+
+// viewSQL renders CREATE OR REPLACE VIEW for v over the history table
+// schema.target with source columns cols. The bookkeeping columns come
+// first, so a source column added later extends the view at its end, as
+// CREATE OR REPLACE VIEW allows.
+func viewSQL(schema, target string, v ViewSpec, cols []string) string {
+	name := func(c string) string {
+		if to, ok := v.Columns[c]; ok {
+			return pgx.Identifier{to}.Sanitize()
+		}
+		return pgx.Identifier{c}.Sanitize()
+	}
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	tz := lit(v.TimeZone)
+	start, end, kind := "valid_from", "valid_to", "timestamptz"
+	if v.Day {
+		start = fmt.Sprintf("(valid_from AT TIME ZONE %s)::date", tz)
+		end = fmt.Sprintf("(valid_to AT TIME ZONE %s)::date", tz)
+		kind = "date"
+	}
+	switch {
+	case v.Inclusive && v.Day:
+		end = "(" + end + " - 1)"
+	case v.Inclusive:
+		end = "(valid_to - interval '1 microsecond')"
+	}
+	current := "NULL::" + kind
+	if v.CurrentEnd != "" {
+		current = lit(v.CurrentEnd) + "::" + kind
+	}
+	sel := []string{
+		"scd_id AS " + name("scd_id"),
+		fmt.Sprintf("%s AS %s", start, name("valid_from")),
+		fmt.Sprintf("CASE WHEN valid_to IS NULL THEN %s ELSE %s END AS %s", current, end, name("valid_to")),
+		"is_current AS " + name("is_current"),
+	}
+	for _, c := range cols {
+		sel = append(sel, fmt.Sprintf("%s AS %s", pgx.Identifier{c}.Sanitize(), name(c)))
+	}
+	where := ""
+	if v.Day { // the state at the end of each day: versions that lived past a midnight
+		where = fmt.Sprintf(" WHERE valid_to IS NULL OR (valid_to AT TIME ZONE %[1]s)::date > (valid_from AT TIME ZONE %[1]s)::date", tz)
+	}
+	return fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT %s FROM %s%s", pgx.Identifier{schema, v.Name}.Sanitize(),
+		strings.Join(sel, ", "), pgx.Identifier{schema, target}.Sanitize(), where)
+}
+
+// ViewStatements renders the DDL that (re)creates spec's views over the
+// history table named target, reading its source columns from the
+// catalog: rebuild runs it after swapping a rebuilt table in.
+func ViewStatements(ctx context.Context, tx pgx.Tx, spec TableSpec, target string) ([]string, error) {
+	if len(spec.Views) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+		pgx.Identifier{spec.Schema, target}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("reading the columns of %s: %w", target, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading the columns of %s: %w", target, err)
+	}
+	var cols []string
+	for _, n := range names {
+		if !isBookkeeping(n) {
+			cols = append(cols, n)
+		}
+	}
+	var out []string
+	for _, v := range spec.Views {
+		out = append(out, viewSQL(spec.Schema, target, v, cols))
+	}
+	return out, nil
+}
+
+// viewStatements renders the DDL of t's views from the columns it knows.
+func (t *table) viewStatements() []string {
+	var cols []string
+	for _, c := range t.cols {
+		cols = append(cols, c.name)
+	}
+	var out []string
+	for _, v := range t.spec.Views {
+		out = append(out, viewSQL(t.spec.Schema, t.spec.Target, v, cols))
+	}
+	return out
+}
