@@ -223,6 +223,11 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		}
 	}
 	ev.Seq = seq
+	if op == change.OpRead && seq != nil {
+		snap, _ := avroPath(s.root, rec, sourceSnapshot)
+		str, _ := snap.(string)
+		ev.SnapshotEnd = snapshotEnd(str)
+	}
 	if op.HasAfter() {
 		after, _ := avroPath(s.root, rec, []string{"after"})
 		m, ok := after.(map[string]any)

@@ -102,6 +102,16 @@ func (d *Decoder) Target(topic string) string {
 // heartbeats, and another error, naming what is wrong, for anything that
 // must go to the dead-letter table. The event keeps no reference to key or
 // value.
+// sourceSnapshot is the envelope path of Debezium's snapshot marker.
+var sourceSnapshot = []string{"source", "snapshot"}
+
+// snapshotEnd reports whether a source.snapshot marker ends a table's full
+// snapshot ("last" ends the whole snapshot, "last_in_data_collection" one
+// table's part of it; "incremental" never counts).
+func snapshotEnd(marker string) bool {
+	return marker == "last" || marker == "last_in_data_collection"
+}
+
 // A snapshot read (op r) without a sequence, as incremental snapshots
 // write them, comes back with a nil Seq: the caller anchors it in its
 // partition (see consumer).

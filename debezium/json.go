@@ -305,6 +305,9 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		}
 	}
 	ev.Seq = seq
+	if opv == change.OpRead && seq != nil {
+		ev.SnapshotEnd = snapshotEnd(env.get(sourceSnapshot).Str)
+	}
 	var row *rowSchema
 	if env.schema != nil {
 		row = env.schema.row

@@ -95,6 +95,10 @@ type Event struct {
 	// schema); without it AfterJSON is decoded as schemaless JSON.
 	Row    RowDecoder
 	Origin Origin
+	// SnapshotEnd marks the last read of a table's full snapshot
+	// (source.snapshot last or last_in_data_collection; never an
+	// incremental snapshot's): its Seq is the snapshot's sequence.
+	SnapshotEnd bool
 	// Received is when the consumer fetched the event (unix nanoseconds;
 	// 0 if unknown): a batch's age counts from its oldest event's.
 	Received int64
