@@ -84,6 +84,13 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (
 			target text NOT NULL, scd_seq bytea NOT NULL, valid_from timestamptz NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, scd_seq))`, s),
+		// Completed full snapshots of tables with snapshot_deletes: close,
+		// until their reconciliation is done (reconcile.go).
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_snapshots (
+			consumer_group text NOT NULL, target text NOT NULL, scd_seq bytea NOT NULL,
+			valid_from timestamptz NOT NULL, topic text NOT NULL, until jsonb NOT NULL,
+			recorded_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
+			PRIMARY KEY (consumer_group, target, scd_seq))`, s),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
 			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,

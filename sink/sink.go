@@ -30,6 +30,15 @@ type Sink struct {
 	// written is the offset this Sink last recorded per partition; another
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
+	// snapshotsPending: scd2sink_snapshots may hold snapshots to reconcile;
+	// reconciling guards against reconciling from reconciliation's own
+	// batches (reconcile.go). reconciled is the count of reconciled
+	// snapshots the fence last saw (-1: none seen yet).
+	snapshotsPending bool
+	reconciling      bool
+	reconciled       int64
+	// snapDeletes are the targets with SnapshotDeletes (read-only).
+	snapDeletes map[string]bool
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -40,9 +49,12 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}}
+		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{},
+		snapshotsPending: true, reconciled: -1}
+	s.snapDeletes = map[string]bool{}
 	for _, t := range cfg.Tables {
 		s.specs[t.Target] = t
+		s.snapDeletes[t.Target] = t.SnapshotDeletes
 	}
 	return s, nil
 }
@@ -247,6 +259,10 @@ type Prepared struct {
 	targets []string
 	dead    []DeadLetter
 	early   []earlyTruncate
+	// snapshots are recorded with the batch; lock are partitions locked
+	// without offsets (Batch.Snapshots, Batch.Lock).
+	snapshots []Snapshot
+	lock      []change.Partition
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
 }
@@ -274,6 +290,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
 	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, plans: plans, early: early, mismatches: mismatches,
+		snapshots: b.Snapshots, lock: b.Lock,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -282,8 +299,22 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	return p, nil
 }
 
-// ApplyPrepared applies a prepared batch; see Apply.
+// ApplyPrepared applies a prepared batch; see Apply. Then it reconciles
+// completed snapshots whose topics have been applied past them; a failure
+// there is logged and tried again after the next batch.
 func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+	res, err := s.applyPrepared(ctx, p)
+	if err == nil && s.snapshotsPending && !s.reconciling {
+		s.reconciling = true
+		if rerr := s.reconcile(ctx); rerr != nil {
+			s.log.Warn("snapshot reconciliation failed; trying again after the next batch", zap.Error(rerr))
+		}
+		s.reconciling = false
+	}
+	return res, err
+}
+
+func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
 	var res Result
 	var ops *cacheOps
@@ -297,7 +328,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 			if _, err := tx.Exec(ctx, keyedPlans); err != nil {
 				return fmt.Errorf("setting the batch's planner options: %w", err)
 			}
-			if err := s.fence(ctx, tx, offsets); err != nil {
+			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
 			}
 			for _, e := range p.early {
@@ -320,6 +351,9 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				allDead = append(allDead, d...)
 			}
 			if err := s.writeDeadLetters(ctx, tx, allDead); err != nil {
+				return err
+			}
+			if err := s.recordSnapshots(ctx, tx, p.snapshots); err != nil {
 				return err
 			}
 			res.DeadLetters = len(allDead)
@@ -371,13 +405,18 @@ func (s *Sink) Forget() {
 // fence serialises writers of the batch's partitions (a transaction-scoped
 // advisory lock per partition, taken in a fixed order) and empties the
 // cache if another writer applied one of them since this Sink did.
-func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64) error {
-	if len(offsets) == 0 {
+func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, lock []change.Partition) error {
+	if len(offsets) == 0 && len(lock) == 0 {
 		return nil
 	}
-	parts := make([]change.Partition, 0, len(offsets))
+	parts := make([]change.Partition, 0, len(offsets)+len(lock))
 	for p := range offsets {
 		parts = append(parts, p)
+	}
+	for _, p := range lock {
+		if _, ok := offsets[p]; !ok {
+			parts = append(parts, p)
+		}
 	}
 	sort.Slice(parts, func(i, j int) bool {
 		if parts[i].Topic != parts[j].Topic {
@@ -397,20 +436,36 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
 		return fmt.Errorf("locking partitions: %w", err)
 	}
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset FROM %s.scd2sink_offsets o
-		JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p WHERE o.consumer_group = $1`,
+	// With the offsets, the number of reconciled snapshots: a new one
+	// closed keys behind every writer's back (reconcile.go).
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
+		FROM (SELECT count(*) AS n FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL) g
+		LEFT JOIN (%[1]s.scd2sink_offsets o JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p)
+		ON o.consumer_group = $1`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var p change.Partition
-		var off int64
-		if err := rows.Scan(&p.Topic, &p.Partition, &off); err != nil {
+		var topic *string
+		var part *int32
+		var off *int64
+		var reconciled int64
+		if err := rows.Scan(&topic, &part, &off, &reconciled); err != nil {
 			return err
 		}
-		if w, ok := s.written[p]; !ok || w != off {
+		if reconciled != s.reconciled {
+			if s.reconciled >= 0 {
+				s.cache.reset()
+			}
+			s.reconciled = reconciled
+		}
+		if topic == nil {
+			continue // no offsets recorded yet
+		}
+		p := change.Partition{Topic: *topic, Partition: *part}
+		if w, ok := s.written[p]; !ok || w != *off {
 			s.cache.reset()
 		}
 	}

@@ -53,6 +53,9 @@ type TableSpec struct {
 	IgnoreColumns []string
 	Type1Scope    Type1Scope
 	Deletes       DeletesMode
+	// SnapshotDeletes closes, when a full snapshot of the table completes,
+	// the keys it did not read (DESIGN.md section 5).
+	SnapshotDeletes bool
 	// Views are presentations of the history in other conventions,
 	// created and replaced with the table.
 	Views []ViewSpec
@@ -102,6 +105,25 @@ type Batch struct {
 	// Anchors are, per partition, the highest sequence of the records below
 	// its offset in Offsets; recorded beside the offset (see Sink.Anchors).
 	Anchors map[change.Partition]change.Seq
+	// Snapshots are the full snapshots completed by the batch's events
+	// (an event with SnapshotEnd of a table with SnapshotDeletes); they are
+	// recorded in the batch's transaction and reconciled once every
+	// partition of their topic has been applied past Until.
+	Snapshots []Snapshot
+	// Lock names partitions whose writers the batch excludes without
+	// recording offsets for them (reconciliation's deletes).
+	Lock []change.Partition
+}
+
+// Snapshot is a completed full snapshot of a table.
+type Snapshot struct {
+	Target string
+	Seq    change.Seq // the snapshot's sequence
+	At     time.Time  // the snapshot's time: its deletes' valid-from
+	Topic  string
+	// Until holds, per partition of Topic, the offset every snapshot
+	// record is below (the high watermarks when its last record was read).
+	Until map[int32]int64
 }
 
 // Result counts what one Apply did.

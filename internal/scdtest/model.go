@@ -60,6 +60,9 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 		}
 		byKey[e.KeyID()] = append(byKey[e.KeyID()], e)
 	}
+	if spec.SnapshotDeletes {
+		addSnapshotDeletes(spec, byKey, truncs, evs)
+	}
 	var out []Version
 	for _, list := range byKey {
 		list = append(list, truncs...)
@@ -139,6 +142,56 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 		}
 	}
 	return out
+}
+
+// addSnapshotDeletes adds, for every completed full snapshot of the table
+// (an event with SnapshotEnd, at sequence S), a delete at S with the
+// snapshot's time to each key the snapshot did not read whose events
+// before S leave a version live (DESIGN.md section 5). Snapshots are taken
+// in sequence order: a delete added for one counts for the next.
+func addSnapshotDeletes(spec sink.TableSpec, byKey map[string][]*change.Event, truncs, evs []*change.Event) {
+	var ends []*change.Event
+	for _, e := range evs {
+		if e.Table == spec.Target && e.SnapshotEnd {
+			ends = append(ends, e)
+		}
+	}
+	sort.SliceStable(ends, func(i, j int) bool { return ends[i].Seq.Compare(ends[j].Seq) < 0 })
+	done := map[string]bool{}
+	for _, end := range ends {
+		s := end.Seq
+		if done[string(s)] {
+			continue
+		}
+		done[string(s)] = true
+		for id, list := range byKey {
+			live, read := false, false
+			all := append(append([]*change.Event(nil), list...), truncs...)
+			sort.SliceStable(all, func(i, j int) bool { return all[i].Seq.Compare(all[j].Seq) < 0 })
+			var key []any
+			for _, e := range all {
+				if e.Key != nil && key == nil {
+					key = e.Key
+				}
+				switch c := e.Seq.Compare(s); {
+				case c == 0 && e.Key != nil:
+					read = true
+				case c < 0:
+					switch e.Op {
+					case change.OpCreate, change.OpRead, change.OpUpdate:
+						live = true
+					case change.OpDelete:
+						live = live && spec.Deletes == sink.DeletesIgnore
+					case change.OpTruncate:
+						live = false
+					}
+				}
+			}
+			if live && !read {
+				byKey[id] = append(list, &change.Event{Table: spec.Target, Key: key, Seq: s, Op: change.OpDelete, ValidFrom: end.ValidFrom})
+			}
+		}
+	}
 }
 
 func sameValues(a, b map[string]any, cols map[string]bool) bool {

@@ -1,0 +1,240 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
+)
+
+// Snapshot reconciliation (snapshot_deletes: close, DESIGN.md section 5).
+//
+// A completed full snapshot at sequence S is recorded in scd2sink_snapshots
+// in the transaction of the batch that held its last read, with the offsets
+// every snapshot record of its topic lies below. Once scd2sink_offsets shows
+// every partition of the topic applied that far, the keys the snapshot did
+// not read are the keys with a version live at S (opened below S, not
+// closed by S) and neither a version nor a side row at S: a read at S leaves
+// one or the other. They are found by one streaming query, never held all
+// in memory, and get a delete at S with the snapshot's time, applied like
+// any batch (late deletes are repaired). Applying them again finds them as
+// duplicates, so a crash before the snapshot is marked done only repeats
+// work. The deletes take the advisory locks of the topic's partitions, and
+// marking the snapshot done tells every instance's fence to forget its
+// cache.
+
+// reconcileChunk is how many keys' deletes one batch carries.
+const reconcileChunk = 5000
+
+// recordSnapshots records completed snapshots in the batch's transaction.
+func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
+	recorded := false
+	for _, sn := range snaps {
+		if !s.snapDeletes[sn.Target] {
+			continue
+		}
+		recorded = true
+		until := map[string]int64{}
+		for p, o := range sn.Until {
+			until[strconv.Itoa(int(p))] = o
+		}
+		u, _ := json.Marshal(until)
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_snapshots (consumer_group, target, scd_seq, valid_from, topic, until)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
+			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), sn.At, sn.Topic, u); err != nil {
+			return fmt.Errorf("recording the snapshot of %s: %w", sn.Target, err)
+		}
+	}
+	if recorded {
+		s.snapshotsPending = true
+	}
+	return nil
+}
+
+// reconcile applies the deletes of every recorded snapshot whose topic has
+// been applied past it, and marks it done. Another instance reconciling
+// the same snapshot makes this one skip it.
+func (s *Sink) reconcile(ctx context.Context) error {
+	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic,
+		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
+		FROM %[1]s.scd2sink_snapshots sn
+		CROSS JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until)
+		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
+		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
+	if err != nil {
+		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
+	}
+	type pending struct {
+		sn    Snapshot
+		ready bool
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
+		var p pending
+		var seq []byte
+		err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &p.ready)
+		p.sn.Seq = seq
+		return p, err
+	})
+	if err != nil {
+		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
+	}
+	waiting := false
+	for _, p := range list {
+		if !p.ready {
+			waiting = true
+			continue
+		}
+		if err := s.reconcileOne(ctx, p.sn); err != nil {
+			return err
+		}
+	}
+	s.snapshotsPending = waiting
+	return nil
+}
+
+// reconcileOne reconciles one snapshot under a row lock on its record.
+func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot) error {
+	s.mu.Lock() // Prepare, on another goroutine, adds tables
+	t := s.tables[sn.Target]
+	spec, ok := s.specs[sn.Target]
+	var err error
+	if ok && spec.SnapshotDeletes && t == nil {
+		if len(spec.Keys) == 0 {
+			spec.Keys, err = s.existingKeys(ctx, spec)
+		}
+		if err == nil && len(spec.Keys) > 0 {
+			if t, err = ensureTable(ctx, s.pool, spec, nil); err == nil {
+				s.tables[sn.Target] = t
+			}
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if t == nil || !ok || !spec.SnapshotDeletes {
+		// Not a table of this configuration (any longer): nothing to close.
+		return s.markDone(ctx, nil, sn)
+	}
+	parts, err := s.topicPartitions(ctx, sn)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM %s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
+			AND done_at IS NULL FOR UPDATE SKIP LOCKED`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
+			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&locked); err != nil {
+			if err == pgx.ErrNoRows {
+				return nil // done, or another instance is at it
+			}
+			return fmt.Errorf("locking the snapshot of %s: %w", sn.Target, err)
+		}
+		keys := t.keyNames()
+		sel := make([]string, len(keys))
+		match := make([]string, len(keys))
+		for i, k := range keys {
+			id := pgx.Identifier{k}.Sanitize()
+			sel[i] = "h." + id + "::text"
+			match[i] = fmt.Sprintf("x.%s = h.%s", id, id)
+		}
+		m := strings.Join(match, " AND ")
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s h
+			WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1)
+			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
+			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`,
+			strings.Join(sel, ", "), t.hist.Sanitize(), t.hist.Sanitize(), m, t.side.Sanitize(), m), []byte(sn.Seq))
+		if err != nil {
+			return fmt.Errorf("finding the keys the snapshot of %s did not read: %w", sn.Target, err)
+		}
+		defer rows.Close()
+		var chunk []*change.Event
+		closed := 0
+		flush := func() error {
+			if len(chunk) == 0 {
+				return nil
+			}
+			p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts})
+			if err != nil {
+				return err
+			}
+			if _, err := s.applyPrepared(ctx, p); err != nil {
+				return fmt.Errorf("applying the snapshot deletes of %s: %w", sn.Target, err)
+			}
+			closed += len(chunk)
+			chunk = chunk[:0]
+			return nil
+		}
+		for rows.Next() {
+			vals := make([]string, len(keys))
+			ptrs := make([]any, len(keys))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				return err
+			}
+			key := make([]any, len(vals))
+			for i, v := range vals {
+				key[i] = v
+			}
+			chunk = append(chunk, &change.Event{Table: sn.Target, Key: key, Seq: sn.Seq, Op: change.OpDelete, ValidFrom: sn.At})
+			if len(chunk) == reconcileChunk {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("finding the keys the snapshot of %s did not read: %w", sn.Target, err)
+		}
+		if err := flush(); err != nil {
+			return err
+		}
+		s.log.Info("snapshot reconciled: keys it did not read closed", zap.String("table", sn.Target),
+			zap.Stringer("seq", sn.Seq), zap.Time("at", sn.At), zap.Int("closed", closed))
+		return s.markDone(ctx, tx, sn)
+	})
+}
+
+// markDone marks a snapshot reconciled (in tx when given).
+func (s *Sink) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
+	q := fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET done_at = now() WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize())
+	var err error
+	if tx != nil {
+		_, err = tx.Exec(ctx, q, s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
+	} else {
+		_, err = s.pool.Exec(ctx, q, s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
+	}
+	if err != nil {
+		return fmt.Errorf("marking the snapshot of %s reconciled: %w", sn.Target, err)
+	}
+	return nil
+}
+
+// topicPartitions lists the partitions a snapshot's Until names.
+func (s *Sink) topicPartitions(ctx context.Context, sn Snapshot) ([]change.Partition, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT p::int FROM %s.scd2sink_snapshots, jsonb_object_keys(until) AS p
+		WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3 ORDER BY 1`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
+		s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
+	if err != nil {
+		return nil, fmt.Errorf("reading the partitions of %s: %w", sn.Topic, err)
+	}
+	nums, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("reading the partitions of %s: %w", sn.Topic, err)
+	}
+	out := make([]change.Partition, len(nums))
+	for i, n := range nums {
+		out[i] = change.Partition{Topic: sn.Topic, Partition: n}
+	}
+	return out, nil
+}
