@@ -64,7 +64,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
-		CROSS JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until)
+		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
 		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
 		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL
 		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)

@@ -89,3 +89,42 @@ func withoutEnds(evs []*change.Event) []*change.Event {
 	}
 	return out
 }
+
+// TestReconciliationResetsOtherWritersCaches: the instance that reconciles
+// closes keys whose latest state another instance, owning another
+// partition, remembers; that one must not trust its memory afterwards.
+func TestReconciliationResetsOtherWritersCaches(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	spec := custSpec("public")
+	spec.SnapshotDeletes = true
+	owner, other := newSink(t, pool, "public", spec), newSink(t, pool, "public", spec)
+	h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
+	p0 := change.Partition{Topic: "shop.public.customers", Partition: 0}
+	p1 := change.Partition{Topic: "shop.public.customers", Partition: 1}
+	var all []*change.Event
+	apply := func(s *sink.Sink, b sink.Batch) {
+		t.Helper()
+		if _, err := s.Apply(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b.Events...)
+	}
+	apply(owner, sink.Batch{Events: []*change.Event{
+		cust(change.OpCreate, 10, h(1), "K1", "name", "one", "plan", "basic"),
+		cust(change.OpCreate, 11, h(1), "K2", "name", "two", "plan", "basic"),
+	}, Offsets: map[change.Partition]int64{p0: 2}})
+	end := cust(change.OpRead, 100, h(5), "K2", "name", "two", "plan", "basic")
+	end.SnapshotEnd = true
+	apply(other, sink.Batch{Events: []*change.Event{end}, Offsets: map[change.Partition]int64{p1: 1},
+		Snapshots: []sink.Snapshot{{Target: spec.Target, Seq: change.MustSeq(100), At: h(5), Topic: p0.Topic, Until: map[int32]int64{0: 2, 1: 1}}}})
+	// K1 was closed at the snapshot; a later Type-1-only change opens a
+	// new version, whatever the owner remembers.
+	apply(owner, sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 150, h(8), "K1", "name", "uno", "plan", "basic")},
+		Offsets: map[change.Partition]int64{p0: 3}})
+	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, all))
+	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+		t.Fatalf("history differs from the fold:\n%s", d)
+	}
+	verifyClean(t, owner, spec.Target)
+}
