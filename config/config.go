@@ -121,7 +121,10 @@ type Table struct {
 	IgnoreColumns []string `yaml:"ignore_columns"`
 	Type1Scope    string   `yaml:"type1_scope"`
 	Deletes       string   `yaml:"deletes"`
-	Views         []View   `yaml:"views"`
+	// SnapshotDeletes is ignore (default) or close: a completed full
+	// snapshot closes the keys it did not read.
+	SnapshotDeletes string `yaml:"snapshot_deletes"`
+	Views           []View `yaml:"views"`
 }
 
 // View is one views: entry of a table: the history in another convention

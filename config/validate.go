@@ -182,6 +182,11 @@ func (c *Config) validateTables() error {
 		if err := oneOf(key("deletes"), t.Deletes, "close", "ignore"); err != nil {
 			return err
 		}
+		if t.SnapshotDeletes == "" {
+			c.Tables[i].SnapshotDeletes = "ignore"
+		} else if err := oneOf(key("snapshot_deletes"), t.SnapshotDeletes, "ignore", "close"); err != nil {
+			return err
+		}
 		if err := distinct(key("keys"), t.Keys); err != nil {
 			return err
 		}

@@ -108,6 +108,9 @@ type Consumer struct {
 	mu         sync.Mutex // guards everything below
 	seq        *sequencer.Sequencer
 	early      int64 // the sequencer's ReleasedEarly already counted
+	// snaps are the completed snapshots whose last read is pending, by
+	// that event (snapshot.go).
+	snaps map[*change.Event]sink.Snapshot
 	anchors    *anchors
 	pending    []*change.Event
 	dead       []sink.DeadLetter
@@ -345,6 +348,15 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.seq.Skip(o)
 		default:
 			ev.Received = received
+			if ev.SnapshotEnd {
+				if err := c.noteSnapshot(ctx, ev); err != nil {
+					if stopped == nil {
+						stopped = map[change.Partition]bool{}
+					}
+					stopped[o.Partition] = true
+					return
+				}
+			}
 			if ev.Seq == nil {
 				ev.Seq = c.anchors.anchor(o) // a snapshot read without a sequence
 			} else {
@@ -450,7 +462,8 @@ func (c *Consumer) flush(ctx context.Context) error {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets)})
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets),
+			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
 			return err
 		}

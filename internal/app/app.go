@@ -43,7 +43,8 @@ func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	for _, t := range cfg.Tables {
 		sc.Tables = append(sc.Tables, sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
 			TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
-			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views)})
+			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
+			SnapshotDeletes: t.SnapshotDeletes == "close"})
 	}
 	return sc
 }
