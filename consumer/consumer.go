@@ -104,13 +104,13 @@ type Consumer struct {
 	// rebalanceWanted is set when franz-go holds a rebalance back for us.
 	rebalanceWanted atomic.Bool
 
-	commitMu   sync.Mutex // guards committed, lastCommit and hwm (the applier commits)
-	mu         sync.Mutex // guards everything below
-	seq        *sequencer.Sequencer
-	early      int64 // the sequencer's ReleasedEarly already counted
+	commitMu sync.Mutex // guards committed, lastCommit and hwm (the applier commits)
+	mu       sync.Mutex // guards everything below
+	seq      *sequencer.Sequencer
+	early    int64 // the sequencer's ReleasedEarly already counted
 	// snaps are the completed snapshots whose last read is pending, by
 	// that event (snapshot.go).
-	snaps map[*change.Event]sink.Snapshot
+	snaps      map[*change.Event]sink.Snapshot
 	anchors    *anchors
 	pending    []*change.Event
 	dead       []sink.DeadLetter
