@@ -1,0 +1,122 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sequencer"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// Batching: what the sequencer releases collects into a pending batch,
+// handed to the applier when it is big or old enough (group commit).
+
+// collect adds what the sequencer released to the pending batch. The
+// batch's age is its oldest event's: the time an event waited in the
+// reorder window counts towards batch_max_wait.
+func (c *Consumer) collect(out sequencer.Output) {
+	if out.Len() > 0 && len(c.pending) == 0 && len(c.dead) == 0 {
+		c.since = time.Now()
+	}
+	for _, ev := range out.Events {
+		if ev.Received > 0 && ev.Received < c.since.UnixNano() {
+			c.since = time.Unix(0, ev.Received)
+		}
+	}
+	c.pending = append(c.pending, out.Events...)
+	for _, cf := range out.Conflicts {
+		c.dead = append(c.dead, conflictLetter(cf))
+	}
+}
+
+func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
+	ev := cf.Event
+	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
+		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error()}
+}
+
+// maybeFlush takes what is due from the sequencer and applies the pending
+// batch when it is big or old enough (or force). Called with mu held.
+func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
+	c.collect(c.seq.Release())
+	c.noteBuffer()
+	n := len(c.pending) + len(c.dead)
+	// A batch that is old enough goes at once to an idle applier. While
+	// the applier is busy it grows (group commit) and is prepared and
+	// queued behind the running one when it is half full, so that the
+	// applier finds it ready; while one is queued it waits.
+	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
+	due := n >= c.cfg.BatchMaxEvents || (old && c.applier.idle()) ||
+		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
+	if !due && !force && !c.commitStale() {
+		return nil
+	}
+	return c.flush(ctx)
+}
+
+// commitStale reports whether commit points moved (skipped records) with
+// nothing to apply, and it is time to record them.
+func (c *Consumer) commitStale() bool {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	if time.Since(c.lastCommit) < c.cfg.BatchMaxWait {
+		return false
+	}
+	for p, o := range c.seq.CommitPoints() {
+		if c.committed[p] != o {
+			return true
+		}
+	}
+	return false
+}
+
+// flush hands the pending events to the applier in batches of at most
+// BatchMaxEvents, each with the commit points it makes true; the applier
+// applies them in order and commits those to Kafka. Called with mu held.
+func (c *Consumer) flush(ctx context.Context) error {
+	if err := c.applier.err(); err != nil {
+		return err
+	}
+	c.commitMu.Lock()
+	c.lastCommit = time.Now()
+	c.commitMu.Unlock()
+	for first := true; first || len(c.pending) > 0; first = false {
+		n := min(len(c.pending), c.cfg.BatchMaxEvents)
+		rest := c.pending[n:]
+		offsets := c.commitPoints(rest)
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets),
+			Snapshots: c.snapshotsIn(c.pending[:n])})
+		if err != nil {
+			return err
+		}
+		c.applier.submit(j)
+		c.pending, c.dead = rest, nil
+	}
+	c.pending = nil
+	c.noteBuffer()
+	return nil
+}
+
+// flushAndWait flushes and waits until everything handed over is applied
+// and committed. Called with mu held.
+func (c *Consumer) flushAndWait(ctx context.Context) error {
+	if err := c.flush(ctx); err != nil {
+		return err
+	}
+	return c.applier.wait()
+}
+
+// commitPoints is the sequencer's commit points held below every event of
+// rest, which is released but not applied yet.
+func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64 {
+	offsets := c.seq.CommitPoints()
+	for _, ev := range rest {
+		if o, ok := offsets[ev.Origin.Partition]; ok && ev.Origin.Offset < o {
+			offsets[ev.Origin.Partition] = ev.Origin.Offset
+		}
+	}
+	return offsets
+}
+
