@@ -119,4 +119,3 @@ func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64
 	}
 	return offsets
 }
-
