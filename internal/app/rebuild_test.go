@@ -25,6 +25,12 @@ func TestRebuild(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(4, 4))
 	sc := scdtest.BigScenario(rng, "public", 30)
+	// acct's topic holds a full snapshot that misses keys: run and the
+	// replay both close them (snapshot_deletes: close).
+	_, _, snap, ok := scdtest.AddSnapshot(rng, &sc)
+	if !ok {
+		t.Fatal("the scenario has no room for a snapshot")
+	}
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "src.acct", "src.item"), kfake.GroupMinSessionTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +70,7 @@ http: {addr: ""}
 sequencer: {reorder_window: 20ms}
 sink: {batch_max_events: 300, batch_max_wait: 10ms}
 tables:
-  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s,
+  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s, snapshot_deletes: close,
      views: [{name: dim_acct, grain: day, end: inclusive, current_end: "9999-12-31", columns: {scd_id: acct_key}}]}
   - {topic: src.item, target: item_history, keys: [shop, sku], type1_scope: %s, deletes: %s}
 `, brokers, dsn, a.Type1Scope, a.Deletes, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })
@@ -91,6 +97,14 @@ tables:
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	var reconciled int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM scd2sink_snapshots WHERE consumer_group = 'live' AND done_at IS NOT NULL`).Scan(&reconciled); err != nil || reconciled != 1 {
+		t.Fatalf("run reconciled %d snapshots (%v), want 1", reconciled, err)
+	}
+	var closedBySnapshot int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM acct_history_scd_events WHERE scd_seq = $1 AND scd_op = 'd'`, []byte(snap.Seq)).Scan(&closedBySnapshot); err != nil || closedBySnapshot == 0 {
+		t.Fatalf("%d keys closed by the snapshot (%v): the scenario does not exercise reconciliation", closedBySnapshot, err)
 	}
 	before := map[string][]string{}
 	for _, spec := range sc.Specs {

@@ -15,8 +15,13 @@ import (
 // source.lsn and its time as source.ts_ms. keys names the key columns.
 func Debezium(ev *change.Event, keys []string) (key, value []byte) {
 	seq, _ := strconv.ParseInt(ev.Seq.Parts()[0], 10, 64)
-	env := map[string]any{"op": ev.Op.String(), "ts_ms": ev.ValidFrom.UnixMilli() + 5,
-		"source": map[string]any{"lsn": seq, "ts_ms": ev.ValidFrom.UnixMilli()}}
+	source := map[string]any{"lsn": seq, "ts_ms": ev.ValidFrom.UnixMilli()}
+	if ev.SnapshotEnd {
+		source["snapshot"] = "last"
+	} else if ev.Op == change.OpRead {
+		source["snapshot"] = "true"
+	}
+	env := map[string]any{"op": ev.Op.String(), "ts_ms": ev.ValidFrom.UnixMilli() + 5, "source": source}
 	if ev.Key != nil {
 		k := map[string]any{}
 		for i, name := range keys {
