@@ -94,13 +94,20 @@ func (s *Sink) Init(ctx context.Context) error {
 // existingKeys reads the key columns of an existing history table from its
 // (key columns, scd_seq) index; none when the table does not exist yet.
 func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT a.attname FROM pg_index i
+	return KeyColumns(ctx, s.pool, spec.Schema, spec.Target)
+}
+
+// KeyColumns reads the key columns of the history table schema.target
+// from its (key columns, scd_seq) index, in order; none when it does not
+// exist.
+func KeyColumns(ctx context.Context, pool *pgxpool.Pool, schema, target string) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
 		WHERE n.nspname = $1 AND c.relname = $2 AND a.attname <> 'scd_seq'
-		ORDER BY array_position(i.indkey::int2[], a.attnum)`, spec.Schema, spec.Target+"_scd_key_seq")
+		ORDER BY array_position(i.indkey::int2[], a.attnum)`, schema, target+"_scd_key_seq")
 	if err != nil {
-		return nil, fmt.Errorf("reading the key of %s: %w", spec.Target, err)
+		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -37,8 +37,7 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 		}
 		return pgx.Identifier{c}.Sanitize()
 	}
-	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	tz := lit(v.TimeZone)
+	tz := quoteLiteral(v.TimeZone)
 	start, end, kind := "valid_from", "valid_to", "timestamptz"
 	if v.Day {
 		start = fmt.Sprintf("(valid_from AT TIME ZONE %s)::date", tz)
@@ -53,7 +52,7 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 	}
 	current := "NULL::" + kind
 	if v.CurrentEnd != "" {
-		current = lit(v.CurrentEnd) + "::" + kind
+		current = quoteLiteral(v.CurrentEnd) + "::" + kind
 	}
 	sel := []string{
 		"scd_id AS " + name("scd_id"),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/sink"
 )
 
 // HistoryQuery names one key of one table, and optionally a moment.
@@ -52,15 +53,9 @@ func History(ctx context.Context, cfg *config.Config, q HistoryQuery, out io.Wri
 	defer pool.Close()
 	schema := cfg.Postgres.Schema
 	hist := pgx.Identifier{schema, target}.Sanitize()
-	// The key columns are those of the (key, scd_seq) index the sink keeps.
-	var keys []string
-	err = pool.QueryRow(ctx, `SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
-		CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		WHERE i.indexrelid = to_regclass($1) AND a.attname <> 'scd_seq'`,
-		pgx.Identifier{schema, target + "_scd_key_seq"}.Sanitize()).Scan(&keys)
+	keys, err := sink.KeyColumns(ctx, pool, schema, target)
 	if err != nil {
-		return fmt.Errorf("reading the key columns of %s: %w", hist, err)
+		return err
 	}
 	if len(keys) == 0 {
 		return fmt.Errorf("%s does not exist yet (or is not a history table scd2sink created)", hist)
