@@ -61,13 +61,13 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 // the same snapshot makes this one skip it.
 func (s *Sink) reconcile(ctx context.Context) error {
 	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic,
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
 		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
 		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
 		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL
-		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
@@ -78,9 +78,19 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
 		var p pending
 		var seq []byte
-		err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &p.ready)
-		p.sn.Seq = seq
-		return p, err
+		var until map[string]int64
+		if err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &until, &p.ready); err != nil {
+			return p, err
+		}
+		p.sn.Seq, p.sn.Until = seq, map[int32]int64{}
+		for k, o := range until {
+			n, err := strconv.ParseInt(k, 10, 32)
+			if err != nil {
+				return p, fmt.Errorf("scd2sink_snapshots.until names partition %q", k)
+			}
+			p.sn.Until[int32(n)] = o
+		}
+		return p, nil
 	})
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
@@ -123,9 +133,9 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot) error {
 		// Not a table of this configuration (any longer): nothing to close.
 		return s.markDone(ctx, nil, sn)
 	}
-	parts, err := s.topicPartitions(ctx, sn)
-	if err != nil {
-		return err
+	parts := make([]change.Partition, 0, len(sn.Until))
+	for n := range sn.Until {
+		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var locked bool
@@ -218,23 +228,4 @@ func (s *Sink) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
 		return fmt.Errorf("marking the snapshot of %s reconciled: %w", sn.Target, err)
 	}
 	return nil
-}
-
-// topicPartitions lists the partitions a snapshot's Until names.
-func (s *Sink) topicPartitions(ctx context.Context, sn Snapshot) ([]change.Partition, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT p::int FROM %s.scd2sink_snapshots, jsonb_object_keys(until) AS p
-		WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3 ORDER BY 1`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
-		s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
-	if err != nil {
-		return nil, fmt.Errorf("reading the partitions of %s: %w", sn.Topic, err)
-	}
-	nums, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return nil, fmt.Errorf("reading the partitions of %s: %w", sn.Topic, err)
-	}
-	out := make([]change.Partition, len(nums))
-	for i, n := range nums {
-		out[i] = change.Partition{Topic: sn.Topic, Partition: n}
-	}
-	return out, nil
 }
