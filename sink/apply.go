@@ -60,7 +60,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		dead = append(dead, d...)
 		res.Duplicates += dups
 		batchEvents[kp] = evs
-		if forced[kp.id] == nil {
+		if forced[kp.id] == nil && len(evs) > 0 { // a key without events (isolation) has nothing to append
 			appendKeys = append(appendKeys, kp)
 		}
 	}

@@ -48,37 +48,92 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 	if len(p.order) == 0 {
 		return res, nil, err // a truncate alone cannot carry a bad value
 	}
-	// One key: leave out its events one at a time, latest first, until
-	// the rest applies; the events left out are the dead letters.
-	kp := p.order[0]
-	evs := kp.events
-	for drop := len(evs) - 1; drop >= 0; drop-- {
-		keep := append(append([]fevent(nil), evs[:drop]...), evs[drop+1:]...)
-		sub := p.subPlan([]*keyPlan{{id: kp.id, key: kp.key, events: keep}}, true)
-		r, d, err2 := s.trySavepoint(ctx, tx, sub, ops)
-		if err2 == nil {
-			r.Rejected++
-			return r, append(d, eventDeadLetter(evs[drop].src, fmt.Errorf("rejected by PostgreSQL: %w", err))), nil
-		}
-		if !isDataError(err2) {
-			return r, nil, err2
-		}
+	return s.isolateKey(ctx, tx, p, p.order[0], ops, err)
+}
+
+// isolateKey finds the events of one key that PostgreSQL rejects. The
+// key's events (in sequence order) are taken in turn: the shortest prefix
+// of those not yet judged that fails, after the ones kept, ends in a
+// rejected event (found by bisection under savepoints that are always
+// rolled back); it becomes a dead letter and the search goes on after it.
+// Every rejected event is found, however many there are, with a few
+// probes each, and every other event is applied. A key may arrive with no
+// events of its own (a truncate's re-fold): then only the truncates apply.
+func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyPlan, ops *cacheOps, cause error) (Result, []DeadLetter, error) {
+	plan := func(evs []fevent) *tablePlan {
+		return p.subPlan([]*keyPlan{{id: kp.id, key: kp.key, events: evs}}, true)
 	}
-	// No single event is to blame: every event of the key in this batch
-	// goes to the dead-letter table, with the truncates applied alone.
-	for _, e := range evs {
+	with := func(kept, more []fevent) []fevent {
+		return append(append(make([]fevent, 0, len(kept)+len(more)), kept...), more...)
+	}
+	var kept []fevent
+	var dead []DeadLetter
+	rest := kp.events
+	lastErr := cause
+	for len(rest) > 0 {
+		// kept+rest is known to fail (at the start: the caller's failure).
+		lo, hi := 0, len(rest)-1
+		for lo < hi {
+			mid := (lo + hi) / 2
+			err := s.probe(ctx, tx, plan(with(kept, rest[:mid+1])), ops)
+			switch {
+			case err == nil:
+				lo = mid + 1
+			case isDataError(err):
+				hi, lastErr = mid, err
+			default:
+				return Result{}, nil, err
+			}
+		}
+		dead = append(dead, eventDeadLetter(rest[lo].src, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
+		kept, rest = with(kept, rest[:lo]), rest[lo+1:]
+		if len(rest) == 0 {
+			break
+		}
+		err := s.probe(ctx, tx, plan(with(kept, rest)), ops)
+		if err == nil {
+			kept, rest = with(kept, rest), nil
+			break
+		}
+		if !isDataError(err) {
+			return Result{}, nil, err
+		}
+		lastErr = err
+	}
+	res, d, err := s.trySavepoint(ctx, tx, plan(kept), ops)
+	if err == nil {
+		res.Rejected += len(dead)
+		return res, append(dead, d...), nil
+	}
+	if !isDataError(err) {
+		return res, nil, err
+	}
+	// What was kept fails on its own after all (a rejection that depends
+	// on more than one event): every event of the key in this batch goes
+	// to the dead-letter table, with the truncates applied alone.
+	dead = dead[:0]
+	for _, e := range kp.events {
 		dead = append(dead, eventDeadLetter(e.src, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
-	res = Result{Rejected: len(evs)}
-	if len(p.truncates) > 0 {
-		r, d, err := s.trySavepoint(ctx, tx, p.subPlan(nil, true), ops)
-		if err != nil {
-			return r, nil, err
-		}
-		r.Rejected += res.Rejected
-		return r, append(dead, d...), nil
+	r, d, err2 := s.trySavepoint(ctx, tx, plan(nil), ops)
+	if err2 != nil {
+		return r, nil, err2
 	}
-	return res, dead, nil
+	r.Rejected += len(kp.events)
+	return r, append(dead, d...), nil
+}
+
+// probe applies p inside a savepoint and always rolls it back: it only
+// asks whether PostgreSQL accepts p.
+func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) error {
+	if _, err := tx.Exec(ctx, "SAVEPOINT scd2sink_probe"); err != nil {
+		return err
+	}
+	_, _, err := s.applyTable(ctx, tx, p, ops)
+	if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT scd2sink_probe; RELEASE SAVEPOINT scd2sink_probe"); rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 // trySavepoint applies p inside a savepoint, rolling back to it on error.

@@ -2,10 +2,14 @@ package sink_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -75,4 +79,99 @@ func TestRejectedValuesAreDeadLettered(t *testing.T) {
 	verifyClean(t, s, "customers_history")
 	// The next batch goes through the fast path again.
 	apply(t, s, cust(change.OpUpdate, 9, day.Add(3), "A", "name", "Ann", "plan", "pro", "city", "Wien", "visits", 3))
+}
+
+// Keys whose only event in a batch carries a rejected value (the usual case
+// in steady streaming) cost that event alone, in every batch shape; the
+// history equals the fold of the accepted events. The table is pre-created
+// with city varchar(6), as an operator's narrower table would be.
+func TestRejectedSingleEventKeys(t *testing.T) {
+	pool := sharedPool(t)
+	cities := []string{"Wien", "Innsbruck", "Linz", "Salzburg", "Graz", "Klagenfurt", "Enns"}
+	var evs, good []*change.Event
+	seq := int64(1)
+	for k := 0; k < 6; k++ {
+		for i := 0; i < 4; i++ {
+			op := change.OpUpdate
+			if i == 0 {
+				op = change.OpCreate
+			}
+			city := cities[(k+i*3)%len(cities)]
+			ev := cust(op, seq, date(1, 1).Add(time.Duration(seq)*time.Hour), fmt.Sprintf("K%d", k),
+				"name", "n", "plan", "basic", "city", city, "visits", i)
+			seq++
+			evs = append(evs, ev)
+			if len(city) <= 6 {
+				good = append(good, ev)
+			}
+		}
+	}
+	byKey := func() [][]*change.Event { // one batch per event, key by key
+		var out [][]*change.Event
+		for _, e := range evs {
+			out = append(out, []*change.Event{e})
+		}
+		return out
+	}
+	shapes := []struct {
+		name    string
+		batches func() [][]*change.Event
+	}{
+		{"one event per batch", byKey},
+		{"many keys one event each", func() [][]*change.Event {
+			var out [][]*change.Event
+			for i := 0; i < 4; i++ { // the i-th event of every key together
+				var b []*change.Event
+				for k := 0; k < 6; k++ {
+					b = append(b, evs[k*4+i])
+				}
+				out = append(out, b)
+			}
+			return out
+		}},
+		{"everything at once", func() [][]*change.Event { return [][]*change.Event{evs} }},
+		{"mixed and late", func() [][]*change.Event {
+			rng := rand.New(rand.NewPCG(7, 7))
+			perm := rng.Perm(len(evs))
+			var out [][]*change.Event
+			for len(perm) > 0 {
+				n := min(1+rng.IntN(5), len(perm))
+				var b []*change.Event
+				for _, i := range perm[:n] {
+					b = append(b, evs[i])
+				}
+				out, perm = append(out, b), perm[n:]
+			}
+			return out
+		}},
+	}
+	for i, sh := range shapes {
+		t.Run(sh.name, func(t *testing.T) {
+			ctx := context.Background()
+			schema := fmt.Sprintf("rejsingle%d", i)
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP SCHEMA IF EXISTS %[1]s CASCADE; CREATE SCHEMA %[1]s;
+				CREATE TABLE %[1]s.customers_history (customer_id text NOT NULL, name text, plan text, city varchar(6), visits bigint)`, schema)); err != nil {
+				t.Fatal(err)
+			}
+			spec := custSpec(schema)
+			s := newSink(t, pool, schema, spec)
+			for j, b := range sh.batches() {
+				if _, err := s.Apply(ctx, sink.Batch{Events: b, Offsets: map[change.Partition]int64{{Topic: "shop.public.customers"}: int64(j + 1)}}); err != nil {
+					t.Fatalf("batch %d: %v", j, err)
+				}
+			}
+			want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, good))
+			if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+				t.Errorf("history differs from the fold of the accepted events:\n%s", d)
+			}
+			var dead int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".scd2sink_dead_letters WHERE error LIKE '%22001%'").Scan(&dead); err != nil {
+				t.Fatal(err)
+			}
+			if want := len(evs) - len(good); dead != want {
+				t.Errorf("%d dead letters, want %d", dead, want)
+			}
+			verifyClean(t, s, "customers_history")
+		})
+	}
 }
