@@ -63,6 +63,12 @@ type SASL struct {
 type Postgres struct {
 	DSN    string `yaml:"dsn"`
 	Schema string `yaml:"schema"`
+	// LockTimeout bounds every statement's wait for a lock (default 5s):
+	// the service backs off and retries rather than queue readers behind it.
+	LockTimeout time.Duration `yaml:"lock_timeout"`
+	// StatementTimeout cancels a statement running longer (default 5m);
+	// the batch is retried.
+	StatementTimeout time.Duration `yaml:"statement_timeout"`
 }
 
 // SchemaRegistry is the schema_registry: block (format debezium-avro only).
@@ -315,6 +321,12 @@ func (c *Config) applyDefaults() {
 		c.Kafka.SessionTimeout = 45 * time.Second
 	}
 	or(&c.Postgres.Schema, "public")
+	if c.Postgres.LockTimeout == 0 {
+		c.Postgres.LockTimeout = 5 * time.Second
+	}
+	if c.Postgres.StatementTimeout == 0 {
+		c.Postgres.StatementTimeout = 5 * time.Minute
+	}
 	if c.Sequencer.ReorderWindow == 0 {
 		c.Sequencer.ReorderWindow = 2 * time.Second
 	}

@@ -81,6 +81,12 @@ func (c *Config) validateServices() error {
 	if !identifier.MatchString(c.Postgres.Schema) {
 		return errf("postgres.schema", "%q is not a plain identifier", c.Postgres.Schema)
 	}
+	if c.Postgres.LockTimeout < time.Millisecond {
+		return errf("postgres.lock_timeout", "must be at least 1ms")
+	}
+	if c.Postgres.StatementTimeout < time.Millisecond {
+		return errf("postgres.statement_timeout", "must be at least 1ms")
+	}
 	if c.SchemaRegistry.URL != "" {
 		if u, err := url.Parse(c.SchemaRegistry.URL); err != nil || u.Host == "" {
 			return errf("schema_registry.url", "%q is not a URL", c.SchemaRegistry.URL)

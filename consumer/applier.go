@@ -49,11 +49,19 @@ type job struct {
 	events   int
 }
 
-// submit hands a batch over; it blocks while another batch waits.
-func (a *applier) submit(j job) {
+// submit hands a batch over; it blocks while another batch waits, until
+// ctx ends (then the batch was not handed over).
+func (a *applier) submit(ctx context.Context, j job) error {
 	a.busy.Add(1)
 	a.pending.Add(1)
-	a.jobs <- j
+	select {
+	case a.jobs <- j:
+		return nil
+	case <-ctx.Done():
+		a.busy.Add(-1)
+		a.pending.Done()
+		return ctx.Err()
+	}
 }
 
 // wait blocks until every submitted batch is applied (or dropped after a

@@ -91,7 +91,9 @@ func (c *Consumer) flush(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		c.applier.submit(j)
+		if err := c.applier.submit(ctx, j); err != nil {
+			return err
+		}
 		c.pending, c.dead = rest, nil
 	}
 	c.pending = nil

@@ -14,6 +14,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,8 +85,9 @@ type Config struct {
 
 	Logger  *zap.Logger
 	Metrics *Metrics
-	// Transient reports whether a sink error is worth retrying (sink.IsTransient).
-	Transient func(error) bool
+	// Classify tells what to do about a sink error (default sink.Classify):
+	// Transient and Blocked errors are retried for as long as they last.
+	Classify func(error) sink.Class
 	// Opts are extra franz-go options (tests).
 	Opts []kgo.Opt
 }
@@ -128,8 +132,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	if cfg.Transient == nil {
-		cfg.Transient = sink.IsTransient
+	if cfg.Classify == nil {
+		cfg.Classify = sink.Classify
 	}
 	if health == nil {
 		health = &Health{}
@@ -391,7 +395,9 @@ func (c *Consumer) addDead(d sink.DeadLetter) {
 
 // apply applies one prepared batch, retrying transient errors until ctx ends.
 func (c *Consumer) apply(ctx context.Context, j job) error {
-	return c.retry(ctx, fmt.Sprintf("applying batch of %d events", j.events), func() error {
+	what := fmt.Sprintf("applying batch of %d events", j.events)
+	return c.retry(ctx, what, func() (err error) {
+		defer c.recoverPanic(what, j.offsets, &err)
 		start := time.Now()
 		res, err := c.sink.ApplyPrepared(ctx, j.prepared)
 		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
@@ -405,37 +411,88 @@ func (c *Consumer) apply(ctx context.Context, j job) error {
 // prepare prepares one batch, retrying transient errors until ctx ends.
 func (c *Consumer) prepare(ctx context.Context, b sink.Batch) (job, error) {
 	j := job{offsets: b.Offsets, events: len(b.Events)}
-	err := c.retry(ctx, fmt.Sprintf("preparing batch of %d events", len(b.Events)), func() error {
-		var err error
+	what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
+	err := c.retry(ctx, what, func() (err error) {
+		defer c.recoverPanic(what, b.Offsets, &err)
 		j.prepared, err = c.sink.Prepare(ctx, b)
 		return err
 	})
 	return j, err
 }
 
-// retry runs fn until it succeeds, fails permanently or ctx ends, with
-// capped backoff and a bounded rate of warnings.
+// recoverPanic turns a panic while preparing or applying a batch into an
+// error that stops the service loudly, logged with the batch's offsets and
+// the stack: never a silent exit, never a loop. Deferred.
+func (c *Consumer) recoverPanic(what string, offsets map[change.Partition]int64, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	var parts []string
+	for p, o := range offsets {
+		parts = append(parts, fmt.Sprintf("%s/%d@%d", p.Topic, p.Partition, o))
+	}
+	sort.Strings(parts)
+	c.log.Error("panic "+what+"; stopping (nothing of the batch was committed)", zap.Any("panic", r),
+		zap.Strings("offsets", parts), zap.ByteString("stack", debug.Stack()))
+	*err = fmt.Errorf("%s (offsets %s): panic: %v", what, strings.Join(parts, ", "), r)
+}
+
+// Backoff of retries: transient errors (an outage) are tried again soon,
+// blocked ones (a table changed by hand, a missing grant) slowly, and a
+// blocked error is logged again only this often while it lasts.
+var (
+	transientBackoffMax = 10 * time.Second
+	blockedBackoffMax   = 30 * time.Second
+	blockedLogEvery     = 5 * time.Minute
+)
+
+// retry runs fn until it succeeds, fails with an error neither transient
+// nor blocked, or ctx ends. Meanwhile /readyz says what it waits for and
+// scd2sink_retries_total counts each try by SQLSTATE; warnings come at a
+// bounded rate. It never gives up on an outage, however long.
 func (c *Consumer) retry(ctx context.Context, what string, fn func() error) error {
 	backoff := 100 * time.Millisecond
+	var lastLogged string
+	var loggedAt time.Time
 	for attempt := 0; ; attempt++ {
 		err := fn()
 		if err == nil {
 			c.health.Postgres.Store(true)
+			if attempt > 0 {
+				c.health.Wait("")
+				c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempt+1))
+			}
 			return nil
 		}
-		c.health.Postgres.Store(false)
-		if !c.cfg.Transient(err) || ctx.Err() != nil {
+		class := c.cfg.Classify(err)
+		if ctx.Err() != nil || (class != sink.Transient && class != sink.Blocked) {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		if attempt%10 == 0 {
-			c.log.Warn("PostgreSQL unavailable, retrying", zap.Int("attempt", attempt+1), zap.Error(err))
+		state := sink.SQLState(err)
+		c.m.Retries.WithLabelValues(state).Inc()
+		c.health.Wait(fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
+		limit := transientBackoffMax
+		if class == sink.Blocked {
+			limit = blockedBackoffMax
+			if msg := err.Error(); msg != lastLogged || time.Since(loggedAt) > blockedLogEvery {
+				lastLogged, loggedAt = msg, time.Now()
+				c.log.Error("progress stopped until this is fixed (retrying slowly; a fix made live is picked up)",
+					zap.String("what", what), zap.String("sqlstate", state), zap.Error(err))
+			}
+		} else {
+			c.health.Postgres.Store(false)
+			if attempt%10 == 0 {
+				c.log.Warn("PostgreSQL unavailable, retrying", zap.String("what", what), zap.String("sqlstate", state),
+					zap.Int("attempt", attempt+1), zap.Error(err))
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 10*time.Second)
+		backoff = min(backoff*2, limit)
 	}
 }
 

@@ -25,6 +25,9 @@ type Metrics struct {
 	Paused         prometheus.Gauge
 	ApplySeconds   prometheus.Histogram
 	Lag            *prometheus.GaugeVec
+	// Retries counts PostgreSQL errors retried, by SQLSTATE ("network"
+	// without one, "drift" for a history table changed by hand).
+	Retries *prometheus.CounterVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -62,10 +65,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time to apply one batch in PostgreSQL, retries included.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_partition_lag",
 			Help: "High watermark minus the committed offset, per partition."}, []string{"topic", "partition"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retries_total",
+			Help: "PostgreSQL errors retried (an outage, a lock timeout, a full disk, a failover, a missing privilege), by SQLSTATE."}, []string{"sqlstate"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -82,12 +87,34 @@ func (m *Metrics) record(r sink.Result) {
 	m.Rejected.Add(float64(r.Rejected))
 }
 
-// Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL reachable.
+// Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL
+// reachable, and nothing waiting on a retry.
 type Health struct {
 	Kafka    atomic.Bool
 	Joined   atomic.Bool
 	Postgres atomic.Bool
+	waiting  atomic.Pointer[string]
 }
 
-// Ready reports whether all three hold.
-func (h *Health) Ready() bool { return h.Kafka.Load() && h.Joined.Load() && h.Postgres.Load() }
+// Wait records what the pipeline waits for ("" when nothing).
+func (h *Health) Wait(reason string) {
+	if reason == "" {
+		h.waiting.Store(nil)
+		return
+	}
+	h.waiting.Store(&reason)
+}
+
+// Waiting says what the pipeline waits for, "" when nothing.
+func (h *Health) Waiting() string {
+	if p := h.waiting.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Ready reports whether Kafka and PostgreSQL are reachable, the group is
+// joined and nothing waits on a retry.
+func (h *Health) Ready() bool {
+	return h.Kafka.Load() && h.Joined.Load() && h.Postgres.Load() && h.Waiting() == ""
+}

@@ -248,6 +248,9 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 			return nil, err
 		}
 		op, _ := vals[2].(string)
+		if _, err := change.ParseOp(op); err != nil {
+			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
+		}
 		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5])}
 		fe.t, _ = vals[3].(time.Time)
 		if fe.op.HasAfter() {

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -13,41 +14,124 @@ import (
 	"go.uber.org/zap"
 )
 
-// IsTransient reports whether an error from Apply is worth retrying later
-// (the database was unreachable or the transaction lost a race); anything
-// else is permanent.
-func IsTransient(err error) bool { return isTransient(err) }
+// Class is what the service does about an error from PostgreSQL
+// (DESIGN.md section 6): decided by SQLSTATE class, never by message.
+type Class int
 
-// isTransient reports whether err is worth retrying: serialization failures,
-// deadlocks, lost or refused connections, and server shutdowns.
-func isTransient(err error) bool {
+// The error classes.
+const (
+	// Fatal errors stop the service loudly (exit 1): a bug or something no
+	// wait can fix.
+	Fatal Class = iota
+	// Transient errors (connection, serialization, resources such as a
+	// full disk, lock timeouts, cancellations, shutdowns, a read-only
+	// database during a failover) are retried with capped backoff for as
+	// long as they last.
+	Transient
+	// Blocked errors (a history table changed by hand, a missing
+	// privilege, failed authentication) stop progress with one clear error
+	// and are retried slowly, so that a fix made live is picked up.
+	Blocked
+	// Data errors are a value PostgreSQL rejects for its column: the
+	// event carrying it is dead-lettered.
+	Data
+)
+
+// String names the class as logs and /readyz show it.
+func (c Class) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Blocked:
+		return "blocked"
+	case Data:
+		return "data"
+	}
+	return "fatal"
+}
+
+// DriftError is a history table or its bookkeeping that is not as the
+// sink keeps it (a column or index dropped by hand, a corrupt value): it
+// classifies as Blocked.
+type DriftError struct {
+	Table string
+	What  string
+}
+
+// Error names the table and what is wrong.
+func (e *DriftError) Error() string { return fmt.Sprintf("history table %s: %s", e.Table, e.What) }
+
+// IsTransient reports whether an error from Apply is worth retrying soon
+// (Classify is Transient).
+func IsTransient(err error) bool { return Classify(err) == Transient }
+
+// Classify tells what to do about err (DESIGN.md section 6's table).
+func Classify(err error) Class {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
+		return Fatal
+	}
+	var drift *DriftError
+	if errors.As(err, &drift) {
+		return Blocked
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01", "57P01", "57P02", "57P03", "53300", "55P03":
-			return true
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
+		switch code := pgErr.Code; {
+		case code == "55P03", code == "57014", code == "25006", code >= "57P01" && code <= "57P03":
+			return Transient
+		case code == "42501":
+			return Blocked
 		}
-		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "58":
+			return Transient
+		case "42", "28":
+			return Blocked
+		case "22", "23":
+			return Data
+		}
+		return Fatal
 	}
 	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		// A refused password or role is no outage: wait for a fix.
+		if errors.As(connErr, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "28" || pgErr.Code == "3D000") {
+			return Blocked
+		}
+		return Transient
+	}
 	var netErr net.Error
-	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-		return true
+		return Transient
 	}
 	// pgx reports a connection that died under it as "conn closed" or
 	// "unexpected EOF" wrapped in its own types.
 	msg := err.Error()
 	for _, s := range []string{"conn closed", "connection reset", "broken pipe", "unexpected EOF", "failed to deallocate", "conn busy"} {
 		if strings.Contains(msg, s) {
-			return true
+			return Transient
 		}
 	}
-	return false
+	return Fatal
 }
+
+// SQLState is err's SQLSTATE, or "network" for a connection that failed
+// without one; the label of scd2sink_retries_total.
+func SQLState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	var drift *DriftError
+	if errors.As(err, &drift) {
+		return "drift"
+	}
+	return "network"
+}
+
+// isTransient reports whether err is worth retrying at once.
+func isTransient(err error) bool { return Classify(err) == Transient }
 
 // withRetry runs fn until it succeeds, fails permanently, the retries run
 // out or ctx ends, waiting with capped exponential backoff and jitter.
@@ -63,6 +147,9 @@ func (s *Sink) withRetry(ctx context.Context, what string, fn func(context.Conte
 			return attempt, err
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
+		if s.cfg.OnRetry != nil {
+			s.cfg.OnRetry(SQLState(err))
+		}
 		if attempt == 0 || attempt%5 == 4 {
 			s.log.Warn("transient PostgreSQL error, retrying", zap.String("what", what), zap.Int("attempt", attempt+1),
 				zap.Duration("wait", wait), zap.Error(err))

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/scd2sink/scd2sink/internal/change"
 )
 
 // Bookkeeping columns of a history table, after the source columns.
@@ -69,36 +68,6 @@ func isBookkeeping(name string) bool {
 	return name == "scd_t"
 }
 
-// ensureServiceTables creates the offsets, truncates and dead-letter tables.
-func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
-	s := pgx.Identifier{cfg.Schema}.Sanitize()
-	stmts := []string{
-		"CREATE SCHEMA IF NOT EXISTS " + s,
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
-			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
-			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
-			PRIMARY KEY (consumer_group, topic, partition))`, s),
-		// The highest sequence below next_offset: where a snapshot read
-		// without a sequence is anchored after a restart.
-		fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS anchor_seq bytea`, s),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (
-			target text NOT NULL, scd_seq bytea NOT NULL, valid_from timestamptz NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, scd_seq))`, s),
-		// Completed full snapshots of tables with snapshot_deletes: close,
-		// until their reconciliation is done (reconcile.go).
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_snapshots (
-			consumer_group text NOT NULL, target text NOT NULL, scd_seq bytea NOT NULL,
-			valid_from timestamptz NOT NULL, topic text NOT NULL, until jsonb NOT NULL,
-			recorded_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
-			PRIMARY KEY (consumer_group, target, scd_seq))`, s),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
-			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now())`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()),
-	}
-	return inDDLTx(ctx, pool, "scd2sink service tables", stmts)
-}
-
 func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
@@ -143,106 +112,6 @@ func CreateAsOfFunction(schema, target string) string {
 	return asOfFunction(schema, target, "CREATE")
 }
 
-// ensureTable creates the history table, its side table and view if missing
-// (source columns first: spec.Columns, then extra, in order), adds the
-// columns of extra that an existing table lacks, and reads the table's
-// columns back.
-func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*table, error) {
-	t := &table{
-		spec:    spec,
-		hist:    pgx.Identifier{spec.Schema, spec.Target},
-		side:    pgx.Identifier{spec.Schema, spec.Target + "_scd_events"},
-		repairs: pgx.Identifier{spec.Schema, spec.Target + "_scd_repairs"},
-		view:    pgx.Identifier{spec.Schema, spec.Target + "_current"},
-		ignore:  map[string]bool{},
-	}
-	for _, c := range spec.IgnoreColumns {
-		t.ignore[c] = true
-	}
-	var all []change.Column
-	seen := map[string]bool{}
-	for _, c := range spec.Columns {
-		all = append(all, change.Column{Name: c.Name, PGType: c.Type})
-	}
-	all = append(all, extra...)
-	var defs []string
-	for _, c := range all {
-		if !t.ignore[c.Name] && !seen[c.Name] {
-			seen[c.Name] = true
-			defs = append(defs, pgx.Identifier{c.Name}.Sanitize()+" "+keyType(c.PGType))
-		}
-	}
-	keyIdents := quoteIdents(spec.Keys)
-	for _, k := range spec.Keys {
-		if !seen[k] {
-			seen[k] = true
-			defs = append([]string{pgx.Identifier{k}.Sanitize() + " text"}, defs...)
-		}
-	}
-	hist, side := t.hist.Sanitize(), t.side.Sanitize()
-	cols := strings.Join(defs, ",\n")
-	stmts := []string{
-		"CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{spec.Schema}.Sanitize(),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s,
-			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
-			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
-			scd_unavailable text[]
-		) WITH (fillfactor = 70)`, hist, cols),
-		// A pre-created table may hold only the source columns.
-		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS scd_id bigint GENERATED ALWAYS AS IDENTITY,
-			ADD COLUMN IF NOT EXISTS valid_from timestamptz, ADD COLUMN IF NOT EXISTS valid_to timestamptz,
-			ADD COLUMN IF NOT EXISTS is_current boolean, ADD COLUMN IF NOT EXISTS scd_seq bytea,
-			ADD COLUMN IF NOT EXISTS scd_close_seq bytea,
-			ADD COLUMN IF NOT EXISTS scd_op text NOT NULL DEFAULT 'u',
-			ADD COLUMN IF NOT EXISTS scd_hash bytea NOT NULL DEFAULT ''::bytea,
-			ADD COLUMN IF NOT EXISTS scd_unavailable text[]`, hist),
-		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
-			pgx.Identifier{spec.Target + "_scd_key_seq"}.Sanitize(), hist, keyIdents),
-		// A pre-created table may lack the primary key on scd_id.
-		fmt.Sprintf(`DO $$ BEGIN
-			IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = '%[1]s'::regclass AND indisunique
-				AND indkey::int2[] = ARRAY[(SELECT attnum FROM pg_attribute WHERE attrelid = '%[1]s'::regclass AND attname = 'scd_id')]::int2[]) THEN
-				CREATE UNIQUE INDEX ON %[2]s (scd_id);
-			END IF; END $$`, strings.ReplaceAll(hist, "'", "''"), hist),
-	}
-	for _, c := range extra {
-		if t.ignore[c.Name] {
-			continue
-		}
-		def := pgx.Identifier{c.Name}.Sanitize() + " " + keyType(c.PGType)
-		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s", hist, def))
-	}
-	stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist),
-		asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE"))
-	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
-		return nil, fmt.Errorf("creating history table %s: %w", hist, err)
-	}
-	if err := t.load(ctx, pool); err != nil {
-		return nil, err
-	}
-	if vs := t.viewStatements(); len(vs) > 0 {
-		if err := inDDLTx(ctx, pool, "scd2sink views of "+hist, vs); err != nil {
-			return nil, fmt.Errorf("creating the views of %s: %w", hist, err)
-		}
-	}
-	// The side table mirrors the history table's source columns and types.
-	stmts = []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[])`, side)}
-	for _, c := range t.cols {
-		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", side, pgx.Identifier{c.name}.Sanitize(), c.fullType))
-	}
-	stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
-		pgx.Identifier{spec.Target + "_scd_events_key_seq"}.Sanitize(), side, keyIdents),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			repaired_at timestamptz NOT NULL DEFAULT now(), key jsonb NOT NULL, cause_seq bytea,
-			before jsonb NOT NULL, after jsonb)`, t.repairs.Sanitize()))
-	if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
-		return nil, fmt.Errorf("creating side table %s: %w", side, err)
-	}
-	return t, nil
-}
-
 func keyType(inferred string) string {
 	if inferred == "" {
 		return "text"
@@ -266,7 +135,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		if c.name == "scd_seq" && c.typeName != "bytea" {
 			rows.Close()
-			return fmt.Errorf("history table %s has scd_seq of type %s; scd2sink keeps sequences as bytea", t.hist.Sanitize(), c.typeName)
+			return &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf("scd_seq is of type %s; scd2sink keeps sequences as bytea", c.typeName)}
 		}
 		if !isBookkeeping(c.name) {
 			cols = append(cols, c)
@@ -306,7 +175,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, k := range t.spec.Keys {
 		i, ok := t.colIdx[pgIdent(k)]
 		if !ok {
-			return fmt.Errorf("history table %s has no key column %q", t.hist.Sanitize(), k)
+			return &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf("has no key column %q (dropped by hand?)", k)}
 		}
 		t.keyIdx = append(t.keyIdx, i)
 	}

@@ -81,7 +81,10 @@ type Config struct {
 	// CacheBytes bounds the estimated memory of that state (0 = 32 MiB;
 	// negative = no bound but CacheKeys).
 	CacheBytes int
-	Logger     *zap.Logger
+	// OnRetry is called with the SQLSTATE (or "network") of every error
+	// the Sink retries itself (scd2sink_retries_total).
+	OnRetry func(sqlstate string)
+	Logger  *zap.Logger
 }
 
 // DeadLetter is an event that could not be applied. It is written to the

@@ -93,6 +93,10 @@ func Pool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 		return nil, &config.Error{Key: "postgres.dsn", Msg: "is not a valid PostgreSQL connection string"}
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = "scd2sink"
+	// Every statement waits at most lock_timeout for a lock: readers of
+	// the history are never queued behind the service for longer.
+	pc.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(cfg.Postgres.LockTimeout.Milliseconds())
+	pc.ConnConfig.RuntimeParams["statement_timeout"] = fmt.Sprint(cfg.Postgres.StatementTimeout.Milliseconds())
 	return pgxpool.NewWithConfig(ctx, pc)
 }
 
@@ -117,7 +121,9 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	metrics := consumer.NewMetrics(reg)
 	health := &consumer.Health{}
 
-	s, err := sink.New(SinkConfig(cfg, log.Named("sink")), pool)
+	sc := SinkConfig(cfg, log.Named("sink"))
+	sc.OnRetry = func(state string) { metrics.Retries.WithLabelValues(state).Inc() }
+	s, err := sink.New(sc, pool)
 	if err != nil {
 		return &config.Error{Msg: err.Error()}
 	}
@@ -130,7 +136,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		g.Go(func() error { return srv.run(gctx) })
 	}
 	g.Go(func() error {
-		if err := initSink(gctx, s, log); err != nil {
+		if err := initSink(gctx, s, log, health, metrics); err != nil {
 			if gctx.Err() != nil {
 				return nil // stopped before PostgreSQL came up: a clean stop
 			}
@@ -162,18 +168,31 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 }
 
 // initSink creates the tables, retrying with capped backoff while
-// PostgreSQL is unreachable.
-func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger) error {
+// PostgreSQL is unreachable, and slowly, with one clear error, while it
+// refuses (a missing grant, a table changed by hand): never a crash loop.
+func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consumer.Health, metrics *consumer.Metrics) error {
 	backoff := 200 * time.Millisecond
+	var lastBlocked string
 	for attempt := 0; ; attempt++ {
 		err := s.Init(ctx)
 		if err == nil {
+			health.Wait("")
 			return nil
 		}
-		if !sink.IsTransient(err) || ctx.Err() != nil {
+		class := sink.Classify(err)
+		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
 			return fmt.Errorf("preparing PostgreSQL: %w", err)
 		}
-		if attempt%10 == 0 {
+		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
+		health.Wait(fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
+		limit := 10 * time.Second
+		if class == sink.Blocked {
+			limit = 30 * time.Second
+			if msg := err.Error(); msg != lastBlocked {
+				lastBlocked = msg
+				log.Error("PostgreSQL refuses what the service needs; waiting for a fix (see README, Least privilege)", zap.Error(err))
+			}
+		} else if attempt%10 == 0 {
 			log.Warn("PostgreSQL unreachable, retrying", zap.Error(err))
 		}
 		select {
@@ -181,7 +200,7 @@ func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger) error {
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 10*time.Second)
+		backoff = min(backoff*2, limit)
 	}
 }
 

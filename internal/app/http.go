@@ -33,6 +33,9 @@ func newHTTP(addr string, reg *prometheus.Registry, health *consumer.Health) (*h
 		if !health.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready: kafka=%v group_joined=%v postgres=%v\n", health.Kafka.Load(), health.Joined.Load(), health.Postgres.Load())
+			if why := health.Waiting(); why != "" {
+				fmt.Fprintf(w, "waiting: %s\n", why)
+			}
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -1,0 +1,319 @@
+package sink
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
+)
+
+// DDL etiquette (DESIGN.md section 6): the catalog is read first and DDL
+// runs only for what must change, so that a restart with nothing to change
+// takes no lock stronger than its DML needs. ALTER TABLE, CREATE OR
+// REPLACE VIEW and the like take ACCESS EXCLUSIVE locks; one waiting
+// behind an analyst's open read would queue every later reader behind it.
+// What DDL does run waits at most lock_timeout (set on every connection)
+// and is retried with backoff.
+
+// catalog is what exists of a target's objects in its schema.
+type catalog struct {
+	schema bool
+	rels   map[string]byte     // relation name -> relkind
+	notes  map[string]string   // relation name -> its comment
+	cols   map[string][]string // relation name -> columns in order
+	asOf   bool
+	// scdIDUnique: the history table has a unique index on scd_id alone.
+	scdIDUnique bool
+}
+
+func (c *catalog) has(name string) bool { _, ok := c.rels[name]; return ok }
+
+func (c *catalog) hasCol(rel, col string) bool { return slices.Contains(c.cols[rel], col) }
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readCatalog reads which of names exist in schema, with their columns
+// and comments; asOf names a function to look for ("" for none) and hist
+// the table whose scd_id index is checked ("" for none).
+func readCatalog(ctx context.Context, q querier, schema string, names []string, asOf, hist string) (*catalog, error) {
+	c := &catalog{rels: map[string]byte{}, notes: map[string]string{}, cols: map[string][]string{}}
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&c.schema); err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	if !c.schema {
+		return c, nil
+	}
+	rows, err := q.Query(ctx, `SELECT c.relname, c.relkind::text, coalesce(obj_description(c.oid, 'pg_class'), ''),
+			coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY ($2)`, schema, names)
+	if err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	for rows.Next() {
+		var name, kind, note string
+		var cols []string
+		if err := rows.Scan(&name, &kind, &note, &cols); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		c.rels[name], c.notes[name], c.cols[name] = kind[0], note, cols
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	if asOf != "" {
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = $1 AND p.proname = $2 AND p.proargtypes = '1184'::oidvector)`, schema, asOf).Scan(&c.asOf); err != nil {
+			return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+		}
+	}
+	if hist != "" && c.has(hist) {
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
+			JOIN pg_namespace n ON n.oid = t.relnamespace JOIN pg_attribute a ON a.attrelid = t.oid AND a.attname = 'scd_id'
+			WHERE n.nspname = $1 AND t.relname = $2 AND i.indisunique AND i.indkey::int2[] = ARRAY[a.attnum]::int2[])`,
+			schema, hist).Scan(&c.scdIDUnique); err != nil {
+			return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+		}
+	}
+	return c, nil
+}
+
+// createSchema renders CREATE SCHEMA for a schema that does not exist.
+func createSchema(schema string) string {
+	return "CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{schema}.Sanitize()
+}
+
+// ensureServiceTables creates what is missing of the offsets, truncates,
+// snapshots and dead-letter tables.
+func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
+	s := pgx.Identifier{cfg.Schema}.Sanitize()
+	cat, err := readCatalog(ctx, pool, cfg.Schema,
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable}, "", "")
+	if err != nil {
+		return err
+	}
+	var stmts []string
+	if !cat.schema {
+		stmts = append(stmts, createSchema(cfg.Schema))
+	}
+	if !cat.has("scd2sink_offsets") {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
+			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
+			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
+			anchor_seq bytea, PRIMARY KEY (consumer_group, topic, partition))`, s))
+	} else if !cat.hasCol("scd2sink_offsets", "anchor_seq") {
+		// The highest sequence below next_offset: where a snapshot read
+		// without a sequence is anchored after a restart.
+		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS anchor_seq bytea`, s))
+	}
+	if !cat.has("scd2sink_truncates") {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (
+			target text NOT NULL, scd_seq bytea NOT NULL, valid_from timestamptz NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, scd_seq))`, s))
+	}
+	if !cat.has("scd2sink_snapshots") {
+		// Completed full snapshots of tables with snapshot_deletes: close,
+		// until their reconciliation is done (reconcile.go).
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_snapshots (
+			consumer_group text NOT NULL, target text NOT NULL, scd_seq bytea NOT NULL,
+			valid_from timestamptz NOT NULL, topic text NOT NULL, until jsonb NOT NULL,
+			recorded_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
+			PRIMARY KEY (consumer_group, target, scd_seq))`, s))
+	}
+	if !cat.has(cfg.DeadLetterTable) {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
+			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now())`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
+	}
+	if len(stmts) == 0 {
+		return nil
+	}
+	cfg.Logger.Info("creating the service's tables", zap.String("schema", cfg.Schema), zap.Int("statements", len(stmts)))
+	return inDDLTx(ctx, pool, "scd2sink service tables", stmts)
+}
+
+// objectNames are the names of the objects the sink derives from a target
+// (DESIGN.md section 4).
+type objectNames struct {
+	hist, side, repairs, current, asOf, keyIndex, sideIndex string
+}
+
+func namesOf(target string) objectNames {
+	return objectNames{hist: target, side: target + "_scd_events", repairs: target + "_scd_repairs",
+		current: target + "_current", asOf: target + "_as_of",
+		keyIndex: target + "_scd_key_seq", sideIndex: target + "_scd_events_key_seq"}
+}
+
+// viewTag is the comment the sink puts on a view it created: a digest of
+// its definition, so that an unchanged view is never replaced.
+func viewTag(sql string) string {
+	sum := sha256.Sum256([]byte(sql))
+	return "scd2sink " + hex.EncodeToString(sum[:12])
+}
+
+// ensureTable brings the history table, its side table, repair audit,
+// current view, as-of function and configured views to what spec and the
+// extra columns need (source columns first: spec.Columns, then extra, in
+// order), running DDL only for what is missing or different, and reads
+// the table's columns back.
+func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*table, error) {
+	n := namesOf(spec.Target)
+	t := &table{
+		spec:    spec,
+		hist:    pgx.Identifier{spec.Schema, n.hist},
+		side:    pgx.Identifier{spec.Schema, n.side},
+		repairs: pgx.Identifier{spec.Schema, n.repairs},
+		view:    pgx.Identifier{spec.Schema, n.current},
+		ignore:  map[string]bool{},
+	}
+	for _, c := range spec.IgnoreColumns {
+		t.ignore[c] = true
+	}
+	lookFor := []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex}
+	for _, v := range spec.Views {
+		lookFor = append(lookFor, v.Name)
+	}
+	cat, err := readCatalog(ctx, pool, spec.Schema, lookFor, n.asOf, n.hist)
+	if err != nil {
+		return nil, err
+	}
+	var all []change.Column
+	for _, c := range spec.Columns {
+		all = append(all, change.Column{Name: c.Name, PGType: c.Type})
+	}
+	all = append(all, extra...)
+	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	keyIdents := quoteIdents(spec.Keys)
+	var stmts []string
+	if !cat.schema {
+		stmts = append(stmts, createSchema(spec.Schema))
+	}
+	histCols := slices.Clone(cat.cols[n.hist])
+	if !cat.has(n.hist) {
+		seen := map[string]bool{}
+		var defs []string
+		for _, c := range all {
+			if !t.ignore[c.Name] && !seen[c.Name] {
+				seen[c.Name] = true
+				defs = append(defs, pgx.Identifier{c.Name}.Sanitize()+" "+keyType(c.PGType))
+				histCols = append(histCols, c.Name)
+			}
+		}
+		for _, k := range spec.Keys {
+			if !seen[k] {
+				seen[k] = true
+				defs = append([]string{pgx.Identifier{k}.Sanitize() + " text"}, defs...)
+				histCols = append([]string{k}, histCols...)
+			}
+		}
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s,
+			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
+			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
+			scd_unavailable text[]
+		) WITH (fillfactor = 70)`, hist, strings.Join(defs, ",\n")))
+		histCols = append(histCols, bookkeeping...)
+		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+			pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
+	} else {
+		// A pre-created table may hold only the source columns.
+		var adds []string
+		for _, b := range []struct{ name, def string }{
+			{"scd_id", "bigint GENERATED ALWAYS AS IDENTITY"}, {"valid_from", "timestamptz"}, {"valid_to", "timestamptz"},
+			{"is_current", "boolean"}, {"scd_seq", "bytea"}, {"scd_close_seq", "bytea"},
+			{"scd_op", "text NOT NULL DEFAULT 'u'"}, {"scd_hash", "bytea NOT NULL DEFAULT ''::bytea"}, {"scd_unavailable", "text[]"},
+		} {
+			if !slices.Contains(histCols, b.name) {
+				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+b.name+" "+b.def)
+				histCols = append(histCols, b.name)
+			}
+		}
+		for _, c := range all {
+			if !t.ignore[c.Name] && !slices.Contains(histCols, c.Name) {
+				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+pgx.Identifier{c.Name}.Sanitize()+" "+keyType(c.PGType))
+				histCols = append(histCols, c.Name)
+			}
+		}
+		if len(adds) > 0 {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s", hist, strings.Join(adds, ", ")))
+		}
+		if !cat.has(n.keyIndex) {
+			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+				pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
+		}
+		if !cat.scdIDUnique {
+			// A pre-created table may lack the primary key on scd_id.
+			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX ON %s (scd_id)`, hist))
+		}
+	}
+	if !slices.Equal(cat.cols[n.current], histCols) {
+		stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist))
+	}
+	if !cat.asOf {
+		stmts = append(stmts, asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE"))
+	}
+	if len(stmts) > 0 {
+		if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
+			return nil, fmt.Errorf("creating history table %s: %w", hist, err)
+		}
+	}
+	if err := t.load(ctx, pool); err != nil {
+		return nil, err
+	}
+	var vs []string
+	for i, v := range t.viewStatements() {
+		name := spec.Views[i].Name
+		if tag := viewTag(v); cat.notes[name] != tag {
+			vs = append(vs, v, fmt.Sprintf("COMMENT ON VIEW %s IS %s", pgx.Identifier{spec.Schema, name}.Sanitize(), quoteLiteral(tag)))
+		}
+	}
+	if len(vs) > 0 {
+		if err := inDDLTx(ctx, pool, "scd2sink views of "+hist, vs); err != nil {
+			return nil, fmt.Errorf("creating the views of %s: %w", hist, err)
+		}
+	}
+	// The side table mirrors the history table's source columns and types.
+	stmts = nil
+	if !cat.has(n.side) {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[])`, side))
+	}
+	var adds []string
+	for _, c := range t.cols {
+		if !cat.hasCol(n.side, c.name) {
+			adds = append(adds, fmt.Sprintf("ADD COLUMN IF NOT EXISTS %s %s", pgx.Identifier{c.name}.Sanitize(), c.fullType))
+		}
+	}
+	if len(adds) > 0 {
+		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s", side, strings.Join(adds, ", ")))
+	}
+	if !cat.has(n.sideIndex) {
+		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+			pgx.Identifier{n.sideIndex}.Sanitize(), side, keyIdents))
+	}
+	if !cat.has(n.repairs) {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			repaired_at timestamptz NOT NULL DEFAULT now(), key jsonb NOT NULL, cause_seq bytea,
+			before jsonb NOT NULL, after jsonb)`, t.repairs.Sanitize()))
+	}
+	if len(stmts) > 0 {
+		if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {
+			return nil, fmt.Errorf("creating side table %s: %w", side, err)
+		}
+	}
+	return t, nil
+}
