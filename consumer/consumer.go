@@ -396,7 +396,7 @@ func (c *Consumer) addDead(d sink.DeadLetter) {
 // apply applies one prepared batch, retrying transient errors until ctx ends.
 func (c *Consumer) apply(ctx context.Context, j job) error {
 	what := fmt.Sprintf("applying batch of %d events", j.events)
-	return c.retry(ctx, what, func() (err error) {
+	return c.retry(ctx, "apply", what, func() (err error) {
 		defer c.recoverPanic(what, j.offsets, &err)
 		start := time.Now()
 		res, err := c.sink.ApplyPrepared(ctx, j.prepared)
@@ -412,7 +412,7 @@ func (c *Consumer) apply(ctx context.Context, j job) error {
 func (c *Consumer) prepare(ctx context.Context, b sink.Batch) (job, error) {
 	j := job{offsets: b.Offsets, events: len(b.Events)}
 	what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
-	err := c.retry(ctx, what, func() (err error) {
+	err := c.retry(ctx, "prepare", what, func() (err error) {
 		defer c.recoverPanic(what, b.Offsets, &err)
 		j.prepared, err = c.sink.Prepare(ctx, b)
 		return err
@@ -451,7 +451,7 @@ var (
 // nor blocked, or ctx ends. Meanwhile /readyz says what it waits for and
 // scd2sink_retries_total counts each try by SQLSTATE; warnings come at a
 // bounded rate. It never gives up on an outage, however long.
-func (c *Consumer) retry(ctx context.Context, what string, fn func() error) error {
+func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() error) error {
 	backoff := 100 * time.Millisecond
 	var lastLogged string
 	var loggedAt time.Time
@@ -459,8 +459,8 @@ func (c *Consumer) retry(ctx context.Context, what string, fn func() error) erro
 		err := fn()
 		if err == nil {
 			c.health.Postgres.Store(true)
+			c.health.Wait(stage, "")
 			if attempt > 0 {
-				c.health.Wait("")
 				c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempt+1))
 			}
 			return nil
@@ -471,14 +471,14 @@ func (c *Consumer) retry(ctx context.Context, what string, fn func() error) erro
 		}
 		state := sink.SQLState(err)
 		c.m.Retries.WithLabelValues(state).Inc()
-		c.health.Wait(fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
+		c.health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
 		limit := transientBackoffMax
 		if class == sink.Blocked {
 			limit = blockedBackoffMax
 			if msg := err.Error(); msg != lastLogged || time.Since(loggedAt) > blockedLogEvery {
 				lastLogged, loggedAt = msg, time.Now()
 				c.log.Error("progress stopped until this is fixed (retrying slowly; a fix made live is picked up)",
-					zap.String("what", what), zap.String("sqlstate", state), zap.Error(err))
+					zap.String("what", what), zap.String("sqlstate", state), zap.String("hint", sink.Hint(err)), zap.Error(err))
 			}
 		} else {
 			c.health.Postgres.Store(false)

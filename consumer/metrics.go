@@ -1,6 +1,9 @@
 package consumer
 
 import (
+	"sort"
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,24 +96,35 @@ type Health struct {
 	Kafka    atomic.Bool
 	Joined   atomic.Bool
 	Postgres atomic.Bool
-	waiting  atomic.Pointer[string]
+	mu       sync.Mutex
+	waits    map[string]string // stage -> what it waits for
 }
 
-// Wait records what the pipeline waits for ("" when nothing).
-func (h *Health) Wait(reason string) {
+// Wait records what a stage of the pipeline (init, prepare, apply ...)
+// waits for; "" clears it.
+func (h *Health) Wait(stage, reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if reason == "" {
-		h.waiting.Store(nil)
+		delete(h.waits, stage)
 		return
 	}
-	h.waiting.Store(&reason)
+	if h.waits == nil {
+		h.waits = map[string]string{}
+	}
+	h.waits[stage] = reason
 }
 
 // Waiting says what the pipeline waits for, "" when nothing.
 func (h *Health) Waiting() string {
-	if p := h.waiting.Load(); p != nil {
-		return *p
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for stage, why := range h.waits {
+		out = append(out, stage+": "+why)
 	}
-	return ""
+	sort.Strings(out)
+	return strings.Join(out, "; ")
 }
 
 // Ready reports whether Kafka and PostgreSQL are reachable, the group is

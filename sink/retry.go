@@ -116,6 +116,27 @@ func Classify(err error) Class {
 	return Fatal
 }
 
+// Hint says what an operator does about a blocked error ("" for others).
+func Hint(err error) string {
+	var drift *DriftError
+	if errors.As(err, &drift) {
+		return "the history table is not as scd2sink keeps it: put back what was changed by hand (verify lists it)"
+	}
+	switch code := SQLState(err); {
+	case code == "42703":
+		return "a column scd2sink writes is missing (dropped by hand?): add it back, or list it in ignore_columns and restart"
+	case code == "42P01":
+		return "a table scd2sink writes is missing (dropped by hand?): restore it, or restart to create it anew"
+	case code == "42501":
+		return "a privilege is missing: grant what README's Least privilege section lists"
+	case strings.HasPrefix(code, "28"):
+		return "PostgreSQL refused the login: check the role and its password (postgres.dsn)"
+	case strings.HasPrefix(code, "42"):
+		return "the history table or its objects were changed by hand: put them back (verify lists what it relies on)"
+	}
+	return ""
+}
+
 // SQLState is err's SQLSTATE, or "network" for a connection that failed
 // without one; the label of scd2sink_retries_total.
 func SQLState(err error) string {
@@ -133,10 +154,10 @@ func SQLState(err error) string {
 // isTransient reports whether err is worth retrying at once.
 func isTransient(err error) bool { return Classify(err) == Transient }
 
-// withRetry runs fn until it succeeds, fails permanently, the retries run
+// withRetry runs fn (a part of stage: init, prepare, apply or verify) until it succeeds, fails permanently, the retries run
 // out or ctx ends, waiting with capped exponential backoff and jitter.
 // It returns the number of retries.
-func (s *Sink) withRetry(ctx context.Context, what string, fn func(context.Context) error) (int, error) {
+func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(context.Context) error) (int, error) {
 	backoff := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		err := fn(ctx)
@@ -148,7 +169,7 @@ func (s *Sink) withRetry(ctx context.Context, what string, fn func(context.Conte
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		if s.cfg.OnRetry != nil {
-			s.cfg.OnRetry(SQLState(err))
+			s.cfg.OnRetry(stage, what, err)
 		}
 		if attempt == 0 || attempt%5 == 4 {
 			s.log.Warn("transient PostgreSQL error, retrying", zap.String("what", what), zap.Int("attempt", attempt+1),

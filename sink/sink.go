@@ -64,7 +64,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 func (s *Sink) Init(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, err := s.withRetry(ctx, "creating tables", func(ctx context.Context) error {
+	_, err := s.withRetry(ctx, "init", "creating tables", func(ctx context.Context) error {
 		if err := ensureServiceTables(ctx, s.pool, &s.cfg); err != nil {
 			return err
 		}
@@ -222,7 +222,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	}
 	for _, target := range order {
 		cols := extra[target].cols
-		_, err := s.withRetry(ctx, "creating table "+target, func(ctx context.Context) error {
+		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) error {
 			t, err := ensureTable(ctx, s.pool, s.specs[target], cols)
 			if err != nil {
 				return err
@@ -367,12 +367,12 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 			return s.writeOffsets(ctx, tx, offsets, p.anchors)
 		})
 	}
-	retries, err := s.withRetry(ctx, "applying batch", attempt)
+	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)
 	if err != nil && isDataError(err) {
 		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
 		isolate = true
 		var more int
-		more, err = s.withRetry(ctx, "applying batch", attempt)
+		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
 		retries += more
 	}
 	res.Retries = retries

@@ -81,9 +81,10 @@ type Config struct {
 	// CacheBytes bounds the estimated memory of that state (0 = 32 MiB;
 	// negative = no bound but CacheKeys).
 	CacheBytes int
-	// OnRetry is called with the SQLSTATE (or "network") of every error
-	// the Sink retries itself (scd2sink_retries_total).
-	OnRetry func(sqlstate string)
+	// OnRetry is called with every error the Sink retries itself, before
+	// it waits (scd2sink_retries_total, /readyz); stage is init, prepare,
+	// apply or verify.
+	OnRetry func(stage, what string, err error)
 	Logger  *zap.Logger
 }
 

@@ -62,7 +62,7 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			keyJSON, hist, keys)},
 	}
 	var out []Violation
-	_, err := s.withRetry(ctx, "verifying "+hist, func(ctx context.Context) error {
+	_, err := s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
 		out = nil
 		return s.verify(ctx, hist, checks, &out)
 	})

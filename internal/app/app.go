@@ -122,7 +122,10 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	health := &consumer.Health{}
 
 	sc := SinkConfig(cfg, log.Named("sink"))
-	sc.OnRetry = func(state string) { metrics.Retries.WithLabelValues(state).Inc() }
+	sc.OnRetry = func(stage, what string, err error) {
+		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
+		health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, sink.Classify(err), err))
+	}
 	s, err := sink.New(sc, pool)
 	if err != nil {
 		return &config.Error{Msg: err.Error()}
@@ -176,7 +179,7 @@ func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consum
 	for attempt := 0; ; attempt++ {
 		err := s.Init(ctx)
 		if err == nil {
-			health.Wait("")
+			health.Wait("init", "")
 			return nil
 		}
 		class := sink.Classify(err)
@@ -184,13 +187,13 @@ func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consum
 			return fmt.Errorf("preparing PostgreSQL: %w", err)
 		}
 		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
-		health.Wait(fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
+		health.Wait("init", fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
 		limit := 10 * time.Second
 		if class == sink.Blocked {
 			limit = 30 * time.Second
 			if msg := err.Error(); msg != lastBlocked {
 				lastBlocked = msg
-				log.Error("PostgreSQL refuses what the service needs; waiting for a fix (see README, Least privilege)", zap.Error(err))
+				log.Error("PostgreSQL refuses what the service needs; waiting for a fix", zap.String("hint", sink.Hint(err)), zap.Error(err))
 			}
 		} else if attempt%10 == 0 {
 			log.Warn("PostgreSQL unreachable, retrying", zap.Error(err))
