@@ -7,12 +7,39 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// MaxTargetBytes is the longest target whose derived names fit
+// PostgreSQL's 63 bytes without truncation (DESIGN.md section 4): the
+// longest suffix is _scd_repairs (12 bytes). Index names have suffixes of
+// at most 12 bytes too; rebuild names its tables by a digest of targets
+// too long for <target>__rebuild.
+const MaxTargetBytes = 63 - len("_scd_repairs")
+
+// maxNameBytes is PostgreSQL's limit on an identifier (NAMEDATALEN - 1).
+const maxNameBytes = 63
+
+// validName checks a name the service quotes as an identifier: any text
+// (quotes, spaces, mixed case, non-ASCII) of 1 to max bytes of UTF-8
+// without NUL; PostgreSQL would silently truncate a longer one.
+func validName(key, name string, max int, why string) error {
+	switch {
+	case name == "":
+		return errf(key, "is empty")
+	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
+		return errf(key, "%q is not valid UTF-8 text without NUL", name)
+	case len(name) > max:
+		return errf(key, "%q is %d bytes; at most %d fit%s", name, len(name), max, why)
+	}
+	return nil
+}
 
 func oneOf(key, value string, allowed ...string) error {
 	if slices.Contains(allowed, value) {
@@ -110,6 +137,10 @@ func (c *Config) validateServices() error {
 	if !identifier.MatchString(c.Sink.DeadLetterTable) {
 		return errf("sink.dead_letter_table", "%q is not a plain identifier", c.Sink.DeadLetterTable)
 	}
+	if len(c.Sink.DeadLetterTable) > maxNameBytes-len("__rebuild") {
+		return errf("sink.dead_letter_table", "%q is %d bytes; at most %d fit with rebuild's suffix __rebuild",
+			c.Sink.DeadLetterTable, len(c.Sink.DeadLetterTable), maxNameBytes-len("__rebuild"))
+	}
 	if addr := c.HTTPAddr(); addr != "" {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			return errf("http.addr", "%q is not host:port", addr)
@@ -153,8 +184,9 @@ func (c *Config) validateTables() error {
 			return errf(key("topic"), "%q is also tables[%d].topic", t.Topic, j)
 		}
 		topics[t.Topic] = i
-		if !identifier.MatchString(t.Target) {
-			return errf(key("target"), "%q is not a plain identifier", t.Target)
+		if err := validName(key("target"), t.Target, MaxTargetBytes,
+			" (PostgreSQL's 63 bytes less the longest derived suffix, _scd_repairs; set a shorter target)"); err != nil {
+			return err
 		}
 		if j, dup := targets[t.Target]; dup {
 			return errf(key("target"), "%q is also tables[%d].target", t.Target, j)
@@ -235,8 +267,8 @@ func distinct(key string, list []string) error {
 // validateView checks a views: entry and fills its defaults; seen maps the
 // view names met so far to their keys.
 func validateView(key string, v *View, seen map[string]string) error {
-	if !identifier.MatchString(v.Name) {
-		return errf(key+".name", "%q is not a plain identifier", v.Name)
+	if err := validName(key+".name", v.Name, maxNameBytes, " in a PostgreSQL name"); err != nil {
+		return err
 	}
 	if other, dup := seen[v.Name]; dup {
 		return errf(key+".name", "%q is also %s.name", v.Name, other)
@@ -274,8 +306,11 @@ func validateView(key string, v *View, seen map[string]string) error {
 	}
 	names := map[string]string{}
 	for from, to := range v.Columns {
-		if from == "" || !identifier.MatchString(to) {
-			return errf(key+".columns", "%q: %q is not a plain identifier", from, to)
+		if from == "" {
+			return errf(key+".columns", "a column to rename is empty")
+		}
+		if err := validName(key+".columns", to, maxNameBytes, " in a PostgreSQL name"); err != nil {
+			return err
 		}
 		if other, dup := names[to]; dup {
 			return errf(key+".columns", "%q and %q are both renamed to %q", other, from, to)

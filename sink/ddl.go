@@ -148,14 +148,25 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 
 // objectNames are the names of the objects the sink derives from a target
 // (DESIGN.md section 4).
+// Every suffix is at most 12 bytes, so a target of up to 51 bytes
+// (config.MaxTargetBytes) never has a name truncated. The side table's
+// index was called <target>_scd_events_key_seq before targets that long
+// were allowed; such an index is still found under that name.
 type objectNames struct {
-	hist, side, repairs, current, asOf, keyIndex, sideIndex string
+	hist, side, repairs, current, asOf, keyIndex, sideIndex, oldSideIndex string
 }
+
+// Index name suffixes (see objectNames).
+const (
+	KeyIndexSuffix     = "_scd_key_seq"
+	SideIndexSuffix    = "_scd_evt_seq"
+	OldSideIndexSuffix = "_scd_events_key_seq"
+)
 
 func namesOf(target string) objectNames {
 	return objectNames{hist: target, side: target + "_scd_events", repairs: target + "_scd_repairs",
 		current: target + "_current", asOf: target + "_as_of",
-		keyIndex: target + "_scd_key_seq", sideIndex: target + "_scd_events_key_seq"}
+		keyIndex: target + KeyIndexSuffix, sideIndex: target + SideIndexSuffix, oldSideIndex: target + OldSideIndexSuffix}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
@@ -184,6 +195,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		t.ignore[c] = true
 	}
 	lookFor := []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex}
+	if len(n.oldSideIndex) <= 63 {
+		lookFor = append(lookFor, n.oldSideIndex)
+	}
 	for _, v := range spec.Views {
 		lookFor = append(lookFor, v.Name)
 	}
@@ -301,7 +315,7 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	if len(adds) > 0 {
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s", side, strings.Join(adds, ", ")))
 	}
-	if !cat.has(n.sideIndex) {
+	if !cat.has(n.sideIndex) && !cat.has(n.oldSideIndex) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
 			pgx.Identifier{n.sideIndex}.Sanitize(), side, keyIdents))
 	}

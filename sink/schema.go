@@ -82,6 +82,16 @@ func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []strin
 	})
 }
 
+// dollarQuote quotes body as a dollar-quoted string constant whose tag
+// body does not contain (a target's name may hold anything, $$ included).
+func dollarQuote(body string) string {
+	tag := "$scd2sink$"
+	for i := 0; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$scd2sink%d$", i)
+	}
+	return tag + body + tag
+}
+
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i > 0 {
 		return s[:i]
@@ -95,9 +105,9 @@ func firstLine(s string) string {
 // or dropped (rebuild) needs it dropped first (AsOfFunctionDDL).
 func asOfFunction(schema, target, create string) string {
 	hist := pgx.Identifier{schema, target}.Sanitize()
-	return fmt.Sprintf(`%s FUNCTION %s(at timestamptz) RETURNS SETOF %s LANGUAGE sql STABLE AS
-		$scd2sink$ SELECT * FROM %s WHERE valid_from <= at AND (valid_to IS NULL OR at < valid_to) $scd2sink$`,
-		create, pgx.Identifier{schema, target + "_as_of"}.Sanitize(), hist, hist)
+	body := fmt.Sprintf(" SELECT * FROM %s WHERE valid_from <= at AND (valid_to IS NULL OR at < valid_to) ", hist)
+	return fmt.Sprintf(`%s FUNCTION %s(at timestamptz) RETURNS SETOF %s LANGUAGE sql STABLE AS %s`,
+		create, pgx.Identifier{schema, target + "_as_of"}.Sanitize(), hist, dollarQuote(body))
 }
 
 // DropAsOfFunction renders the DDL that drops a target's as-of function

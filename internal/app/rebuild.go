@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -11,12 +13,39 @@ import (
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
 
 // RebuildSuffix names the tables a rebuild fills next to the live ones.
 const RebuildSuffix = "__rebuild"
+
+// RebuildTarget is the table a rebuild of target fills: <target>__rebuild,
+// or, for a target too long for that and its derived names to fit 63
+// bytes, scd2sink_rebuild_<digest of target>.
+func RebuildTarget(target string) string {
+	if len(target)+len(RebuildSuffix) <= config.MaxTargetBytes {
+		return target + RebuildSuffix
+	}
+	return "scd2sink_rebuild_" + digest(target)
+}
+
+// ReplacedTarget is what a swap renames the live table to, kept for
+// queries still running on it: <target>__replaced_<unix time>, or
+// scd2sink_replaced_<digest of target>_<unix time> for a long target.
+func ReplacedTarget(target string, unix int64) string {
+	if name := fmt.Sprintf("%s__replaced_%d", target, unix); len(name) <= config.MaxTargetBytes {
+		return name
+	}
+	return fmt.Sprintf("scd2sink_replaced_%s_%d", digest(target), unix)
+}
+
+func digest(s string) string {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return fmt.Sprintf("%016x", h.Sum64())
+}
 
 // rebuildConfig is cfg aimed at the rebuild tables: every target with
 // RebuildSuffix, its own consumer group starting from the earliest offset,
@@ -26,7 +55,7 @@ func rebuildConfig(cfg *config.Config) *config.Config {
 	rc := *cfg
 	rc.Tables = append([]config.Table(nil), cfg.Tables...)
 	for i := range rc.Tables {
-		rc.Tables[i].Target += RebuildSuffix
+		rc.Tables[i].Target = RebuildTarget(rc.Tables[i].Target)
 		rc.Tables[i].Views = nil
 	}
 	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
@@ -176,11 +205,29 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 		}
 		// The service tables may not exist yet on a fresh database.
 		var exists bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", cfg.Postgres.Schema+".scd2sink_offsets").Scan(&exists); err != nil || !exists {
+		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+			pgx.Identifier{cfg.Postgres.Schema, "scd2sink_offsets"}.Sanitize()).Scan(&exists); err != nil || !exists {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM "+schema+".scd2sink_offsets WHERE consumer_group = $1", rc.Kafka.GroupID); err != nil {
-			return err
+		// What an interrupted rebuild recorded: its offsets (else the next
+		// one would resume mid-topic into empty tables), its completed
+		// snapshots and its dead letters.
+		for _, table := range []string{"scd2sink_offsets", "scd2sink_snapshots", rc.Sink.DeadLetterTable} {
+			name := pgx.Identifier{cfg.Postgres.Schema, table}.Sanitize()
+			var found bool
+			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", name).Scan(&found); err != nil {
+				return err
+			}
+			q := "DELETE FROM " + name + " WHERE consumer_group = $1"
+			args := []any{rc.Kafka.GroupID}
+			if table == rc.Sink.DeadLetterTable {
+				q, args = "DELETE FROM "+name, nil
+			}
+			if found {
+				if _, err := tx.Exec(ctx, q, args...); err != nil {
+					return err
+				}
+			}
 		}
 		for _, t := range rc.Tables {
 			if _, err := tx.Exec(ctx, "DELETE FROM "+schema+".scd2sink_truncates WHERE target = $1",
@@ -193,10 +240,29 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 	if err != nil {
 		return fmt.Errorf("clearing an earlier rebuild: %w", err)
 	}
-	if _, err := adm.DeleteGroups(ctx, rc.Kafka.GroupID); err != nil {
-		return fmt.Errorf("resetting group %s: %w", rc.Kafka.GroupID, err)
+	// The group's committed offsets go too. A rebuild killed a moment ago
+	// is still a member until its session expires: wait for that, or the
+	// next rebuild would resume from its offsets into empty tables.
+	group := rc.Kafka.GroupID
+	deadline := time.Now().Add(cfg.Kafka.SessionTimeout + 15*time.Second)
+	for {
+		resp, err := adm.DeleteGroups(ctx, group)
+		if err != nil {
+			return fmt.Errorf("resetting group %s: %w", group, err)
+		}
+		gerr := resp[group].Err
+		if gerr == nil || errors.Is(gerr, kerr.GroupIDNotFound) {
+			return nil
+		}
+		if !errors.Is(gerr, kerr.NonEmptyGroup) || time.Now().After(deadline) {
+			return fmt.Errorf("resetting group %s: %w (is another rebuild running?)", group, gerr)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	return nil
 }
 
 // rebuildProgress sums the rebuild's applied offsets and reports whether
@@ -240,7 +306,7 @@ func rebuildProgress(ctx context.Context, pool *pgxpool.Pool, rc *config.Config,
 // resolved them before the swap finish on them; drop them when convenient.
 // It returns the offsets to commit for the live group.
 func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm.Offsets, error) {
-	suffix := fmt.Sprintf("__replaced_%d", time.Now().Unix())
+	now := time.Now().Unix()
 	schema := cfg.Postgres.Schema
 	id := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	bare := func(name string) string { return pgx.Identifier{name}.Sanitize() }
@@ -266,18 +332,22 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 				continue // its topic was empty
 			}
 			if exists {
-				old := live + suffix
+				old := ReplacedTarget(live, now)
 				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
 					return err
 				}
-				for _, q := range []string{
+				qs := []string{
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
 					sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
-					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+"_scd_key_seq"), bare(old+"_scd_key_seq")),
-					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+"_scd_events_key_seq"), bare(old+"_scd_events_key_seq")),
-				} {
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.KeyIndexSuffix), bare(old+sink.KeyIndexSuffix)),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.SideIndexSuffix), bare(old+sink.SideIndexSuffix)),
+				}
+				if len(live+sink.OldSideIndexSuffix) <= 63 { // an index named before long targets were allowed
+					qs = append(qs, fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.OldSideIndexSuffix), bare(old+sink.SideIndexSuffix)))
+				}
+				for _, q := range qs {
 					if err := exec(q); err != nil {
 						return err
 					}
@@ -286,8 +356,8 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) (kadm
 			for _, q := range []string{
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb+"_scd_events"), bare(live+"_scd_events")),
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_key_seq"), bare(live+"_scd_key_seq")),
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+"_scd_events_key_seq"), bare(live+"_scd_events_key_seq")),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.KeyIndexSuffix), bare(live+sink.KeyIndexSuffix)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.SideIndexSuffix), bare(live+sink.SideIndexSuffix)),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
 				sink.DropAsOfFunction(cfg.Postgres.Schema, rb),
 				// The live audit of repairs stays; the replay's own is dropped.
