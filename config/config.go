@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,12 +85,15 @@ type Sequencer struct {
 	MaxBufferedEvents int           `yaml:"max_buffered_events"`
 	// MaxBufferedBytes bounds the reorder buffer's memory; above it the
 	// events due soonest are released before their window ends.
-	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
+	MaxBufferedBytes ByteSize `yaml:"max_buffered_bytes"`
 }
 
 // Sink is the sink: block.
 type Sink struct {
-	BatchMaxEvents  int           `yaml:"batch_max_events"`
+	BatchMaxEvents int `yaml:"batch_max_events"`
+	// BatchMaxBytes bounds the events waiting for or in the applier,
+	// estimated in bytes (default 64 MiB): a batch is cut at half of it.
+	BatchMaxBytes   ByteSize      `yaml:"batch_max_bytes"`
 	BatchMaxWait    time.Duration `yaml:"batch_max_wait"`
 	DeadLetterTable string        `yaml:"dead_letter_table"`
 }
@@ -148,6 +152,31 @@ type View struct {
 	End string `yaml:"end"`
 	// CurrentEnd replaces NULL in the end column of current versions.
 	CurrentEnd string `yaml:"current_end"`
+}
+
+// ByteSize is a size in bytes, written as a number or with a unit: 64MiB,
+// 512KiB, 1GiB, 16MB, 100kB.
+type ByteSize int64
+
+var sizePattern = regexp.MustCompile(`^\s*(\d+)\s*([KMGkmg]i?[Bb]|[Bb])?\s*$`)
+
+// UnmarshalYAML reads a number of bytes or a size with a unit.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	m := sizePattern.FindStringSubmatch(n.Value)
+	if n.Kind != yaml.ScalarNode || m == nil {
+		return fmt.Errorf("line %d: %q is not a size (a number of bytes, or 64MiB, 512KiB, 1GiB, 16MB)", n.Line, n.Value)
+	}
+	v, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a size: %v", n.Line, n.Value, err)
+	}
+	unit := map[string]int64{"": 1, "b": 1, "kb": 1000, "kib": 1 << 10, "mb": 1000 * 1000, "mib": 1 << 20,
+		"gb": 1000 * 1000 * 1000, "gib": 1 << 30}[strings.ToLower(m[2])]
+	if v > (1<<62)/unit {
+		return fmt.Errorf("line %d: %q is too large", n.Line, n.Value)
+	}
+	*b = ByteSize(v * unit)
+	return nil
 }
 
 // Error is a configuration error: Key names the offending key (as a path
@@ -338,6 +367,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Sink.BatchMaxEvents == 0 {
 		c.Sink.BatchMaxEvents = 10000
+	}
+	if c.Sink.BatchMaxBytes == 0 {
+		c.Sink.BatchMaxBytes = 64 << 20
 	}
 	if c.Sink.BatchMaxWait == 0 {
 		c.Sink.BatchMaxWait = 250 * time.Millisecond

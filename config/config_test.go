@@ -38,6 +38,9 @@ func TestDefaults(t *testing.T) {
 		{"dead letters", c.Sink.DeadLetterTable, "scd2sink_dead_letters"},
 		{"http", c.HTTPAddr(), "127.0.0.1:9464"},
 		{"shutdown", c.ShutdownTimeout, 30 * time.Second},
+		{"lock timeout", c.Postgres.LockTimeout, 5 * time.Second},
+		{"statement timeout", c.Postgres.StatementTimeout, 5 * time.Minute},
+		{"batch bytes", c.Sink.BatchMaxBytes, ByteSize(64 << 20)},
 		{"target", tb.Target, "customers_history"},
 		{"format", tb.Format, "debezium-json"},
 		{"sequence", strings.Join(tb.SequenceBy, ","), "source.lsn"},
@@ -180,5 +183,35 @@ func TestUnknownKeyNamesLine(t *testing.T) {
 	_, err := Parse([]byte(minimal+"    track_histroy: [a]\n"), noEnv)
 	if err == nil || !strings.Contains(err.Error(), "track_histroy") || !strings.Contains(err.Error(), "line 8") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// Sizes are numbers of bytes or numbers with a unit, as DESIGN.md writes
+// them (16MiB, 64MiB).
+func TestSizes(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want ByteSize
+	}{
+		{"16MiB", 16 << 20}, {"64 MiB", 64 << 20}, {"1048576", 1 << 20}, {"2GiB", 2 << 30}, {"5MB", 5000000}, {"2048KiB", 2 << 20},
+	} {
+		t.Run(tc.text, func(t *testing.T) {
+			c, err := Parse([]byte(minimal+"sink:\n  batch_max_bytes: "+tc.text+"\nsequencer:\n  max_buffered_bytes: "+tc.text+"\n"), noEnv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Sink.BatchMaxBytes != tc.want || c.Sequencer.MaxBufferedBytes != tc.want {
+				t.Errorf("%s read as %d and %d, want %d", tc.text, c.Sink.BatchMaxBytes, c.Sequencer.MaxBufferedBytes, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{"lots", "12XB", "-5MiB", "1KiB"} {
+		t.Run(bad, func(t *testing.T) {
+			_, err := Parse([]byte(minimal+"sink:\n  batch_max_bytes: "+bad+"\n"), noEnv)
+			var ce *Error
+			if !errors.As(err, &ce) || !strings.Contains(ce.Key, "batch_max_bytes") {
+				t.Errorf("%q: %v, want an error naming sink.batch_max_bytes", bad, err)
+			}
+		})
 	}
 }

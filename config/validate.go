@@ -131,6 +131,9 @@ func (c *Config) validateServices() error {
 	if c.Sink.BatchMaxEvents < 1 {
 		return errf("sink.batch_max_events", "must be at least 1")
 	}
+	if c.Sink.BatchMaxBytes < 1<<20 {
+		return errf("sink.batch_max_bytes", "must be at least 1048576 (1 MiB)")
+	}
 	if c.Sink.BatchMaxWait <= 0 {
 		return errf("sink.batch_max_wait", "must be positive")
 	}

@@ -26,6 +26,9 @@ func (c *Consumer) collect(out sequencer.Output) {
 		}
 	}
 	c.pending = append(c.pending, out.Events...)
+	for _, ev := range out.Events {
+		c.pendBytes += int64(ev.Size())
+	}
 	for _, cf := range out.Conflicts {
 		c.dead = append(c.dead, conflictLetter(cf))
 	}
@@ -48,7 +51,7 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
 	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
-	due := n >= c.cfg.BatchMaxEvents || (old && c.applier.idle()) ||
+	due := n >= c.cfg.BatchMaxEvents || c.pendBytes >= c.cfg.BatchMaxBytes/2 || (old && c.applier.idle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
@@ -73,7 +76,8 @@ func (c *Consumer) commitStale() bool {
 }
 
 // flush hands the pending events to the applier in batches of at most
-// BatchMaxEvents, each with the commit points it makes true; the applier
+// BatchMaxEvents and half of BatchMaxBytes (so that the batch applying and
+// the one queued behind it hold at most BatchMaxBytes), each with the commit points it makes true; the applier
 // applies them in order and commits those to Kafka. Called with mu held.
 func (c *Consumer) flush(ctx context.Context) error {
 	if err := c.applier.err(); err != nil {
@@ -84,6 +88,13 @@ func (c *Consumer) flush(ctx context.Context) error {
 	c.commitMu.Unlock()
 	for first := true; first || len(c.pending) > 0; first = false {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
+		var size int64
+		for i, ev := range c.pending[:n] {
+			if size += int64(ev.Size()); size > c.cfg.BatchMaxBytes/2 && i > 0 {
+				n = i
+				break
+			}
+		}
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets),
@@ -94,9 +105,12 @@ func (c *Consumer) flush(ctx context.Context) error {
 		if err := c.applier.submit(ctx, j); err != nil {
 			return err
 		}
+		for _, ev := range c.pending[:n] {
+			c.pendBytes -= int64(ev.Size())
+		}
 		c.pending, c.dead = rest, nil
 	}
-	c.pending = nil
+	c.pending, c.pendBytes = nil, 0
 	c.noteBuffer()
 	return nil
 }

@@ -81,7 +81,10 @@ type Config struct {
 	MaxBufferedEvents int
 	MaxBufferedBytes  int64
 	BatchMaxEvents    int
-	BatchMaxWait      time.Duration
+	// BatchMaxBytes bounds, by Event.Size, the events waiting for or in
+	// the applier: a batch is cut at half of it (0: 64 MiB).
+	BatchMaxBytes int64
+	BatchMaxWait  time.Duration
 
 	Logger  *zap.Logger
 	Metrics *Metrics
@@ -117,6 +120,7 @@ type Consumer struct {
 	snaps      map[*change.Event]sink.Snapshot
 	anchors    *anchors
 	pending    []*change.Event
+	pendBytes  int64 // Event.Size of pending
 	dead       []sink.DeadLetter
 	since      time.Time                  // when the oldest pending item was fetched
 	committed  map[change.Partition]int64 // last offsets committed to Kafka
@@ -131,6 +135,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.BatchMaxBytes <= 0 {
+		cfg.BatchMaxBytes = 64 << 20
 	}
 	if cfg.Classify == nil {
 		cfg.Classify = sink.Classify

@@ -2,12 +2,15 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 )
 
 type recordingSink struct{ batches []sink.Batch }
@@ -66,5 +69,69 @@ func TestFlushBatches(t *testing.T) {
 	}
 	if got := c.commitPoints(nil); got[p0] != 4 || got[p1] != 4 {
 		t.Fatalf("final commit points %v", got)
+	}
+}
+
+// TestBatchesCutByBytes: events waiting for the applier are bounded by
+// BatchMaxBytes, not only by count: big events are cut into batches of at
+// most half of it (one event at least), a full half is due at once, and
+// every event is handed over exactly once.
+func TestBatchesCutByBytes(t *testing.T) {
+	big := make([]byte, 100<<10) // 100 KiB row images
+	for _, tc := range []struct {
+		name      string
+		maxBytes  int64
+		wantSizes []int
+	}{
+		{"1 MiB: five per batch", 1 << 20, []int{5, 5, 5, 5}},
+		{"tiny: one per batch", 1 << 10, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+		{"large: by count", 64 << 20, []int{10, 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := &recordingSink{}
+			c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: tc.maxBytes, BatchMaxWait: time.Hour}, sink: rs, m: NewMetrics(nil), log: zap.NewNop(),
+				health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
+				committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
+			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1")) // no group: commits fail at once, harmlessly
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			c.client = cl
+			c.applier = newApplier(c)
+			go c.applier.run(context.Background())
+			defer c.applier.stop()
+			p := change.Partition{Topic: "t"}
+			for i := int64(0); i < 20; i++ {
+				c.seq.Add(&change.Event{Table: "x", Key: []any{i}, Seq: change.MustSeq(i), Op: change.OpCreate,
+					AfterJSON: big, Origin: change.Origin{Partition: p, Offset: i}})
+			}
+			c.collect(c.seq.Flush())
+			if c.pendBytes < 20*int64(len(big)) {
+				t.Fatalf("pending bytes %d", c.pendBytes)
+			}
+			if err := c.maybeFlush(context.Background(), false); err != nil { // due by bytes (or count), not by age
+				t.Fatal(err)
+			}
+			if err := c.flushAndWait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			var sizes []int
+			seen := map[int64]bool{}
+			for _, b := range rs.batches {
+				if len(b.Events) > 0 {
+					sizes = append(sizes, len(b.Events))
+				}
+				for _, ev := range b.Events {
+					if seen[ev.Origin.Offset] {
+						t.Fatalf("offset %d handed over twice", ev.Origin.Offset)
+					}
+					seen[ev.Origin.Offset] = true
+				}
+			}
+			if fmt.Sprint(sizes) != fmt.Sprint(tc.wantSizes) || len(seen) != 20 || c.pendBytes != 0 {
+				t.Errorf("batches of %v events (%d events, %d bytes left), want %v", sizes, len(seen), c.pendBytes, tc.wantSizes)
+			}
+		})
 	}
 }

@@ -126,6 +126,10 @@ func (c *Consumer) dropPending(parts []change.Partition) {
 		}
 	}
 	c.pending = evs
+	c.pendBytes = 0
+	for _, ev := range evs {
+		c.pendBytes += int64(ev.Size())
+	}
 	dead := c.dead[:0]
 	for _, d := range c.dead {
 		if !set[d.Origin.Partition] {

@@ -24,7 +24,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for _, tr := range truncs {
 		known[string(tr.seq)] = true
 	}
-	forced := map[string]*keyPlan{}
+	var fresh []change.Seq
 	for _, tr := range p.truncates {
 		if known[string(tr.seq)] {
 			res.Duplicates++
@@ -36,21 +36,18 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			return res, nil, fmt.Errorf("recording truncate: %w", err)
 		}
 		truncs = append(truncs, tr)
-		keys, err := t.liveAt(ctx, tx, tr.seq)
-		if err != nil {
-			return res, nil, err
-		}
-		for _, k := range keys {
-			id := keyID(k)
-			if kp := p.keys[id]; kp != nil {
-				forced[id] = kp
-			} else if forced[id] == nil {
-				forced[id] = &keyPlan{id: id, key: k}
-			}
-		}
+		fresh = append(fresh, tr.seq)
 		res.Events++
 	}
 	sortEvents(truncs)
+	// Every key with a version live at a new truncate is folded again:
+	// the batch's own keys below, the others here, streamed in chunks.
+	forced := map[string]*keyPlan{}
+	if len(fresh) > 0 {
+		if err := s.refoldTruncated(ctx, tx, p, fresh, truncs, forced, ops, &res); err != nil {
+			return res, nil, err
+		}
+	}
 
 	var appendKeys, repair []*keyPlan
 	var repairEvents [][]fevent
@@ -268,7 +265,8 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	if len(fresh) == 0 && !forced {
 		return dead
 	}
-	w.repairs = append(w.repairs, repairNote{key: kp.key, cause: repairCause(fresh, truncs)})
+	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
+	var touched []change.Seq
 	evs = append(evs, truncs...)
 	sortEvents(evs)
 	st := foldState{}
@@ -295,6 +293,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		o := old[string(v.seq)]
 		if o == nil {
 			w.insVersions = append(w.insVersions, v)
+			touched = append(touched, v.seq)
 			res.VersionsOpened++
 			continue
 		}
@@ -302,6 +301,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		v.id, v.stored = o.id, true
 		if !v.sameAs(o) {
 			w.full = append(w.full, v)
+			touched = append(touched, v.seq)
 			if v.closed && !o.closed {
 				res.VersionsClosed++
 			}
@@ -309,7 +309,10 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	}
 	for _, o := range old {
 		w.delVersions = append(w.delVersions, o.id)
+		touched = append(touched, o.seq)
 	}
+	note.noteTouched(touched)
+	w.repairs = append(w.repairs, note)
 	oldSide := map[string]fevent{}
 	for _, e := range h.side {
 		oldSide[string(e.seq)] = e

@@ -115,6 +115,8 @@ func valuesSize(vs []any) int {
 type cacheOps struct {
 	put  map[cacheKey]*latest
 	drop []cacheKey
+	// reset: forget every key (a truncate folded too many to drop).
+	reset bool
 }
 
 func (o *cacheOps) set(k cacheKey, l *latest) {
@@ -125,6 +127,10 @@ func (o *cacheOps) set(k cacheKey, l *latest) {
 }
 
 func (c *stateCache) apply(o *cacheOps) {
+	if o.reset {
+		c.reset()
+		return
+	}
 	for _, k := range o.drop {
 		c.drop(k)
 	}

@@ -54,6 +54,13 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 	if !c.schema {
 		return c, nil
 	}
+	var fit []string
+	for _, n := range names {
+		if len(n) <= 63 { // a longer name cannot exist (and is an error as a name)
+			fit = append(fit, n)
+		}
+	}
+	names = fit
 	rows, err := q.Query(ctx, `SELECT c.relname, c.relkind::text, coalesce(obj_description(c.oid, 'pg_class'), ''),
 			coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
@@ -83,7 +90,7 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 	if hist != "" && c.has(hist) {
 		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
 			JOIN pg_namespace n ON n.oid = t.relnamespace JOIN pg_attribute a ON a.attrelid = t.oid AND a.attname = 'scd_id'
-			WHERE n.nspname = $1 AND t.relname = $2 AND i.indisunique AND i.indkey::int2[] = ARRAY[a.attnum]::int2[])`,
+			WHERE n.nspname = $1 AND t.relname = $2 AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = a.attnum)`,
 			schema, hist).Scan(&c.scdIDUnique); err != nil {
 			return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 		}
@@ -322,7 +329,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	if !cat.has(n.repairs) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			repaired_at timestamptz NOT NULL DEFAULT now(), key jsonb NOT NULL, cause_seq bytea,
-			before jsonb NOT NULL, after jsonb)`, t.repairs.Sanitize()))
+			before jsonb NOT NULL, after jsonb, omitted integer NOT NULL DEFAULT 0)`, t.repairs.Sanitize()))
+	} else if !cat.hasCol(n.repairs, "omitted") {
+		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS omitted integer NOT NULL DEFAULT 0`, t.repairs.Sanitize()))
 	}
 	if len(stmts) > 0 {
 		if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {

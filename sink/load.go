@@ -282,23 +282,3 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fevent
 	}
 	return out, rows.Err()
 }
-
-// liveAt returns the keys that have a version live at sequence seq.
-func (t *table) liveAt(ctx context.Context, tx pgx.Tx, seq change.Seq) ([][]any, error) {
-	q := fmt.Sprintf(`SELECT DISTINCT %s FROM %s WHERE scd_seq < $1 AND (scd_close_seq IS NULL OR scd_close_seq > $1)`,
-		quoteIdents(t.keyNames()), t.hist.Sanitize())
-	rows, err := tx.Query(ctx, q, []byte(seq))
-	if err != nil {
-		return nil, fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
-	}
-	defer rows.Close()
-	var out [][]any
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, vals)
-	}
-	return out, rows.Err()
-}

@@ -3,17 +3,39 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// repairNote is a late repair to record in <target>_scd_repairs: the key
-// and the sequence of the late event that caused it.
+// repairNote is a late repair to record in <target>_scd_repairs: the key,
+// the sequence of the late event that caused it, and the opening
+// sequences of the versions it inserted, changed or deleted (at most
+// maxAudited of them, the earliest; omitted counts the others).
 type repairNote struct {
-	key   []any
-	cause change.Seq
+	key     []any
+	cause   change.Seq
+	touched [][]byte
+	omitted int
+}
+
+// maxAudited bounds the versions an audit row holds on each side, so that
+// a repair of a key with a long history (a late Type 1 change spreads to
+// every version) stays small: 1,000 versions of a few hundred bytes.
+const maxAudited = 1000
+
+// noteTouched sets the versions a repair changed, earliest first.
+func (n *repairNote) noteTouched(seqs []change.Seq) {
+	slices.SortFunc(seqs, func(a, b change.Seq) int { return a.Compare(b) })
+	if len(seqs) > maxAudited {
+		n.omitted = len(seqs) - maxAudited
+		seqs = seqs[:maxAudited]
+	}
+	for _, sq := range seqs {
+		n.touched = append(n.touched, sq)
+	}
 }
 
 // repairCause is the sequence of the earliest of a repair's new events;
@@ -31,12 +53,36 @@ func repairCause(fresh []fevent, truncs []fevent) change.Seq {
 	return cause
 }
 
-// versionsJSON renders the versions of the key x.k0.. of history table h
-// as a JSON array of row objects, oldest first, without the scd_ columns
-// that hold the sink's internal encodings.
-func (t *table) versionsJSON(h, x string) string {
-	return fmt.Sprintf(`coalesce((SELECT jsonb_agg(to_jsonb(%[1]s) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' ORDER BY %[1]s.scd_seq)
-		FROM %[2]s %[1]s WHERE %[3]s), '[]'::jsonb)`, h, t.hist.Sanitize(), t.keyMatch(h, x))
+// fillVersions sets column col (before or after) of the audit rows ids
+// (one per repair, in order) to the versions each repair touched, as they
+// are now: a JSON array of row objects, oldest first, without the scd_
+// columns that hold the sink's internal encodings. The touched versions
+// are passed flat, each with its row's id and key, and found through the
+// key index: linear in their number.
+func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []int64, col string) error {
+	var n int
+	for _, r := range w.repairs {
+		n += len(r.touched)
+	}
+	if n == 0 {
+		return nil
+	}
+	rid, keys, seqs := make([]int64, 0, n), make([][]any, 0, n), make([][]byte, 0, n)
+	for i, r := range w.repairs {
+		for _, sq := range r.touched {
+			rid, keys, seqs = append(rid, ids[i]), append(keys, r.key), append(seqs, sq)
+		}
+	}
+	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] })
+	types, names, args = append(types, "bigint"), append(names, "id"), append(args, rid)
+	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
+			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' ORDER BY h.scd_seq) AS arr
+			FROM %[3]s JOIN %[4]s h ON %[5]s AND h.scd_seq = x.seq GROUP BY x.id) a
+		WHERE r.id = a.id`, t.repairs.Sanitize(), col, unnest("x", 1, types, names), t.hist.Sanitize(), t.keyMatch("h", "x"))
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+	}
+	return nil
 }
 
 // keyObject renders the key x.k0.. as a JSON object of the key columns.
@@ -50,16 +96,21 @@ func (t *table) keyObject(x string) string {
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// recordRepairsBefore writes one audit row per repaired key with the key's
-// versions as they are before the batch's writes; it returns the rows' ids.
+// recordRepairsBefore writes one audit row per repaired key with the
+// versions the repair touches as they are before the batch's writes; it
+// returns the rows' ids.
 func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) ([]int64, error) {
 	if len(w.repairs) == 0 {
 		return nil, nil
 	}
 	types, names, args := t.keySeqColumns(len(w.repairs),
 		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause })
-	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, before) SELECT %s, x.seq, %s FROM %s RETURNING id`,
-		t.repairs.Sanitize(), t.keyObject("x"), t.versionsJSON("h", "x"), unnest("x", 1, types, names))
+	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
+	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
+		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }))
+	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, omitted, before, after)
+		SELECT %s, x.seq, x.omitted, '[]', '[]' FROM %s ORDER BY x.ord RETURNING id`,
+		t.repairs.Sanitize(), t.keyObject("x"), unnest("x", 1, types, names))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
@@ -68,24 +119,17 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 	if err != nil {
 		return nil, fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
 	}
-	return ids, nil
+	if len(ids) != len(w.repairs) {
+		return nil, fmt.Errorf("recording repairs of %s: %d rows for %d repairs", t.hist.Sanitize(), len(ids), len(w.repairs))
+	}
+	return ids, w.fillVersions(ctx, tx, t, ids, "before")
 }
 
-// recordRepairsAfter completes the audit rows with the keys' versions as
+// recordRepairsAfter completes the audit rows with the touched versions as
 // the batch leaves them.
 func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *table, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	types, names := append([]string{"bigint"}, t.keyTypes()...), append([]string{"id"}, genericNames("k", len(t.keyIdx))...)
-	args := []any{ids}
-	for i := range t.keyIdx {
-		args = append(args, column(len(w.repairs), func(j int) any { return w.repairs[j].key[i] }))
-	}
-	q := fmt.Sprintf(`UPDATE %s r SET after = %s FROM %s WHERE r.id = x.id`,
-		t.repairs.Sanitize(), t.versionsJSON("h", "x"), unnest("x", 1, types, names))
-	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
-	}
-	return nil
+	return w.fillVersions(ctx, tx, t, ids, "after")
 }

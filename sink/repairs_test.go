@@ -11,8 +11,8 @@ import (
 
 // TestRepairAudit: every late repair writes one row to
 // <target>_scd_repairs in the batch's transaction, with the key, the late
-// event's sequence and the key's versions before and after; appends write
-// none.
+// event's sequence and the versions the repair changed, before and after
+// (team, untouched, is in neither); appends write none.
 func TestRepairAudit(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()
@@ -56,8 +56,8 @@ func TestRepairAudit(t *testing.T) {
 		}
 		return out
 	}
-	wantBefore := []string{"basic 2026-01-01T10:00:00+00:00 2026-01-02T06:00:00+00:00", "team 2026-01-02T06:00:00+00:00 -"}
-	wantAfter := []string{"basic 2026-01-01T10:00:00+00:00 2026-01-01T20:00:00+00:00", "pro 2026-01-01T20:00:00+00:00 2026-01-02T06:00:00+00:00", "team 2026-01-02T06:00:00+00:00 -"}
+	wantBefore := []string{"basic 2026-01-01T10:00:00+00:00 2026-01-02T06:00:00+00:00"}
+	wantAfter := []string{"basic 2026-01-01T10:00:00+00:00 2026-01-01T20:00:00+00:00", "pro 2026-01-01T20:00:00+00:00 2026-01-02T06:00:00+00:00"}
 	if n != 1 || key != `{"customer_id": "A"}` || change.Seq(cause).Compare(change.MustSeq(20)) != 0 {
 		t.Fatalf("%d rows; key %s, cause %s", n, key, change.Seq(cause))
 	}

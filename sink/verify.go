@@ -29,17 +29,27 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	if !ok {
 		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
 	}
+	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
+	n := namesOf(spec.Target)
+	cat, err := readCatalog(ctx, s.pool, spec.Schema, []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex, n.oldSideIndex},
+		n.asOf, n.hist)
+	if err != nil {
+		return nil, err
+	}
+	if !cat.has(n.hist) {
+		return nil, nil // the table does not exist yet
+	}
 	if len(spec.Keys) == 0 {
 		keys, err := s.existingKeys(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
-		if len(keys) == 0 {
-			return nil, nil // the table does not exist yet
-		}
 		spec.Keys = keys
 	}
-	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
+	missing, columns := structure(hist, spec, cat)
+	if columns {
+		return missing, nil // the invariants cannot be read without the columns
+	}
 	keys := quoteIdents(spec.Keys)
 	keyJSON := "json_build_array(" + keys + ")::text"
 	checks := []struct{ name, sql string }{
@@ -62,11 +72,61 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			keyJSON, hist, keys)},
 	}
 	var out []Violation
-	_, err := s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
-		out = nil
+	_, err = s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
+		out = append([]Violation(nil), missing...)
 		return s.verify(ctx, hist, checks, &out)
 	})
 	return out, err
+}
+
+// structure reports what the sink relies on and the catalog lacks: the
+// bookkeeping and key columns, the key and scd_id indexes, the side table
+// with its columns and index, the repair audit, _current and _as_of (a
+// table or index dropped or changed by hand); columns reports whether a
+// column of the history table itself is missing.
+func structure(hist string, spec TableSpec, cat *catalog) (out []Violation, columns bool) {
+	n := namesOf(spec.Target)
+	missing := func(what string) {
+		out = append(out, Violation{Table: hist, Check: "missing " + what, Key: "-", Info: "restore it, or restart scd2sink run to create it again"})
+	}
+	if len(spec.Keys) == 0 {
+		missing(fmt.Sprintf("index %s (it names the key columns)", n.keyIndex))
+		return out, true
+	}
+	for _, c := range append(append([]string(nil), spec.Keys...), bookkeeping...) {
+		if !cat.hasCol(n.hist, pgIdent(c)) {
+			missing("column " + c)
+			columns = true
+		}
+	}
+	if !cat.has(n.keyIndex) {
+		missing("unique index " + n.keyIndex + " on (key, scd_seq)")
+	}
+	if !cat.scdIDUnique {
+		missing("unique index on scd_id")
+	}
+	if !cat.has(n.side) {
+		missing("side table " + n.side)
+	} else {
+		for _, c := range cat.cols[n.hist] {
+			if (!isBookkeeping(c) || c == "scd_seq" || c == "scd_op" || c == "scd_hash" || c == "scd_unavailable") && !cat.hasCol(n.side, c) {
+				missing("column " + c + " of " + n.side)
+			}
+		}
+		if !cat.has(n.sideIndex) && !cat.has(n.oldSideIndex) {
+			missing("unique index " + n.sideIndex + " of " + n.side)
+		}
+	}
+	if !cat.has(n.repairs) {
+		missing("repair audit " + n.repairs)
+	}
+	if !cat.has(n.current) {
+		missing("view " + n.current)
+	}
+	if !cat.asOf {
+		missing("function " + n.asOf + "(timestamptz)")
+	}
+	return out, columns
 }
 
 func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, sql string }, out *[]Violation) error {

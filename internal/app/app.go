@@ -154,8 +154,8 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
 			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
-			MaxBufferedBytes: cfg.Sequencer.MaxBufferedBytes,
-			BatchMaxEvents:   cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
+			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
+			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
 			Logger: log.Named("consumer"), Metrics: metrics, Opts: opts.KafkaOpts,
 		}, s, health)
 		if err != nil {

@@ -1,0 +1,87 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// truncateChunk is how many keys a truncate folds again at a time: memory
+// holds one chunk's histories, whatever the table's size.
+var truncateChunk = 5000
+
+// refoldTruncated folds again every key of p's table that has a version
+// live at one of the new truncates fresh. The keys are read in key order,
+// truncateChunk at a time, each chunk after the last key of the one
+// before: keys of the batch are only noted in forced (the batch folds
+// them with its events); the others are read, folded and written chunk by
+// chunk. A chunk's writes touch only its own keys, so the next chunk's
+// query is not disturbed by them.
+func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fresh []change.Seq, truncs []fevent,
+	forced map[string]*keyPlan, ops *cacheOps, res *Result) error {
+	t := p.t
+	seqs := make([][]byte, len(fresh))
+	for i, sq := range fresh {
+		seqs[i] = sq
+	}
+	keys := quoteIdents(t.keyNames())
+	var after []string
+	for i, kt := range t.keyTypes() {
+		after = append(after, fmt.Sprintf("$%d::%s", i+2, kt))
+	}
+	const live = `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq < s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))`
+	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.hist.Sanitize(), live, truncateChunk)
+	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,
+		keys, t.hist.Sanitize(), live, truncateChunk, strings.Join(after, ", "))
+	ops.reset = true // far too many keys to drop one by one
+	var last []any
+	for {
+		q, args := first, []any{seqs}
+		if last != nil {
+			q, args = next, append(args, last...)
+		}
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
+		}
+		var chunk []*keyPlan
+		n := 0
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			n++
+			last = vals
+			id := keyID(vals)
+			if kp := p.keys[id]; kp != nil {
+				forced[id] = kp
+			} else {
+				chunk = append(chunk, &keyPlan{id: id, key: vals})
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
+		}
+		if len(chunk) > 0 {
+			hists, err := t.loadHistory(ctx, tx, chunk)
+			if err != nil {
+				return err
+			}
+			w := &writes{}
+			for i, kp := range chunk {
+				s.repairKey(t, kp, nil, hists[i], truncs, true, w, res)
+			}
+			if err := w.exec(ctx, tx, t); err != nil {
+				return err
+			}
+		}
+		if n < truncateChunk {
+			return nil
+		}
+	}
+}
