@@ -92,7 +92,7 @@ type Sequencer struct {
 type Sink struct {
 	BatchMaxEvents int `yaml:"batch_max_events"`
 	// BatchMaxBytes bounds the events waiting for or in the applier,
-	// estimated in bytes (default 64 MiB): a batch is cut at half of it.
+	// estimated in bytes (default 64 MiB): a batch is cut at a third of it.
 	BatchMaxBytes   ByteSize      `yaml:"batch_max_bytes"`
 	BatchMaxWait    time.Duration `yaml:"batch_max_wait"`
 	DeadLetterTable string        `yaml:"dead_letter_table"`

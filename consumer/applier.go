@@ -71,6 +71,22 @@ func (a *applier) wait() error {
 	return a.err()
 }
 
+// waitCtx is wait that gives up when ctx ends (a batch may be retrying an
+// outage or a blocked table for a long time): it reports ctx's error then.
+func (a *applier) waitCtx(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		a.pending.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return a.err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (a *applier) idle() bool { return a.busy.Load() == 0 }
 
 // queued reports whether a batch waits behind the one being applied.

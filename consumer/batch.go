@@ -51,7 +51,7 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
 	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
-	due := n >= c.cfg.BatchMaxEvents || c.pendBytes >= c.cfg.BatchMaxBytes/2 || (old && c.applier.idle()) ||
+	due := n >= c.cfg.BatchMaxEvents || c.pendBytes >= c.cfg.BatchMaxBytes/3 || (old && c.applier.idle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
@@ -76,8 +76,9 @@ func (c *Consumer) commitStale() bool {
 }
 
 // flush hands the pending events to the applier in batches of at most
-// BatchMaxEvents and half of BatchMaxBytes (so that the batch applying and
-// the one queued behind it hold at most BatchMaxBytes), each with the commit points it makes true; the applier
+// BatchMaxEvents and a third of BatchMaxBytes (so that the batch applying,
+// the one queued behind it and the one waiting to be queued hold at most
+// BatchMaxBytes), each with the commit points it makes true; the applier
 // applies them in order and commits those to Kafka. Called with mu held.
 func (c *Consumer) flush(ctx context.Context) error {
 	if err := c.applier.err(); err != nil {
@@ -90,7 +91,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
 		var size int64
 		for i, ev := range c.pending[:n] {
-			if size += int64(ev.Size()); size > c.cfg.BatchMaxBytes/2 && i > 0 {
+			if size += int64(ev.Size()); size > c.cfg.BatchMaxBytes/3 && i > 0 {
 				n = i
 				break
 			}

@@ -82,7 +82,7 @@ type Config struct {
 	MaxBufferedBytes  int64
 	BatchMaxEvents    int
 	// BatchMaxBytes bounds, by Event.Size, the events waiting for or in
-	// the applier: a batch is cut at half of it (0: 64 MiB).
+	// the applier: a batch is cut at a third of it (0: 64 MiB).
 	BatchMaxBytes int64
 	BatchMaxWait  time.Duration
 
@@ -273,7 +273,11 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 		// Rebalance callbacks run only while nothing is in flight: wait for
 		// the applier when a rebalance is waiting, else allow it when idle.
 		if c.rebalanceWanted.Load() || c.applier.idle() {
-			if werr := c.applier.wait(); err == nil {
+			werr := c.applier.waitCtx(ctx)
+			if ctx.Err() != nil {
+				return c.drain(drainTimeout) // a batch still retrying: drain bounds it
+			}
+			if err == nil {
 				err = werr
 			}
 			c.rebalanceWanted.Store(false)
@@ -473,6 +477,13 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 			return nil
 		}
 		class := c.cfg.Classify(err)
+		if class == sink.Data {
+			// A value rejected outside the per-key isolation (bookkeeping
+			// of a key change, a truncate, the dead letters themselves):
+			// not one event's fault, so wait for an operator like a
+			// blocked table instead of exiting into a crash loop.
+			class = sink.Blocked
+		}
 		if ctx.Err() != nil || (class != sink.Transient && class != sink.Blocked) {
 			return fmt.Errorf("%s: %w", what, err)
 		}

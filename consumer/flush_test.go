@@ -74,7 +74,7 @@ func TestFlushBatches(t *testing.T) {
 
 // TestBatchesCutByBytes: events waiting for the applier are bounded by
 // BatchMaxBytes, not only by count: big events are cut into batches of at
-// most half of it (one event at least), a full half is due at once, and
+// most a third of it (one event at least), a full half is due at once, and
 // every event is handed over exactly once.
 func TestBatchesCutByBytes(t *testing.T) {
 	big := make([]byte, 100<<10) // 100 KiB row images
@@ -83,7 +83,7 @@ func TestBatchesCutByBytes(t *testing.T) {
 		maxBytes  int64
 		wantSizes []int
 	}{
-		{"1 MiB: five per batch", 1 << 20, []int{5, 5, 5, 5}},
+		{"1 MiB: three per batch", 1 << 20, []int{3, 3, 3, 3, 3, 3, 2}},
 		{"tiny: one per batch", 1 << 10, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
 		{"large: by count", 64 << 20, []int{10, 10}},
 	} {

@@ -160,7 +160,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 // index was called <target>_scd_events_key_seq before targets that long
 // were allowed; such an index is still found under that name.
 type objectNames struct {
-	hist, side, repairs, current, asOf, keyIndex, sideIndex, oldSideIndex string
+	hist, side, repairs, current, asOf, keyIndex, sideIndex, oldSideIndex, idIndex string
 }
 
 // Index name suffixes (see objectNames).
@@ -173,7 +173,8 @@ const (
 func namesOf(target string) objectNames {
 	return objectNames{hist: target, side: target + "_scd_events", repairs: target + "_scd_repairs",
 		current: target + "_current", asOf: target + "_as_of",
-		keyIndex: target + KeyIndexSuffix, sideIndex: target + SideIndexSuffix, oldSideIndex: target + OldSideIndexSuffix}
+		keyIndex: target + KeyIndexSuffix, sideIndex: target + SideIndexSuffix, oldSideIndex: target + OldSideIndexSuffix,
+		idIndex: target + "_scd_id_key"}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
@@ -278,7 +279,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		}
 		if !cat.scdIDUnique {
 			// A pre-created table may lack the primary key on scd_id.
-			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX ON %s (scd_id)`, hist))
+			// Named, so that two instances adopting it at once make one.
+			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (scd_id)`,
+				pgx.Identifier{n.idIndex}.Sanitize(), hist))
 		}
 	}
 	if !slices.Equal(cat.cols[n.current], histCols) {

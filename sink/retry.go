@@ -67,8 +67,27 @@ func IsTransient(err error) bool { return Classify(err) == Transient }
 
 // Classify tells what to do about err (DESIGN.md section 6's table).
 func Classify(err error) Class {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil {
 		return Fatal
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		// A refused password or role, or a database that does not exist,
+		// is no outage: wait for a fix. Anything else (refused, timed out:
+		// connect_timeout surfaces as a deadline) is one.
+		var pgErr *pgconn.PgError
+		if errors.As(connErr, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "28" || pgErr.Code == "3D000") {
+			return Blocked
+		}
+		return Transient
+	}
+	// The caller's context ending: callers check ctx.Err() and stop; a
+	// deadline inside pgx (a connect or read timeout) is an outage.
+	if errors.Is(err, context.Canceled) {
+		return Fatal
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return Transient
 	}
 	var drift *DriftError
 	if errors.As(err, &drift) {
@@ -77,8 +96,13 @@ func Classify(err error) Class {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
 		switch code := pgErr.Code; {
-		case code == "55P03", code == "57014", code == "25006", code >= "57P01" && code <= "57P03":
+		case code == "55P03", code == "57014", code == "25006", code == "25P03", code == "57P05",
+			code >= "57P01" && code <= "57P03":
+			// 25P03/57P05: a session cut by idle_in_transaction_session_timeout
+			// or idle_session_timeout.
 			return Transient
+		case code == "3D000":
+			return Blocked
 		case code == "42501":
 			return Blocked
 		}
@@ -91,14 +115,6 @@ func Classify(err error) Class {
 			return Data
 		}
 		return Fatal
-	}
-	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) {
-		// A refused password or role is no outage: wait for a fix.
-		if errors.As(connErr, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "28" || pgErr.Code == "3D000") {
-			return Blocked
-		}
-		return Transient
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||

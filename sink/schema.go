@@ -70,7 +70,10 @@ func isBookkeeping(name string) bool {
 
 func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
+		// DDL waits at most lock_timeout for its lock, but once it has it,
+		// adopting a large pre-created table (a rewrite, an index build)
+		// may take longer than statement_timeout: let it finish.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1)), set_config('statement_timeout', '0', true)", lock); err != nil {
 			return err
 		}
 		for _, st := range stmts {

@@ -510,7 +510,7 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 	}
 	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, updated_at)
 		SELECT $1, t, p, n, a, now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[]) AS x(t, p, n, a)
-		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset,
+		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = greatest(o.next_offset, excluded.next_offset),
 			anchor_seq = coalesce(excluded.anchor_seq, o.anchor_seq), updated_at = now()`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize())
 	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch); err != nil {

@@ -114,10 +114,12 @@ func TestAwkwardTargetName(t *testing.T) {
 
 // TestRebuildInterrupted kills a rebuild with SIGKILL half way and
 // rebuilds again: the second one clears what the first left (offsets
-// included, in a mixed-case schema) and swaps in the same history.
+// included, in a mixed-case schema) and swaps in the same history, though
+// an analyst's read holds the live table for a while (its swap waits
+// lock_timeout per try, and tries again).
 func TestRebuildInterrupted(t *testing.T) {
 	r := newCrashRig(t, 10, 200, 3)
-	r.configure(t, "  schema: public\n", "  schema: Hist\n")
+	r.configure(t, "  schema: public\n", "  schema: Hist\n  lock_timeout: 500ms\n")
 	r.configure(t, "  batch_max_events: 200\n", "  batch_max_events: 50\n")
 	for i := range r.sc.Specs {
 		r.sc.Specs[i].Schema = "Hist"
@@ -151,8 +153,24 @@ func TestRebuildInterrupted(t *testing.T) {
 	_ = rb.Wait()
 	t.Logf("rebuild killed with %d of %d records applied", applied("crash__rebuild"), r.total)
 
+	analyst, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := analyst.QueryRow(ctx, `SELECT count(*) FROM "Hist".acct_history`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(4 * time.Second) // longer than the replay and a few lock timeouts
+		_ = analyst.Rollback(ctx)
+	}()
+	start := time.Now()
 	if code, out, errOut := run(t, "rebuild", "--config", r.cfgFile); code != 0 {
 		t.Fatalf("rebuild after the interrupted one: exit %d\n%s%s", code, out, errOut)
+	}
+	if took := time.Since(start); took < 4*time.Second {
+		t.Errorf("the swap did not wait for the analyst's read (%s)", took)
 	}
 	r.check(t)
 }

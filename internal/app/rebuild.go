@@ -163,9 +163,25 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 	if err := <-done; err != nil {
 		return fmt.Errorf("rebuild: %w", err)
 	}
-	offsets, err := swap(ctx, pool, cfg, rc)
-	if err != nil {
-		return err
+	// The swap locks the live tables, waiting at most lock_timeout behind
+	// a reader each try: it is tried again until it gets them (the replay
+	// is done; a failed rebuild run again would start it over).
+	var offsets kadm.Offsets
+	for backoff := 500 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
+		offsets, err = swap(ctx, pool, cfg, rc)
+		if err == nil {
+			break
+		}
+		if class := sink.Classify(err); (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("the swap must wait (a reader holds the live table, or PostgreSQL is unavailable); trying again",
+			zap.Duration("wait", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("rebuild caught up but not swapped in (run it again): %w", ctx.Err())
+		case <-time.After(backoff):
+		}
 	}
 	if len(offsets) > 0 {
 		resp, err := adm.CommitOffsets(ctx, cfg.Kafka.GroupID, offsets)
