@@ -412,3 +412,48 @@ func TestPostgresFaults(t *testing.T) {
 		t.Errorf("%d dead letters (%v): a fault is no bad event", dead, err)
 	}
 }
+
+// TestStopWhileBlocked: SIGTERM while a batch waits on a history table
+// changed by hand stops the service within shutdown_timeout (nothing of
+// the batch committed), and once the table is put back a restart applies
+// everything: history equal to the fold.
+func TestStopWhileBlocked(t *testing.T) {
+	r := newCrashRig(t, 11, 20, 2)
+	base := r.withHTTP(t)
+	r.configure(t, "shutdown_timeout: 20s\n", "shutdown_timeout: 3s\n")
+	ctx := context.Background()
+	half := len(r.recs) / 2
+	r.produceSync(t, r.recs[:half])
+	cmd, stderr := r.start(t)
+	r.waitApplied(t, int64(half), 30*time.Second, cmd, stderr)
+	if _, err := r.pool.Exec(ctx, "CREATE TABLE name_backup AS SELECT scd_id, name FROM acct_history; ALTER TABLE acct_history DROP COLUMN name CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	r.produceSync(t, r.recs[half:])
+	deadline := time.Now().Add(20 * time.Second)
+	for metric(t, base, `scd2sink_retries_total{sqlstate="42703"}`) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not blocked on the dropped column\n%s", stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopped := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Logf("stopped %s after SIGTERM while blocked: %v", time.Since(stopped).Round(time.Millisecond), err)
+	case <-time.After(8 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("still running 8 s after SIGTERM (shutdown_timeout 3s)\n%s", stderr)
+	}
+	if _, err := r.pool.Exec(ctx, `ALTER TABLE acct_history ADD COLUMN name text;
+		UPDATE acct_history h SET name = b.name FROM name_backup b WHERE b.scd_id = h.scd_id; DROP TABLE name_backup`); err != nil {
+		t.Fatal(err)
+	}
+	cmd, stderr = r.start(t)
+	r.waitApplied(t, r.total, 30*time.Second, cmd, stderr)
+	r.stop(t, cmd, stderr)
+	r.check(t)
+}
