@@ -20,10 +20,12 @@ type applier struct {
 	busy    atomic.Int64
 	failed  atomic.Pointer[error]
 	done    chan struct{}
+	// finished is signalled (without blocking) when a batch leaves.
+	finished chan struct{}
 }
 
 func newApplier(c *Consumer) *applier {
-	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{})}
+	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{}), finished: make(chan struct{}, 1)}
 }
 
 // run applies batches until jobs is closed.
@@ -39,6 +41,7 @@ func (a *applier) run(ctx context.Context) {
 		}
 		a.busy.Add(-1)
 		a.pending.Done()
+		a.signal()
 	}
 }
 
@@ -60,6 +63,7 @@ func (a *applier) submit(ctx context.Context, j job) error {
 	case <-ctx.Done():
 		a.busy.Add(-1)
 		a.pending.Done()
+		a.signal()
 		return ctx.Err()
 	}
 }
@@ -73,17 +77,24 @@ func (a *applier) wait() error {
 
 // waitCtx is wait that gives up when ctx ends (a batch may be retrying an
 // outage or a blocked table for a long time): it reports ctx's error then.
+// It leaves no goroutine waiting behind (a WaitGroup may not be reused
+// while one still waits on it).
 func (a *applier) waitCtx(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		a.pending.Wait()
-		close(done)
-	}()
+	for a.busy.Load() > 0 {
+		select {
+		case <-a.finished:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return a.err()
+}
+
+// signal wakes a waitCtx: a batch left the applier.
+func (a *applier) signal() {
 	select {
-	case <-done:
-		return a.err()
-	case <-ctx.Done():
-		return ctx.Err()
+	case a.finished <- struct{}{}:
+	default:
 	}
 }
 
