@@ -31,8 +31,12 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	}
 	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
 	n := namesOf(spec.Target)
-	cat, err := readCatalog(ctx, s.pool, spec.Schema, []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex, n.oldSideIndex},
-		n.asOf, n.hist)
+	var cat *catalog
+	_, err := s.withRetry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
+		cat, err = readCatalog(ctx, s.pool, spec.Schema, []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex, n.oldSideIndex},
+			n.asOf, n.hist)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -40,8 +44,11 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 		return nil, nil // the table does not exist yet
 	}
 	if len(spec.Keys) == 0 {
-		keys, err := s.existingKeys(ctx, spec)
-		if err != nil {
+		var keys []string
+		if _, err := s.withRetry(ctx, "verify", "reading the key of "+hist, func(ctx context.Context) (err error) {
+			keys, err = s.existingKeys(ctx, spec)
+			return err
+		}); err != nil {
 			return nil, err
 		}
 		spec.Keys = keys

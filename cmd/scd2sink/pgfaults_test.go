@@ -352,7 +352,7 @@ func TestPostgresFaults(t *testing.T) {
 			heal: func(t *testing.T) { _ = locker.Rollback(ctx) }},
 		{name: "column dropped by hand", sqlstate: "42703",
 			inject: func(t *testing.T) {
-				exec(t, "CREATE TABLE name_backup AS SELECT scd_id, name FROM acct_history; ALTER TABLE acct_history DROP COLUMN name CASCADE")
+				exec(t, "LOCK TABLE acct_history IN ACCESS EXCLUSIVE MODE; CREATE TABLE name_backup AS SELECT scd_id, name FROM acct_history; ALTER TABLE acct_history DROP COLUMN name CASCADE")
 			},
 			heal: func(t *testing.T) {
 				exec(t, `ALTER TABLE acct_history ADD COLUMN name text;
@@ -426,7 +426,7 @@ func TestStopWhileBlocked(t *testing.T) {
 	r.produceSync(t, r.recs[:half])
 	cmd, stderr := r.start(t)
 	r.waitApplied(t, int64(half), 30*time.Second, cmd, stderr)
-	if _, err := r.pool.Exec(ctx, "CREATE TABLE name_backup AS SELECT scd_id, name FROM acct_history; ALTER TABLE acct_history DROP COLUMN name CASCADE"); err != nil {
+	if _, err := r.pool.Exec(ctx, "LOCK TABLE acct_history IN ACCESS EXCLUSIVE MODE; CREATE TABLE name_backup AS SELECT scd_id, name FROM acct_history; ALTER TABLE acct_history DROP COLUMN name CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	r.produceSync(t, r.recs[half:])
