@@ -41,8 +41,11 @@ type Kafka struct {
 	// SessionTimeout is the group session timeout (an addition to DESIGN.md:
 	// how long a crashed member holds its partitions). Default 45s.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
-	TLS            TLS           `yaml:"tls"`
-	SASL           SASL          `yaml:"sasl"`
+	// IsolationLevel is read_committed (default: records of aborted Kafka
+	// transactions are never read) or read_uncommitted.
+	IsolationLevel string `yaml:"isolation_level"`
+	TLS            TLS    `yaml:"tls"`
+	SASL           SASL   `yaml:"sasl"`
 }
 
 // TLS is kafka.tls.
@@ -346,6 +349,7 @@ func (c *Config) applyDefaults() {
 	or(&c.Kafka.GroupID, "scd2sink")
 	or(&c.Kafka.ClientID, "scd2sink")
 	or(&c.Kafka.StartOffset, "earliest")
+	or(&c.Kafka.IsolationLevel, "read_committed")
 	if c.Kafka.SessionTimeout == 0 {
 		c.Kafka.SessionTimeout = 45 * time.Second
 	}

@@ -60,6 +60,9 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validateKafka() error {
+	if err := oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, "read_committed", "read_uncommitted"); err != nil {
+		return err
+	}
 	k := c.Kafka
 	if len(k.Brokers) == 0 {
 		return errf("kafka.brokers", "at least one broker is required (or set SCD2SINK_KAFKA_BROKERS)")

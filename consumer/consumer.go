@@ -70,6 +70,10 @@ type Config struct {
 	StartOffset string // earliest | latest
 	// SessionTimeout is the group session timeout (0: franz-go's default).
 	SessionTimeout time.Duration
+	// IsolationLevel is read_committed (the default, also for "") or
+	// read_uncommitted: whether records of aborted Kafka transactions
+	// (Debezium's exactly-once source mode writes in transactions) are read.
+	IsolationLevel string
 	TLS            *tls.Config
 	SASL           sasl.Mechanism
 	// Rules name the topics and how to decode them.
@@ -181,6 +185,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	if cfg.Metrics.Kafka != nil {
 		opts = append(opts, kgo.WithHooks(cfg.Metrics.Kafka))
+	}
+	if cfg.IsolationLevel != "read_uncommitted" {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
