@@ -14,6 +14,13 @@ import (
 // until the old key's delete has been released before it. After a
 // restart the delete may have been applied already and is never seen: the
 // wait then runs out and the sink finds the old key in the table.
+//
+// Debezium gives the delete and the create the same sequence (one WAL
+// record): within a key change the delete counts as before the create
+// (DESIGN.md section 5). When the create is due and the old key's delete
+// is buffered, the old key's events up to the delete are released with it,
+// ahead of it in the same output, so a key change costs no more latency
+// than any other event.
 
 // gateStep is how often a waiting create looks again.
 const gateStep = 50 * time.Millisecond
@@ -63,11 +70,34 @@ func (s *Sequencer) postpone(kb *keyBuf, h *heldItem, now int64) {
 	}
 }
 
-// oldKeyEnded reports whether the delete of ev's old key, before ev, has
-// been released (in an earlier Release: a batch applied before ev's).
+// oldKeyEnded reports whether the delete of ev's old key, before ev or at
+// its sequence, has been released (in an earlier Release, or earlier in
+// this one's output: a batch applied before ev's, or ev's own).
 func (s *Sequencer) oldKeyEnded(table string, ev *change.Event) bool {
 	seq, ok := s.keyEnds[keyRef{table, change.KeyID(ev.OldKey)}]
-	return ok && seq.Compare(ev.Seq) < 0
+	return ok && seq.Compare(ev.Seq) <= 0
+}
+
+// releaseOldKey releases, into out, the buffered events of the waiting
+// create's old key up to its primary-key delete, when that delete is
+// buffered at or before the create's sequence. It reports whether it did.
+func (s *Sequencer) releaseOldKey(table string, create *change.Event, out *Output) bool {
+	old := s.keys[keyRef{table, change.KeyID(create.OldKey)}]
+	if old == nil || old.ref.key == create.KeyID() {
+		return false
+	}
+	var end change.Seq
+	for _, it := range old.items {
+		if it.ev.KeyChanged && it.ev.Op == change.OpDelete && it.ev.Seq.Compare(create.Seq) <= 0 &&
+			(end == nil || it.ev.Seq.Compare(end) > 0) {
+			end = it.ev.Seq
+		}
+	}
+	if end == nil {
+		return false
+	}
+	s.releaseKey(old, out, func(it item) bool { return it.ev.Seq.Compare(end) <= 0 })
+	return true
 }
 
 // noteKeyChange remembers a released primary-key delete, and forgets the
@@ -84,4 +114,15 @@ func (s *Sequencer) noteKeyChange(ref keyRef, ev *change.Event) {
 	case ev.OldKey != nil:
 		delete(s.keyEnds, keyRef{ref.table, change.KeyID(ev.OldKey)})
 	}
+}
+
+// opensKey reports whether kb holds the create of a primary-key change:
+// flushed after the other keys, so that its old key's events come first.
+func (kb *keyBuf) opensKey() bool {
+	for _, it := range kb.items {
+		if it.gate != 0 {
+			return true
+		}
+	}
+	return false
 }

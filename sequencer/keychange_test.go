@@ -35,13 +35,9 @@ func TestKeyChangeWaitsForTheOldKey(t *testing.T) {
 			t.Fatalf("commit point %d passed the waiting create", cp)
 		}
 		s.Add(del())
-		clk.advance(window)
-		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]"}) {
-			t.Fatalf("first release %v, want the delete alone", seqs(out.Events))
-		}
 		clk.advance(gateStep)
-		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"new[121]", "new[130]"}) {
-			t.Fatalf("second release %v, want the new key's events", seqs(out.Events))
+		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]", "new[121]", "new[130]"}) {
+			t.Fatalf("release %v, want the delete and then the new key's events at the next look", seqs(out.Events))
 		}
 		if len(s.keyEnds) != 0 {
 			t.Errorf("the delete is still remembered: %v", s.keyEnds)
@@ -77,6 +73,104 @@ func TestKeyChangeWaitsForTheOldKey(t *testing.T) {
 		s.Add(create())
 		if out := s.Flush(); len(out.Events) != 1 {
 			t.Fatalf("flush released %v", seqs(out.Events))
+		}
+	})
+}
+
+// Debezium writes a primary-key change's delete and create with the same
+// sequence (one WAL record): the delete counts as before the create, and
+// the create waits no longer than any other event (DESIGN.md section 5).
+func TestKeyChangeAtEqualSequences(t *testing.T) {
+	window := 100 * time.Millisecond
+	pair := func(delPart, createPart change.Partition) (*change.Event, *change.Event) {
+		d := ev(delPart, 10, "old", 120, "")
+		d.Op, d.After, d.KeyChanged = change.OpDelete, nil, true
+		c := ev(createPart, 12, "new", 120, "moved")
+		c.Op, c.OldKey = change.OpCreate, []any{"old"}
+		return d, c
+	}
+	for _, parts := range []struct {
+		name   string
+		del    change.Partition
+		create change.Partition
+	}{{"one partition", p0, p0}, {"two partitions", p0, p1}} {
+		t.Run(parts.name+": both buffered, released together, delete first", func(t *testing.T) {
+			s, clk := newSeq(t, window, 0)
+			d, c := pair(parts.del, parts.create)
+			s.Add(ev(parts.del, 9, "old", 110, "before"))
+			s.Add(c) // the create arrives first: its window ends first
+			clk.advance(window / 2)
+			s.Add(d)
+			clk.advance(window / 2)
+			out := s.Release()
+			if want := []string{"old[110]", "old[120]", "new[120]"}; !slices.Equal(seqs(out.Events), want) {
+				t.Fatalf("released %v at the create's deadline, want %v", seqs(out.Events), want)
+			}
+			if s.Len() != 0 {
+				t.Errorf("%d events still buffered", s.Len())
+			}
+			for p, cp := range s.CommitPoints() {
+				if cp != 13 && cp != 11 {
+					t.Errorf("commit point of %v is %d: held", p, cp)
+				}
+			}
+		})
+		t.Run(parts.name+": the delete released before, the create goes at its deadline", func(t *testing.T) {
+			s, clk := newSeq(t, window, 0)
+			d, c := pair(parts.del, parts.create)
+			s.Add(d)
+			clk.advance(window)
+			if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]"}) {
+				t.Fatalf("first release %v", seqs(out.Events))
+			}
+			s.Add(c)
+			clk.advance(window)
+			if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"new[120]"}) {
+				t.Fatalf("the create waited: %v", seqs(out.Events))
+			}
+		})
+		t.Run(parts.name+": the delete arrives after the create's deadline, both go at once", func(t *testing.T) {
+			s, clk := newSeq(t, window, 0)
+			d, c := pair(parts.del, parts.create)
+			s.Add(c)
+			clk.advance(2 * window)
+			if out := s.Release(); len(out.Events) != 0 {
+				t.Fatalf("released %v before the old key's delete", seqs(out.Events))
+			}
+			s.Add(d)
+			clk.advance(gateStep)
+			if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]", "new[120]"}) {
+				t.Fatalf("released %v one look after the delete arrived", seqs(out.Events))
+			}
+		})
+	}
+	t.Run("a later delete of the old key is not released early", func(t *testing.T) {
+		s, clk := newSeq(t, window, 0)
+		d, c := pair(p0, p1)
+		later := ev(p0, 20, "old", 200, "")
+		later.Op, later.After, later.KeyChanged = change.OpDelete, nil, true
+		s.Add(c)
+		clk.advance(window / 2)
+		s.Add(later)
+		s.Add(d)
+		clk.advance(window / 2)
+		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]", "new[120]"}) {
+			t.Fatalf("released %v", seqs(out.Events))
+		}
+		if s.Len() != 1 {
+			t.Fatalf("old[200] should still wait; buffered %d", s.Len())
+		}
+	})
+	t.Run("flush puts the old key first", func(t *testing.T) {
+		s, _ := newSeq(t, window, 0)
+		d, c := pair(p1, p0)
+		d.Key, d.Table, c.Table = []any{"zzz"}, "tbl", "tbl"
+		c.OldKey = []any{"zzz"}
+		c.Key = []any{"aaa"}
+		s.Add(c)
+		s.Add(d)
+		if out := s.Flush(); !slices.Equal(seqs(out.Events), []string{"zzz[120]", "aaa[120]"}) {
+			t.Fatalf("flush order %v", seqs(out.Events))
 		}
 	})
 }

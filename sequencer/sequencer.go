@@ -268,7 +268,11 @@ func (s *Sequencer) Release() Output {
 				upto = it.ev.Seq
 			}
 		}
-		if held := s.gated(kb, upto, now); held != nil {
+		held := s.gated(kb, upto, now)
+		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out) {
+			held = s.gated(kb, upto, now)
+		}
+		if held != nil {
 			upto = held.before
 			s.postpone(kb, held, now)
 			kb.scheduled = 0 // the entry just taken is gone: schedule anew
@@ -412,7 +416,16 @@ func (s *Sequencer) sortedKeys() []*keyBuf {
 	for _, kb := range s.keys {
 		kbs = append(kbs, kb)
 	}
+	opens := make(map[*keyBuf]bool)
+	for _, kb := range kbs {
+		if kb.opensKey() {
+			opens[kb] = true
+		}
+	}
 	sort.Slice(kbs, func(i, j int) bool {
+		if opens[kbs[i]] != opens[kbs[j]] {
+			return opens[kbs[j]]
+		}
 		if kbs[i].ref.table != kbs[j].ref.table {
 			return kbs[i].ref.table < kbs[j].ref.table
 		}
