@@ -231,6 +231,9 @@ func TestHistoryMatchesSource(t *testing.T) {
 	}
 	n := st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc)
 	t.Logf("history equals the source's audit log: %d versions", n)
+	checkKeyChanges(t, ctx, st, w, 4)
+	n = st.converge(t, ctx, 30*time.Second, sinkProc, st.conn.proc)
+	t.Logf("after the primary-key changes: history equals the source's audit log: %d versions", n)
 	sinkProc.stop(30 * time.Second)
 	cfg := filepath.Join(st.dir, "scd2sink.yaml")
 	if out, err := exec.Command(binary, "verify", "--config", cfg).CombinedOutput(); err != nil {
@@ -380,6 +383,9 @@ func TestSharedGroupRestartsAndRebuild(t *testing.T) {
 	}
 	n = st.converge(t, ctx, 180*time.Second, a, st.conn.proc)
 	t.Logf("one instance left: history equals the source, %d versions", n)
+	checkKeyChanges(t, ctx, st, w, 6) // six partitions: old and new keys often in different ones
+	n = st.converge(t, ctx, 30*time.Second, a, st.conn.proc)
+	t.Logf("after the primary-key changes: history equals the source, %d versions", n)
 	live := st.histories(t)
 	a.stop(30 * time.Second)
 

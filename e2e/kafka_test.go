@@ -137,6 +137,7 @@ slot.name=scd2sink_e2e
 publication.name=scd2sink_e2e
 publication.autocreate.mode=filtered
 snapshot.mode=initial
+poll.interval.ms=100
 `, source.port, source.db, tables)
 	if err := os.WriteFile(c.worker, []byte(worker), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,151 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// keyChangeBudget is what a primary-key change may take from the source's
+// commit until the new key is current (the connector polls every 100ms:
+// poll.interval.ms, 500ms by default, is Debezium's share), and the longest the group's
+// committed offsets may trail the log meanwhile: runSink's reorder_window
+// (200ms) plus a second (issue 14).
+const keyChangeBudget = 200*time.Millisecond + time.Second
+
+// checkKeyChanges changes the primary key of n live customers, one
+// transaction each, with nothing else running, and measures the time from
+// each commit at the source to the new key being current in the history,
+// and the longest stretch the group's committed offsets trailed the end of
+// the log. Both must stay within keyChangeBudget.
+func checkKeyChanges(t *testing.T, ctx context.Context, st *stack, w *workload, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(st.kafka.addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	stall := watchCommits(ctx, adm, "scd2sink", []string{"shop.public.customers", "shop.public.accounts"})
+	// The creates of key changes as they reach Kafka: Debezium's share.
+	reader, err := kgo.NewClient(kgo.SeedBrokers(st.kafka.addr()), kgo.ConsumeTopics("shop.public.customers"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	arrived := make(chan time.Time, 64)
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	go func() {
+		for rctx.Err() == nil {
+			reader.PollFetches(rctx).EachRecord(func(r *kgo.Record) {
+				for _, h := range r.Headers {
+					if h.Key == "__debezium.oldkey" {
+						arrived <- time.Now()
+					}
+				}
+			})
+		}
+	}()
+	time.Sleep(time.Second) // the reader has listed its offsets
+	var worst, worstOurs time.Duration
+	for i := 0; i < n; i++ {
+		old := w.anyLive()
+		moved := old + 200_000
+		if _, err := st.src.pool.Exec(ctx, `UPDATE customers SET id = $2, plan = 'moved' WHERE id = $1`, old, moved); err != nil {
+			t.Fatal(err)
+		}
+		committed := time.Now()
+		delete(w.live, old)
+		w.live[moved] = true
+		for {
+			var ok bool
+			if err := st.tpool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM customers_history WHERE id = $1 AND is_current AND bio IS NOT NULL)`, moved).Scan(&ok); err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				break
+			}
+			if time.Since(committed) > 30*time.Second {
+				t.Fatalf("key change %d→%d never became current", old, moved)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		current := time.Now()
+		inKafka := current
+		select {
+		case inKafka = <-arrived:
+		case <-time.After(5 * time.Second):
+			t.Errorf("the reader never saw the create of key change %d→%d", old, moved)
+		}
+		took, ours := current.Sub(committed), current.Sub(inKafka)
+		worst, worstOurs = max(worst, took), max(worstOurs, ours)
+		t.Logf("primary-key change %d→%d: new key current %v after the source's commit (Debezium %v, scd2sink %v)", old, moved,
+			took.Round(time.Millisecond), inKafka.Sub(committed).Round(time.Millisecond), ours.Round(time.Millisecond))
+		time.Sleep(300 * time.Millisecond)
+	}
+	time.Sleep(keyChangeBudget)
+	longest := stall()
+	t.Logf("primary-key changes: slowest %v from the source's commit, %v from Kafka; committed offsets trailed the log at most %v (budget %v)",
+		worst.Round(time.Millisecond), worstOurs.Round(time.Millisecond), longest.Round(time.Millisecond), keyChangeBudget)
+	if worst > keyChangeBudget {
+		t.Errorf("a primary-key change took %v from the source's commit, more than reorder_window + 1s", worst.Round(time.Millisecond))
+	}
+	if worstOurs > keyChangeBudget {
+		t.Errorf("a primary-key change took %v from Kafka, more than reorder_window + 1s", worstOurs.Round(time.Millisecond))
+	}
+	if longest > keyChangeBudget {
+		t.Errorf("the group's committed offsets trailed the log for %v, more than reorder_window + 1s", longest.Round(time.Millisecond))
+	}
+}
+
+// watchCommits polls the group's committed offsets against the end of the
+// topics' logs until the returned function is called; that returns the
+// longest stretch during which some partition's commit trailed its end.
+func watchCommits(ctx context.Context, adm *kadm.Client, group string, topics []string) func() time.Duration {
+	ctx, cancel := context.WithCancel(ctx)
+	var mu sync.Mutex
+	var longest time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		caughtUp := time.Now()
+		for ctx.Err() == nil {
+			ends, err1 := adm.ListEndOffsets(ctx, topics...)
+			commits, err2 := adm.FetchOffsets(ctx, group)
+			if err1 == nil && err2 == nil {
+				behind := false
+				ends.Each(func(o kadm.ListedOffset) {
+					if c, ok := commits.Lookup(o.Topic, o.Partition); o.Offset > 0 && (!ok || c.At < o.Offset) {
+						behind = true
+					}
+				})
+				now := time.Now()
+				if !behind {
+					caughtUp = now
+				}
+				mu.Lock()
+				longest = max(longest, now.Sub(caughtUp))
+				mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return longest
+	}
+}
