@@ -44,8 +44,13 @@ type Kafka struct {
 	// IsolationLevel is read_committed (default: records of aborted Kafka
 	// transactions are never read) or read_uncommitted.
 	IsolationLevel string `yaml:"isolation_level"`
-	TLS            TLS    `yaml:"tls"`
-	SASL           SASL   `yaml:"sasl"`
+	// OnOffsetLost is what a stored offset that is no longer in the log
+	// (retention passed it, the topic was deleted and re-created) does:
+	// fail (default: exit 1 naming topic and partition), earliest or
+	// latest. StartOffset only places a group that has no offsets.
+	OnOffsetLost string `yaml:"on_offset_lost"`
+	TLS          TLS    `yaml:"tls"`
+	SASL         SASL   `yaml:"sasl"`
 }
 
 // TLS is kafka.tls.
@@ -350,6 +355,7 @@ func (c *Config) applyDefaults() {
 	or(&c.Kafka.ClientID, "scd2sink")
 	or(&c.Kafka.StartOffset, "earliest")
 	or(&c.Kafka.IsolationLevel, "read_committed")
+	or(&c.Kafka.OnOffsetLost, "fail")
 	if c.Kafka.SessionTimeout == 0 {
 		c.Kafka.SessionTimeout = 45 * time.Second
 	}

@@ -136,6 +136,7 @@ func TestBadValues(t *testing.T) {
 		{"tls key without cert", strings.Replace(minimal, "postgres:", "  tls: {enabled: true, key_file: /etc/hostname}\npostgres:", 1), "kafka.tls.key_file"},
 		{"tls flag", strings.Replace(minimal, "postgres:", "  tls: {enabled: maybe}\npostgres:", 1), "kafka.tls.enabled"},
 		{"start offset key", strings.Replace(minimal, "postgres:", "  start_offset: middle\npostgres:", 1), "kafka.start_offset"},
+		{"offset lost", strings.Replace(minimal, "postgres:", "  on_offset_lost: ignore\npostgres:", 1), "kafka.on_offset_lost"},
 		{"pg schema", minimal + "postgres:\n  schema: \"a b\"\n", ""},
 		{"pg schema value", strings.Replace(minimal, "postgres:\n", "postgres:\n  schema: \"a b\"\n", 1), "postgres.schema"},
 		{"registry url", minimal + "schema_registry:\n  url: \"not a url\"\n", "schema_registry.url"},

@@ -75,6 +75,9 @@ func (c *Config) validateKafka() error {
 	if err := oneOf("kafka.start_offset", k.StartOffset, "earliest", "latest"); err != nil {
 		return err
 	}
+	if err := oneOf("kafka.on_offset_lost", k.OnOffsetLost, "fail", "earliest", "latest"); err != nil {
+		return err
+	}
 	if k.SessionTimeout < time.Second {
 		return errf("kafka.session_timeout", "must be at least 1s")
 	}

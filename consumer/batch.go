@@ -98,7 +98,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		}
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets),
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
 			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
 			return err

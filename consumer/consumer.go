@@ -43,6 +43,8 @@ type Sink interface {
 	Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared, error)
 	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
+	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
+	TopicIDs(ctx context.Context) (map[string]string, error)
 	// Anchors returns what Batch.Anchors recorded with those offsets.
 	Anchors(ctx context.Context) (map[change.Partition]change.Seq, error)
 	Forget()
@@ -67,7 +69,10 @@ type Config struct {
 	Brokers     []string
 	GroupID     string
 	ClientID    string
-	StartOffset string // earliest | latest
+	StartOffset string // earliest | latest: where a group without offsets starts
+	// OnOffsetLost is fail (the default, also for ""), earliest or latest:
+	// what a next offset that is no longer in the log does (offsets.go).
+	OnOffsetLost string
 	// SessionTimeout is the group session timeout (0: franz-go's default).
 	SessionTimeout time.Duration
 	// IsolationLevel is read_committed (the default, also for "") or
@@ -130,6 +135,15 @@ type Consumer struct {
 	committed  map[change.Partition]int64 // last offsets committed to Kafka
 	lastCommit time.Time
 	hwm        map[change.Partition]int64
+	// topicIDs are the assigned topics' Kafka IDs, recorded with offsets.
+	topicIDs map[string]string
+	// next is, per assigned partition, the offset the next fetch reads:
+	// where the group resumed, then one past the last record taken.
+	next map[change.Partition]int64
+	// lost are partitions whose next offset was out of range in the last
+	// poll; fatal is a stop decided in a callback (offsets.go).
+	lost  []change.Partition
+	fatal atomic.Pointer[error]
 }
 
 // New builds the franz-go client; it does not connect until Run.
@@ -155,22 +169,26 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
-		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors()}
+		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
+		topicIDs: map[string]string{}, next: map[change.Partition]int64{}}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
 		topics = append(topics, r.Topic)
 	}
-	reset := kgo.NewOffset().AtStart()
+	startAt := kgo.NewOffset().AtStart()
 	if cfg.StartOffset == "latest" {
-		reset = kgo.NewOffset().AtEnd()
+		startAt = kgo.NewOffset().AtEnd()
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.ConsumerGroup(cfg.GroupID),
 		kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(reset),
+		kgo.ConsumeStartOffset(startAt),
+		// An offset out of range is never resolved silently: it comes back
+		// as a fetch error and follows OnOffsetLost (offsets.go).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(250 * time.Millisecond),
@@ -270,6 +288,15 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 				return nil
 			}
 			c.take(ctx, fetches)
+			if err := c.offsetsLost(ctx); err != nil {
+				c.fatal.CompareAndSwap(nil, &err)
+			}
+		}
+		if p := c.fatal.Load(); p != nil {
+			// Stop without applying more; what was applied is committed
+			// as the client closes (the revoke callback may run now).
+			c.client.AllowRebalance()
+			return *p
 		}
 		c.mu.Lock()
 		err := c.maybeFlush(ctx, false)
@@ -323,8 +350,20 @@ func (c *Consumer) pollWait() time.Duration {
 // take decodes polled records into the sequencer.
 func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	kafkaOK := true
+	var lost []change.Partition
 	fetches.EachError(func(topic string, p int32, err error) {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return
+		}
+		if errors.Is(err, kerr.OffsetOutOfRange) {
+			lost = append(lost, change.Partition{Topic: topic, Partition: p})
+			return
+		}
+		var loss *kgo.ErrDataLoss
+		if errors.As(err, &loss) {
+			c.m.OffsetsLost.WithLabelValues(topic).Inc()
+			c.log.Error("the broker lost records that may not have been applied (an unclean leader election); the history may miss their changes",
+				zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 			return
 		}
 		kafkaOK = false
@@ -333,9 +372,14 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	c.health.Kafka.Store(kafkaOK)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.lost = append(c.lost, lost...)
 	c.commitMu.Lock()
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		c.hwm[change.Partition{Topic: p.Topic, Partition: p.Partition}] = p.HighWatermark
+		part := change.Partition{Topic: p.Topic, Partition: p.Partition}
+		c.hwm[part] = p.HighWatermark
+		if n := len(p.Records); n > 0 {
+			c.next[part] = p.Records[n-1].Offset + 1
+		}
 	})
 	c.commitMu.Unlock()
 	// A partition whose record could not be decoded for want of the

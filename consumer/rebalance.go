@@ -41,13 +41,24 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 	if err != nil {
 		c.log.Warn("reading scd2sink_offsets' anchors", zap.Error(err))
 	}
+	storedIDs, err := c.sink.TopicIDs(ctx)
+	if err != nil {
+		c.log.Warn("reading the topic IDs in scd2sink_offsets", zap.Error(err))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	placed := c.checkTopicIDs(ctx, offsets, storedIDs)
 	defer func() {
 		// Resuming where scd2sink_offsets stands, the recorded anchor holds.
 		for topic, parts := range offsets {
 			for p, off := range parts {
 				part := change.Partition{Topic: topic, Partition: p}
+				if at := off.EpochOffset().Offset; at >= 0 {
+					c.next[part] = at
+				}
+				if placed[topic] {
+					continue
+				}
 				if at, ok := applied[part]; ok && anchors[part] != nil && off.EpochOffset().Offset == at {
 					c.anchors.resume(part, at, anchors[part])
 				}
@@ -55,6 +66,9 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 		}
 	}()
 	for topic, parts := range offsets {
+		if placed[topic] {
+			continue // re-created: the recorded offsets belong to the old log
+		}
 		for p, off := range parts {
 			at, ok := applied[change.Partition{Topic: topic, Partition: p}]
 			if !ok {
@@ -110,6 +124,7 @@ func (c *Consumer) forgetCommitted(parts []change.Partition) {
 	defer c.commitMu.Unlock()
 	for _, p := range parts {
 		delete(c.committed, p)
+		delete(c.next, p) // guarded by mu, held by every caller
 	}
 }
 

@@ -120,11 +120,18 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
 			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
-			anchor_seq bytea, PRIMARY KEY (consumer_group, topic, partition))`, s))
-	} else if !cat.hasCol("scd2sink_offsets", "anchor_seq") {
-		// The highest sequence below next_offset: where a snapshot read
-		// without a sequence is anchored after a restart.
-		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS anchor_seq bytea`, s))
+			anchor_seq bytea, topic_id text, PRIMARY KEY (consumer_group, topic, partition))`, s))
+	} else {
+		if !cat.hasCol("scd2sink_offsets", "anchor_seq") {
+			// The highest sequence below next_offset: where a snapshot read
+			// without a sequence is anchored after a restart.
+			stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS anchor_seq bytea`, s))
+		}
+		if !cat.hasCol("scd2sink_offsets", "topic_id") {
+			// The Kafka topic ID the offsets belong to: a topic deleted and
+			// re-created under the same name has another.
+			stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS topic_id text`, s))
+		}
 	}
 	if !cat.has("scd2sink_truncates") {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_truncates (

@@ -260,9 +260,10 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 
 // Prepared is a batch ready for ApplyPrepared.
 type Prepared struct {
-	offsets map[change.Partition]int64
-	anchors map[change.Partition]change.Seq
-	plans   map[string]*tablePlan
+	offsets  map[change.Partition]int64
+	anchors  map[change.Partition]change.Seq
+	topicIDs map[string]string
+	plans    map[string]*tablePlan
 	targets []string
 	dead    []DeadLetter
 	early   []earlyTruncate
@@ -296,7 +297,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, plans: plans, early: early, mismatches: mismatches,
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
@@ -364,7 +365,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			return s.writeOffsets(ctx, tx, offsets, p.anchors)
+			return s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs)
 		})
 	}
 	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)
@@ -496,27 +497,56 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 	return nil
 }
 
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq) error {
+// writeOffsets records the batch's offsets. They never move backwards
+// for one topic ID: only a topic re-created under the same name (another
+// ID) replaces a higher offset.
+func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq, ids map[string]string) error {
 	if len(offsets) == 0 {
 		return nil
 	}
-	var topics []string
+	var topics, tids []string
 	var parts []int32
 	var offs []int64
 	var anch [][]byte
 	for p, o := range offsets {
 		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
-		anch = append(anch, anchors[p])
+		anch, tids = append(anch, anchors[p]), append(tids, ids[p.Topic])
 	}
-	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, updated_at)
-		SELECT $1, t, p, n, a, now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[]) AS x(t, p, n, a)
-		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = greatest(o.next_offset, excluded.next_offset),
-			anchor_seq = coalesce(excluded.anchor_seq, o.anchor_seq), updated_at = now()`,
+	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, updated_at)
+		SELECT $1, t, p, n, a, nullif(i, ''), now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[]) AS x(t, p, n, a, i)
+		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET
+			next_offset = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
+				THEN excluded.next_offset ELSE greatest(o.next_offset, excluded.next_offset) END,
+			anchor_seq = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
+				THEN excluded.anchor_seq ELSE coalesce(excluded.anchor_seq, o.anchor_seq) END,
+			topic_id = coalesce(excluded.topic_id, o.topic_id), updated_at = now()`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch); err != nil {
+	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids); err != nil {
 		return fmt.Errorf("recording offsets: %w", err)
 	}
 	return nil
+}
+
+// TopicIDs returns the Kafka topic ID recorded with each topic's offsets
+// for the configured consumer group (topics recorded without one are
+// missing).
+func (s *Sink) TopicIDs(ctx context.Context) (map[string]string, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT ON (topic) topic, topic_id FROM %s.scd2sink_offsets
+		WHERE consumer_group = $1 AND topic_id IS NOT NULL ORDER BY topic, updated_at DESC`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var topic, id string
+		if err := rows.Scan(&topic, &id); err != nil {
+			return nil, err
+		}
+		out[topic] = id
+	}
+	return out, rows.Err()
 }
 
 // Anchors returns, per partition of the configured consumer group, the

@@ -109,6 +109,12 @@ type Batch struct {
 	// Anchors are, per partition, the highest sequence of the records below
 	// its offset in Offsets; recorded beside the offset (see Sink.Anchors).
 	Anchors map[change.Partition]change.Seq
+	// TopicIDs are the Kafka topic IDs of Offsets' topics, recorded with
+	// them: a topic deleted and re-created has another ID, so its stored
+	// offsets are known to be stale. A topic missing here keeps the ID
+	// recorded before; a recorded ID that differs replaces the offset
+	// instead of keeping the higher one.
+	TopicIDs map[string]string
 	// Snapshots are the full snapshots completed by the batch's events
 	// (an event with SnapshotEnd of a table with SnapshotDeletes); they are
 	// recorded in the batch's transaction and reconciled once every

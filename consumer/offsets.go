@@ -1,0 +1,200 @@
+package consumer
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// Lost offsets (DESIGN.md section 6). start_offset only places a group
+// that has no offsets; a next offset that is no longer in the log —
+// retention deleted records before they were applied, or the topic was
+// deleted and re-created under the same name — follows OnOffsetLost:
+//
+//   - fail (the default) stops the service with an error naming topic,
+//     partition and offsets: skipping or re-reading history is an
+//     operator's choice;
+//   - earliest goes on from the log's first offset, latest from its end;
+//     either is logged as an error and counted in
+//     scd2sink_offsets_lost_total.
+//
+// franz-go never resolves an out-of-range offset by itself here
+// (NoResetOffset): it comes back as a fetch error for the partition. A
+// re-created topic whose offsets still fall inside its new log is found by
+// its topic ID, which scd2sink_offsets records beside the offsets.
+
+// policy returns OnOffsetLost with its default.
+func (c *Consumer) policy() string {
+	if c.cfg.OnOffsetLost == "" {
+		return "fail"
+	}
+	return c.cfg.OnOffsetLost
+}
+
+// offsetsLost handles the partitions whose next offset the last poll
+// found out of range. It runs on the poll loop, where no rebalance can
+// run (BlockRebalanceOnPoll), so seeking is safe.
+func (c *Consumer) offsetsLost(ctx context.Context) error {
+	c.mu.Lock()
+	lost := c.lost
+	c.lost = nil
+	c.mu.Unlock()
+	if len(lost) == 0 {
+		return nil
+	}
+	sort.Slice(lost, func(i, j int) bool {
+		if lost[i].Topic != lost[j].Topic {
+			return lost[i].Topic < lost[j].Topic
+		}
+		return lost[i].Partition < lost[j].Partition
+	})
+	topics := map[string]bool{}
+	var names []string
+	for _, p := range lost {
+		if !topics[p.Topic] {
+			topics[p.Topic] = true
+			names = append(names, p.Topic)
+		}
+	}
+	adm := kadm.NewClient(c.client)
+	starts, err := adm.ListStartOffsets(ctx, names...)
+	if err == nil {
+		err = starts.Error()
+	}
+	var ends kadm.ListedOffsets
+	if err == nil {
+		if ends, err = adm.ListEndOffsets(ctx, names...); err == nil {
+			err = ends.Error()
+		}
+	}
+	if err != nil {
+		// Kafka cannot say where the log is now: the partitions stay
+		// failed and come back with the next poll.
+		c.log.Warn("listing the log's offsets after an offset out of range; trying again", zap.Error(err))
+		c.mu.Lock()
+		c.lost = append(c.lost, lost...)
+		c.mu.Unlock()
+		return nil
+	}
+	var failures []string
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range lost {
+		first, _ := starts.Lookup(p.Topic, p.Partition)
+		end, _ := ends.Lookup(p.Topic, p.Partition)
+		next, known := c.next[p]
+		at := fmt.Sprintf("%d", next)
+		if !known {
+			at = "unknown"
+		}
+		desc := fmt.Sprintf("topic %s partition %d: the next offset to read (%s) is not in the log, which holds offsets %d to %d",
+			p.Topic, p.Partition, at, first.Offset, end.Offset-1)
+		c.m.OffsetsLost.WithLabelValues(p.Topic).Inc()
+		if c.policy() == "fail" {
+			failures = append(failures, desc)
+			continue
+		}
+		to := first.Offset
+		if c.policy() == "latest" {
+			to = end.Offset
+		}
+		c.log.Error("offsets lost: "+desc+"; going on as kafka.on_offset_lost says (the history misses what the lost records changed)",
+			zap.String("on_offset_lost", c.policy()), zap.Int64("resume_at", to))
+		if seek[p.Topic] == nil {
+			seek[p.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: to}
+		c.next[p] = to
+		if to > 0 {
+			c.seq.Skip(change.Origin{Partition: p, Offset: to - 1}) // the commit point moves there
+		}
+	}
+	if len(seek) > 0 {
+		c.client.SetOffsets(seek)
+	}
+	if len(failures) > 0 {
+		return fmt.Errorf("offsets lost (kafka.on_offset_lost is fail): %s. Retention deleted records before they were applied, "+
+			"or the topic was deleted and re-created; set kafka.on_offset_lost to earliest (go on from the log's first offset) "+
+			"or latest (from its end) to continue without them", strings.Join(failures, "; "))
+	}
+	return nil
+}
+
+// checkTopicIDs compares the assigned topics' Kafka IDs with those recorded
+// in scd2sink_offsets. A topic deleted and re-created under the same name
+// has another ID: its stored offsets belong to the old log. Such a topic
+// follows OnOffsetLost (fail stops the service through c.fatal); the
+// returned set names the topics whose offsets it has placed. Called from
+// adjustOffsets with mu held.
+func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int32]kgo.Offset, stored map[string]string) map[string]bool {
+	topics := make([]string, 0, len(offsets))
+	for t := range offsets {
+		topics = append(topics, t)
+	}
+	meta, err := kadm.NewClient(c.client).Metadata(ctx, topics...)
+	if err != nil {
+		c.log.Warn("reading the topics' IDs; a re-created topic goes unnoticed until its offsets fall out of range", zap.Error(err))
+		return nil
+	}
+	placed := map[string]bool{}
+	ids := make(map[string]string, len(c.topicIDs)+len(topics))
+	for t, id := range c.topicIDs {
+		ids[t] = id
+	}
+	defer func() { c.topicIDs = ids }() // copied on write: batches in flight hold the old map
+	for _, t := range topics {
+		d, ok := meta.Topics[t]
+		if !ok || d.Err != nil || d.ID == (kadm.TopicID{}) {
+			continue
+		}
+		id := base64.RawURLEncoding.EncodeToString(d.ID[:]) // as Kafka prints topic IDs
+		ids[t] = id
+		was, ok := stored[t]
+		if !ok || was == id {
+			continue
+		}
+		c.m.OffsetsLost.WithLabelValues(t).Inc()
+		desc := fmt.Sprintf("topic %s was deleted and re-created: its ID is %s, scd2sink_offsets holds offsets of topic ID %s", t, id, was)
+		if c.policy() == "fail" {
+			err := fmt.Errorf("offsets lost (kafka.on_offset_lost is fail): %s. Set kafka.on_offset_lost to earliest "+
+				"(read the new topic from its start) or latest (from its end) to continue", desc)
+			c.fatal.CompareAndSwap(nil, &err)
+			continue
+		}
+		// The new log's bounds, exactly: the commit point moves there at
+		// once, recorded with the new ID in place of the stale offsets.
+		adm := kadm.NewClient(c.client)
+		bounds, err := adm.ListStartOffsets(ctx, t)
+		if err == nil && c.policy() == "latest" {
+			bounds, err = adm.ListEndOffsets(ctx, t)
+		}
+		if err == nil {
+			err = bounds.Error()
+		}
+		if err != nil {
+			err = fmt.Errorf("%s; listing its offsets to go on as kafka.on_offset_lost says: %w", desc, err)
+			c.fatal.CompareAndSwap(nil, &err)
+			continue
+		}
+		c.log.Error("offsets lost: "+desc+"; going on as kafka.on_offset_lost says", zap.String("on_offset_lost", c.policy()))
+		for p := range offsets[t] {
+			to, _ := bounds.Lookup(t, p)
+			offsets[t][p] = kgo.NewOffset().At(to.Offset).WithEpoch(-1)
+			part := change.Partition{Topic: t, Partition: p}
+			c.next[part] = to.Offset
+			if to.Offset > 0 {
+				c.seq.Skip(change.Origin{Partition: part, Offset: to.Offset - 1})
+			}
+		}
+		placed[t] = true
+	}
+	return placed
+}

@@ -1,0 +1,172 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+)
+
+// TestOffsetsLost: a stored offset that is no longer in the log follows
+// kafka.on_offset_lost, whatever start_offset says: retention deleted
+// records before they were applied (DeleteRecords below the stored
+// offset), or the topic was deleted and re-created (found by its topic ID
+// even where the stale offset still falls inside the new log).
+func TestOffsetsLost(t *testing.T) {
+	spec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
+		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}
+	topic := topicOf(spec.Target)
+	records := func(from, to int) []*kgo.Record {
+		var recs []*kgo.Record
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("k%03d", i)
+			ev := &change.Event{Table: spec.Target, Key: []any{id}, Op: change.OpCreate, Seq: change.MustSeq(int64(1000 + i)),
+				ValidFrom: time.Date(2026, 1, 1, 0, 0, i, 0, time.UTC), After: map[string]any{"acct_id": id, "plan": "pro"}}
+			k, v := encodeEvent(ev, spec)
+			recs = append(recs, &kgo.Record{Topic: topic, Key: k, Value: v})
+		}
+		return recs
+	}
+	cases := []struct {
+		name string
+		// lose changes the log after keys 0..9 were applied (stored offset
+		// 10) and returns the keys the log still holds beyond those.
+		lose     func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (first, end int)
+		failWith []string
+		// the offsets scd2sink_offsets holds afterwards, by policy
+		earliest, latest int64
+	}{
+		{"retention passed the stored offset", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (int, int) {
+			produce(t, kafka.ListenAddrs(), records(10, 20))
+			var o kadm.Offsets
+			o.Add(kadm.Offset{Topic: topic, Partition: 0, At: 15})
+			resp, err := adm.DeleteRecords(context.Background(), o)
+			if err == nil {
+				err = resp.Error()
+			}
+			if err != nil {
+				t.Fatalf("DeleteRecords: %v", err)
+			}
+			return 15, 20
+		}, []string{"topic src.acct_history partition 0", "next offset to read (10)", "offsets 15 to 19", "on_offset_lost"}, 20, 20},
+		{"topic deleted and re-created", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (int, int) {
+			ctx := context.Background()
+			if _, err := adm.DeleteTopics(ctx, topic); err != nil {
+				t.Fatal(err)
+			}
+			if resp, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil || resp.Err != nil {
+				t.Fatalf("re-creating: %v %v", err, resp.Err)
+			}
+			produce(t, kafka.ListenAddrs(), records(100, 103)) // offsets 0..2: below the stale 10
+			return 100, 103
+		}, []string{"topic src.acct_history was deleted and re-created", "on_offset_lost"}, 3, 3},
+	}
+	for _, tc := range cases {
+		for _, policy := range []string{"fail", "earliest", "latest"} {
+			t.Run(tc.name+"/"+policy, func(t *testing.T) {
+				ctx := context.Background()
+				kafka := newKafka(t, 1, topic)
+				pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close)
+				cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(cl.Close)
+				adm := kadm.NewClient(cl)
+				tweak := func(c *consumer.Config) {
+					c.OnOffsetLost = policy
+					c.Logger = zaptest.NewLogger(t)
+				}
+
+				produce(t, kafka.ListenAddrs(), records(0, 10))
+				r := startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
+				waitOffset(t, pool, topic, 10)
+				r.stop(t)
+				first, end := tc.lose(t, kafka, adm)
+
+				r = startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
+				switch policy {
+				case "fail":
+					var err error
+					select {
+					case err = <-r.done:
+					case <-time.After(30 * time.Second):
+						r.cancel()
+						t.Fatal("the consumer went on past a lost offset")
+					}
+					if err == nil {
+						t.Fatal("Run ended without an error")
+					}
+					for _, want := range tc.failWith {
+						if !strings.Contains(err.Error(), want) {
+							t.Errorf("the error does not say %q:\n%v", want, err)
+						}
+					}
+					if got := keys(t, pool); got != span(0, 10) {
+						t.Errorf("history holds %s, want only what was applied before", got)
+					}
+					return
+				case "earliest":
+					waitOffset(t, pool, topic, tc.earliest)
+					if got := keys(t, pool); got != span(0, 10)+" "+span(first, end) {
+						t.Errorf("history holds %s, want keys 0..9 and what the log still held", got)
+					}
+				case "latest":
+					waitOffset(t, pool, topic, tc.latest)
+					produce(t, kafka.ListenAddrs(), records(200, 201))
+					waitOffset(t, pool, topic, tc.latest+1)
+					if got := keys(t, pool); got != span(0, 10)+" "+span(200, 201) {
+						t.Errorf("history holds %s, want keys 0..9 and the one produced after", got)
+					}
+				}
+				r.stop(t)
+			})
+		}
+	}
+}
+
+// waitOffset waits until scd2sink_offsets holds exactly want for topic's
+// partition 0.
+func waitOffset(t *testing.T, pool *pgxpool.Pool, topic string, want int64) {
+	t.Helper()
+	var got int64 = -1
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err := pool.QueryRow(context.Background(), `SELECT next_offset FROM scd2sink_offsets WHERE topic = $1 AND partition = 0`, topic).Scan(&got); err == nil && got == want {
+			return
+		}
+	}
+	t.Fatalf("scd2sink_offsets for %s stayed at %d, want %d", topic, got, want)
+}
+
+func keys(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var got string
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(acct_id, ' ' ORDER BY acct_id), '') FROM acct_history`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// span is the keys from..to-1 as keys lists them.
+func span(from, to int) string {
+	var out []string
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("k%03d", i))
+	}
+	return strings.Join(out, " ")
+}
