@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink"
@@ -13,6 +15,12 @@ import (
 // handed over, and commits each batch's offsets after its transaction, so
 // that polling and decoding go on while PostgreSQL works. After a failed
 // batch it applies nothing more: later batches' offsets would pass it.
+//
+// Batches can be abandoned (a rebalance that may not wait longer, a
+// membership lost): the one being applied is cancelled, so its
+// transaction rolls back, and those queued are dropped; none of them fails
+// the applier, and none commits. The consumer then reads their records
+// again (resync.go).
 type applier struct {
 	c       *Consumer
 	jobs    chan job
@@ -22,6 +30,11 @@ type applier struct {
 	done    chan struct{}
 	// finished is signalled (without blocking) when a batch leaves.
 	finished chan struct{}
+	// gen is the abandonment generation: a job submitted under an older
+	// one is dropped. cancel cancels the job being applied.
+	gen    atomic.Int64
+	mu     sync.Mutex
+	cancel context.CancelFunc
 }
 
 func newApplier(c *Consumer) *applier {
@@ -32,16 +45,53 @@ func newApplier(c *Consumer) *applier {
 func (a *applier) run(ctx context.Context) {
 	defer close(a.done)
 	for j := range a.jobs {
-		if a.failed.Load() == nil {
-			if err := a.c.apply(ctx, j); err != nil {
-				a.failed.Store(&err)
-			} else {
-				a.c.commit(ctx, j.offsets)
-			}
+		if a.failed.Load() == nil && j.gen == a.gen.Load() {
+			a.applyOne(ctx, j)
 		}
 		a.busy.Add(-1)
 		a.pending.Done()
 		a.signal()
+	}
+}
+
+// applyOne applies and commits j unless it is abandoned meanwhile.
+func (a *applier) applyOne(ctx context.Context, j job) {
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.mu.Lock()
+	if j.gen != a.gen.Load() {
+		a.mu.Unlock()
+		return
+	}
+	a.cancel = cancel
+	a.mu.Unlock()
+	err := a.c.apply(jctx, j)
+	a.mu.Lock()
+	a.cancel = nil
+	abandoned := j.gen != a.gen.Load()
+	a.mu.Unlock()
+	switch {
+	case abandoned:
+		// Cancelled: rolled back (or, cancelled during its COMMIT, applied
+		// without its Kafka commit: re-applying it is harmless).
+	case errors.Is(err, errNotMember):
+		a.c.requestResync(err.Error())
+	case err != nil:
+		a.failed.Store(&err)
+	default:
+		a.c.noteApplied(j.offsets)
+		a.c.commit(ctx, j.offsets)
+	}
+}
+
+// abandon drops every batch handed over so far: the one being applied is
+// cancelled, the queued ones are skipped. It does not wait; waitCtx does.
+func (a *applier) abandon() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gen.Add(1)
+	if a.cancel != nil {
+		a.cancel()
 	}
 }
 
@@ -50,22 +100,38 @@ type job struct {
 	prepared *sink.Prepared
 	offsets  map[change.Partition]int64
 	events   int
+	gen      int64
 }
 
 // submit hands a batch over; it blocks while another batch waits, until
-// ctx ends (then the batch was not handed over).
-func (a *applier) submit(ctx context.Context, j job) error {
+// ctx ends or interrupt (asked every 50ms; may be nil) reports true: then
+// the batch was not handed over.
+func (a *applier) submit(ctx context.Context, j job, interrupt func() bool) error {
+	j.gen = a.gen.Load()
 	a.busy.Add(1)
 	a.pending.Add(1)
-	select {
-	case a.jobs <- j:
-		return nil
-	case <-ctx.Done():
-		a.busy.Add(-1)
-		a.pending.Done()
-		a.signal()
-		return ctx.Err()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case a.jobs <- j:
+			return nil
+		case <-ctx.Done():
+			a.unsubmit()
+			return ctx.Err()
+		case <-tick.C:
+			if interrupt != nil && interrupt() {
+				a.unsubmit()
+				return errRebalance
+			}
+		}
 	}
+}
+
+func (a *applier) unsubmit() {
+	a.busy.Add(-1)
+	a.pending.Done()
+	a.signal()
 }
 
 // wait blocks until every submitted batch is applied (or dropped after a

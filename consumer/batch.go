@@ -56,7 +56,13 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	if !due && !force && !c.commitStale() {
 		return nil
 	}
-	return c.flush(ctx)
+	return c.flush(ctx, c.interrupted)
+}
+
+// interrupted reports whether the poll loop should stop handing batches
+// over: a rebalance waits, or batches were abandoned.
+func (c *Consumer) interrupted() bool {
+	return c.rebalanceWanted.Load() || c.resyncWhy.Load() != nil
 }
 
 // commitStale reports whether commit points moved (skipped records) with
@@ -80,7 +86,11 @@ func (c *Consumer) commitStale() bool {
 // the one queued behind it and the one waiting to be queued hold at most
 // BatchMaxBytes), each with the commit points it makes true; the applier
 // applies them in order and commits those to Kafka. Called with mu held.
-func (c *Consumer) flush(ctx context.Context) error {
+//
+// interrupt, when set, is asked while the applier's queue is full: when
+// it reports true, flush stops with errRebalance and what was not handed
+// over stays pending.
+func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 	if err := c.applier.err(); err != nil {
 		return err
 	}
@@ -98,12 +108,12 @@ func (c *Consumer) flush(ctx context.Context) error {
 		}
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs, Confirm: c.confirmMember,
 			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
 			return err
 		}
-		if err := c.applier.submit(ctx, j); err != nil {
+		if err := c.applier.submit(ctx, j, interrupt); err != nil {
 			return err
 		}
 		for _, ev := range c.pending[:n] {
@@ -119,10 +129,10 @@ func (c *Consumer) flush(ctx context.Context) error {
 // flushAndWait flushes and waits until everything handed over is applied
 // and committed. Called with mu held.
 func (c *Consumer) flushAndWait(ctx context.Context) error {
-	if err := c.flush(ctx); err != nil {
+	if err := c.flush(ctx, nil); err != nil {
 		return err
 	}
-	return c.applier.wait()
+	return c.applier.waitCtx(ctx)
 }
 
 // commitPoints is the sequencer's commit points held below every event of

@@ -81,6 +81,9 @@ type Config struct {
 	IsolationLevel string
 	TLS            *tls.Config
 	SASL           sasl.Mechanism
+	// InstanceID is the static group membership ID (KIP-345); "" keeps
+	// dynamic membership.
+	InstanceID string
 	// Rules name the topics and how to decode them.
 	Rules []debezium.Rule
 	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
@@ -144,6 +147,12 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// origin is, per assigned partition, where its reading began; appliedTo
+	// (guarded by commitMu) the offsets its last applied batch recorded;
+	// resyncWhy is set when batches were abandoned (resync.go).
+	origin    map[change.Partition]int64
+	appliedTo map[change.Partition]int64
+	resyncWhy atomic.Pointer[string]
 }
 
 // New builds the franz-go client; it does not connect until Run.
@@ -170,7 +179,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
-		topicIDs: map[string]string{}, next: map[change.Partition]int64{}}
+		topicIDs: map[string]string{}, next: map[change.Partition]int64{},
+		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
@@ -268,6 +278,12 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 			c.log.Warn("not in the consumer group yet: Kafka unreachable, authentication failing, or a crashed member's session not expired",
 				zap.Strings("brokers", c.cfg.Brokers), zap.String("group", c.cfg.GroupID), zap.Duration("waiting", time.Since(started).Round(time.Second)))
 		}
+		if err := c.resync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return c.drain(drainTimeout)
+			}
+			return err
+		}
 		c.mu.Lock()
 		full := c.seq.Full()
 		wait := c.pollWait()
@@ -301,15 +317,30 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 		c.mu.Lock()
 		err := c.maybeFlush(ctx, false)
 		c.mu.Unlock()
+		if errors.Is(err, errRebalance) {
+			err = nil // the pending batch waits for after the rebalance
+		}
 		if err == nil {
 			err = c.applier.err()
 		}
 		// Rebalance callbacks run only while nothing is in flight: wait for
-		// the applier when a rebalance is waiting, else allow it when idle.
-		if c.rebalanceWanted.Load() || c.applier.idle() {
-			werr := c.applier.waitCtx(ctx)
+		// the applier when a rebalance is waiting (at most revokeBudget),
+		// else allow it when idle.
+		if wanted := c.rebalanceWanted.Load(); wanted || c.applier.idle() {
+			wctx, cancel := ctx, context.CancelFunc(func() {})
+			if wanted {
+				wctx, cancel = context.WithTimeout(ctx, revokeBudget)
+			}
+			werr := c.applier.waitCtx(wctx)
+			cancel()
 			if ctx.Err() != nil {
 				return c.drain(drainTimeout) // a batch still retrying: drain bounds it
+			}
+			if errors.Is(werr, context.DeadlineExceeded) {
+				c.requestResync(fmt.Sprintf("a rebalance waited %s for a batch still retrying", revokeBudget))
+				if werr = c.resync(ctx); werr != nil && ctx.Err() != nil {
+					return c.drain(drainTimeout)
+				}
 			}
 			if err == nil {
 				err = werr
@@ -379,6 +410,9 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		c.hwm[part] = p.HighWatermark
 		if n := len(p.Records); n > 0 {
 			c.next[part] = p.Records[n-1].Offset + 1
+			if _, ok := c.origin[part]; !ok {
+				c.origin[part] = p.Records[0].Offset
+			}
 		}
 	})
 	c.commitMu.Unlock()
@@ -528,6 +562,9 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 			return nil
 		}
 		class := c.cfg.Classify(err)
+		if errors.As(err, new(kafkaUnsure)) {
+			class = sink.Transient // Kafka, not PostgreSQL, is unavailable
+		}
 		if class == sink.Data {
 			// A value rejected outside the per-key isolation (bookkeeping
 			// of a key change, a truncate, the dead letters themselves):

@@ -112,7 +112,7 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 			seek[p.Topic] = map[int32]kgo.EpochOffset{}
 		}
 		seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: to}
-		c.next[p] = to
+		c.next[p], c.origin[p] = to, to
 		if to > 0 {
 			c.seq.Skip(change.Origin{Partition: p, Offset: to - 1}) // the commit point moves there
 		}
@@ -189,7 +189,7 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 			to, _ := bounds.Lookup(t, p)
 			offsets[t][p] = kgo.NewOffset().At(to.Offset).WithEpoch(-1)
 			part := change.Partition{Topic: t, Partition: p}
-			c.next[part] = to.Offset
+			c.next[part], c.origin[part] = to.Offset, to.Offset
 			if to.Offset > 0 {
 				c.seq.Skip(change.Origin{Partition: part, Offset: to.Offset - 1})
 			}

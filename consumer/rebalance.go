@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -54,7 +55,7 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 			for p, off := range parts {
 				part := change.Partition{Topic: topic, Partition: p}
 				if at := off.EpochOffset().Offset; at >= 0 {
-					c.next[part] = at
+					c.next[part], c.origin[part] = at, at
 				}
 				if placed[topic] {
 					continue
@@ -85,15 +86,25 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 }
 
 // onRevoked applies what was fetched from the revoked partitions and
-// commits it before they go to another member.
+// commits it before they go to another member, waiting at most
+// revokeBudget: past it, what is in flight is abandoned and the revoked
+// partitions are left to their next owner (resync.go).
 func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(revoked)
 	c.collect(c.seq.FlushPartitions(parts))
-	if err := c.flushAndWait(ctx); err != nil {
-		// Not applied: drop it, the next owner reads it again.
-		c.log.Warn("applying revoked partitions failed; leaving them to the next owner", zap.Error(err))
+	wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+	err := c.flushAndWait(wctx)
+	cancel()
+	if err != nil {
+		// Not applied in time: abandon it, the next owner reads it again
+		// (and the partitions kept are read again by the poll loop).
+		c.log.Warn("applying revoked partitions did not finish; leaving them to the next owner", zap.Error(err))
+		if !c.applier.idle() {
+			c.requestResync("a revoke waited " + revokeBudget.String() + " for batches in flight")
+			c.awaitAbandoned(ctx)
+		}
 		c.dropPending(parts)
 	}
 	c.seq.DropPartitions(parts)
@@ -104,12 +115,16 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 }
 
 // onLost drops everything fetched from lost partitions without committing:
-// another member may already own them.
-func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+// another member may already own them. What is in flight is abandoned (a
+// batch about to commit would also fail its membership check).
+func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(lost)
-	_ = c.applier.wait() // nothing is in flight when callbacks run; be sure
+	if !c.applier.idle() {
+		c.requestResync("partitions lost")
+		c.awaitAbandoned(ctx)
+	}
 	c.seq.DropPartitions(parts)
 	c.anchors.drop(parts)
 	c.dropPending(parts)
@@ -119,12 +134,24 @@ func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]in
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
 }
 
+// awaitAbandoned waits, at most revokeBudget, for abandoned batches to
+// leave the applier (a cancelled statement returns promptly).
+func (c *Consumer) awaitAbandoned(ctx context.Context) {
+	wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+	defer cancel()
+	if err := c.applier.waitCtx(wctx); errors.Is(err, context.DeadlineExceeded) {
+		c.log.Warn("an abandoned batch has not returned yet; it cannot commit (its membership check fails)")
+	}
+}
+
 func (c *Consumer) forgetCommitted(parts []change.Partition) {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	for _, p := range parts {
 		delete(c.committed, p)
-		delete(c.next, p) // guarded by mu, held by every caller
+		delete(c.appliedTo, p)
+		delete(c.next, p) // next and origin: guarded by mu, held by every caller
+		delete(c.origin, p)
 	}
 }
 

@@ -263,10 +263,11 @@ type Prepared struct {
 	offsets  map[change.Partition]int64
 	anchors  map[change.Partition]change.Seq
 	topicIDs map[string]string
+	confirm  func(context.Context) error
 	plans    map[string]*tablePlan
-	targets []string
-	dead    []DeadLetter
-	early   []earlyTruncate
+	targets  []string
+	dead     []DeadLetter
+	early    []earlyTruncate
 	// snapshots are recorded with the batch; lock are partitions locked
 	// without offsets (Batch.Snapshots, Batch.Lock).
 	snapshots []Snapshot
@@ -297,7 +298,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, plans: plans, early: early, mismatches: mismatches,
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
@@ -365,7 +366,13 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			return s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs)
+			if err := s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs); err != nil {
+				return err
+			}
+			if p.confirm != nil {
+				return p.confirm(ctx)
+			}
+			return nil
 		})
 	}
 	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)

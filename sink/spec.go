@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -115,6 +116,11 @@ type Batch struct {
 	// recorded before; a recorded ID that differs replaces the offset
 	// instead of keeping the higher one.
 	TopicIDs map[string]string
+	// Confirm, when set, is called in the batch's transaction just before
+	// it commits; an error rolls the transaction back and is returned.
+	// The consumer confirms there that it still owns the batch's
+	// partitions, so a member that lost them commits nothing more.
+	Confirm func(ctx context.Context) error
 	// Snapshots are the full snapshots completed by the batch's events
 	// (an event with SnapshotEnd of a table with SnapshotDeletes); they are
 	// recorded in the batch's transaction and reconciled once every

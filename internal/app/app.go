@@ -92,11 +92,17 @@ func Pool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, &config.Error{Key: "postgres.dsn", Msg: "is not a valid PostgreSQL connection string"}
 	}
-	pc.ConnConfig.RuntimeParams["application_name"] = "scd2sink"
+	if pc.ConnConfig.RuntimeParams["application_name"] == "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = "scd2sink" // unless the DSN names the instance
+	}
 	// Every statement waits at most lock_timeout for a lock: readers of
 	// the history are never queued behind the service for longer.
 	pc.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(cfg.Postgres.LockTimeout.Milliseconds())
 	pc.ConnConfig.RuntimeParams["statement_timeout"] = fmt.Sprint(cfg.Postgres.StatementTimeout.Milliseconds())
+	// A transaction left open by a process that stopped (SIGSTOP, a paused
+	// VM) past its Kafka session holds its partitions' advisory locks; the
+	// member that took them over must not wait for it longer than that.
+	pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(cfg.Kafka.SessionTimeout.Milliseconds())
 	return pgxpool.NewWithConfig(ctx, pc)
 }
 
