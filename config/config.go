@@ -44,6 +44,12 @@ type Kafka struct {
 	// IsolationLevel is read_committed (default: records of aborted Kafka
 	// transactions are never read) or read_uncommitted.
 	IsolationLevel string `yaml:"isolation_level"`
+	// InstanceID turns on static group membership (KIP-345): a restarted
+	// member with the same ID takes its partitions back at once instead
+	// of waiting for its old session to expire. Default from
+	// SCD2SINK_INSTANCE_ID (e.g. a StatefulSet's pod name); "" keeps
+	// dynamic membership.
+	InstanceID string `yaml:"instance_id"`
 	// OnOffsetLost is what a stored offset that is no longer in the log
 	// (retention passed it, the topic was deleted and re-created) does:
 	// fail (default: exit 1 naming topic and partition), earliest or
@@ -63,15 +69,28 @@ type TLS struct {
 
 // SASL is kafka.sasl.
 type SASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or
+	// AWS_MSK_IAM ("" for none).
 	Mechanism string `yaml:"mechanism"`
 	Username  string `yaml:"username"`
 	Password  string `yaml:"password"`
+	// PasswordFile holds the password (read at start).
+	PasswordFile string `yaml:"password_file"`
+	// TokenFile holds OAUTHBEARER's token; it is read again when it changes.
+	TokenFile string `yaml:"token_file"`
+	// AWSRegion is AWS_MSK_IAM's region; credentials come from the
+	// standard AWS chain (environment, shared config, instance or pod role).
+	AWSRegion string `yaml:"aws_region"`
+	// AllowPlaintext lets PLAIN or SCRAM run without TLS (refused otherwise).
+	AllowPlaintext bool `yaml:"allow_plaintext"`
 }
 
 // Postgres is the postgres: block.
 type Postgres struct {
-	DSN    string `yaml:"dsn"`
-	Schema string `yaml:"schema"`
+	DSN string `yaml:"dsn"`
+	// DSNFile holds the DSN (read at start).
+	DSNFile string `yaml:"dsn_file"`
+	Schema  string `yaml:"schema"`
 	// LockTimeout bounds every statement's wait for a lock (default 5s):
 	// the service backs off and retries rather than queue readers behind it.
 	LockTimeout time.Duration `yaml:"lock_timeout"`
@@ -82,9 +101,30 @@ type Postgres struct {
 
 // SchemaRegistry is the schema_registry: block (format debezium-avro only).
 type SchemaRegistry struct {
+	// Kind is confluent (the wire format and /schemas/ids/{id}; also
+	// Apicurio's ccompat API) or apicurio (its own API).
+	Kind     string `yaml:"kind"`
 	URL      string `yaml:"url"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
+	// PasswordFile holds the password (read at start).
+	PasswordFile string `yaml:"password_file"`
+	// TokenFile holds a bearer token, sent instead of basic auth; it is
+	// read again when it changes.
+	TokenFile string      `yaml:"token_file"`
+	TLS       RegistryTLS `yaml:"tls"`
+	// LookupTimeout is how long a schema id the registry does not know
+	// yet (40403: a follower behind) is asked for again, its partition
+	// waiting, before its records are dead letters (default 2m).
+	LookupTimeout time.Duration `yaml:"lookup_timeout"`
+}
+
+// RegistryTLS is schema_registry.tls: a CA for an https URL, and a client
+// certificate for mutual TLS.
+type RegistryTLS struct {
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // Sequencer is the sequencer: block.
@@ -280,6 +320,9 @@ func Parse(raw []byte, env func(string) (string, bool)) (*Config, error) {
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlError(err, keyLines(raw))
 	}
+	if err := c.readSecretFiles(); err != nil {
+		return nil, err
+	}
 	if err := c.applyEnv(env); err != nil {
 		return nil, err
 	}
@@ -310,12 +353,42 @@ func yamlError(err error, lines map[int]string) error {
 
 func blockName(goType string) string {
 	names := map[string]string{"Config": "top", "Kafka": "kafka", "TLS": "kafka.tls", "SASL": "kafka.sasl",
-		"Postgres": "postgres", "SchemaRegistry": "schema_registry", "Sequencer": "sequencer", "Sink": "sink",
+		"Postgres": "postgres", "SchemaRegistry": "schema_registry", "RegistryTLS": "schema_registry.tls", "Sequencer": "sequencer", "Sink": "sink",
 		"HTTP": "http", "Log": "log", "TableDefaults": "defaults", "Table": "tables"}
 	if n, ok := names[goType]; ok {
 		return n
 	}
 	return goType
+}
+
+// readSecretFiles reads the *_file forms of secrets (Kubernetes and Docker
+// mount secrets as files). A secret given both inline and as a file is an
+// error; the environment still wins over both.
+func (c *Config) readSecretFiles() error {
+	for _, f := range []struct {
+		key, fileKey string
+		value, file  *string
+	}{
+		{"postgres.dsn", "postgres.dsn_file", &c.Postgres.DSN, &c.Postgres.DSNFile},
+		{"kafka.sasl.password", "kafka.sasl.password_file", &c.Kafka.SASL.Password, &c.Kafka.SASL.PasswordFile},
+		{"schema_registry.password", "schema_registry.password_file", &c.SchemaRegistry.Password, &c.SchemaRegistry.PasswordFile},
+	} {
+		if *f.file == "" {
+			continue
+		}
+		if *f.value != "" {
+			return &Error{Key: f.fileKey, Msg: "is set together with " + f.key + "; give the secret once"}
+		}
+		raw, err := os.ReadFile(*f.file)
+		if err != nil {
+			return &Error{Key: f.fileKey, Msg: "cannot be read: " + err.Error()}
+		}
+		*f.value = strings.TrimRight(string(raw), "\r\n")
+		if *f.value == "" {
+			return &Error{Key: f.fileKey, Msg: *f.file + " is empty"}
+		}
+	}
+	return nil
 }
 
 func (c *Config) applyEnv(env func(string) (string, bool)) error {
@@ -336,6 +409,9 @@ func (c *Config) applyEnv(env func(string) (string, bool)) error {
 	set("SCD2SINK_KAFKA_SASL_PASSWORD", &c.Kafka.SASL.Password)
 	set("SCD2SINK_SCHEMA_REGISTRY_PASSWORD", &c.SchemaRegistry.Password)
 	set("SCD2SINK_LOG_LEVEL", &c.Log.Level)
+	if v, ok := env("SCD2SINK_INSTANCE_ID"); ok && c.Kafka.InstanceID == "" {
+		c.Kafka.InstanceID = v
+	}
 	if v, ok := env("SCD2SINK_HTTP_ADDR"); ok {
 		c.HTTP.Addr = &v
 	}
@@ -356,6 +432,10 @@ func (c *Config) applyDefaults() {
 	or(&c.Kafka.StartOffset, "earliest")
 	or(&c.Kafka.IsolationLevel, "read_committed")
 	or(&c.Kafka.OnOffsetLost, "fail")
+	or(&c.SchemaRegistry.Kind, "confluent")
+	if c.SchemaRegistry.LookupTimeout == 0 {
+		c.SchemaRegistry.LookupTimeout = 2 * time.Minute
+	}
 	if c.Kafka.SessionTimeout == 0 {
 		c.Kafka.SessionTimeout = 45 * time.Second
 	}

@@ -2,6 +2,9 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +139,19 @@ func TestBadValues(t *testing.T) {
 		{"tls key without cert", strings.Replace(minimal, "postgres:", "  tls: {enabled: true, key_file: /etc/hostname}\npostgres:", 1), "kafka.tls.key_file"},
 		{"tls flag", strings.Replace(minimal, "postgres:", "  tls: {enabled: maybe}\npostgres:", 1), "kafka.tls.enabled"},
 		{"start offset key", strings.Replace(minimal, "postgres:", "  start_offset: middle\npostgres:", 1), "kafka.start_offset"},
+		{"registry credentials in url", minimal + "schema_registry:\n  url: \"https://u:p@reg:8081\"\n", "schema_registry.url"},
+		{"registry scheme", minimal + "schema_registry:\n  url: \"ftp://reg:8081\"\n", "schema_registry.url"},
+		{"registry token and user", minimal + "schema_registry:\n  url: \"https://reg:8081\"\n  username: u\n  token_file: /etc/hostname\n", "schema_registry.token_file"},
+		{"registry token missing", minimal + "schema_registry:\n  url: \"https://reg:8081\"\n  token_file: /nope\n", "schema_registry.token_file"},
+		{"registry tls on http", minimal + "schema_registry:\n  url: \"http://reg:8081\"\n  tls: {ca_file: /etc/hostname}\n", "schema_registry.tls"},
+		{"registry kind", minimal + "schema_registry:\n  kind: karapace\n", "schema_registry.kind"},
+		{"registry lookup", minimal + "schema_registry:\n  lookup_timeout: -1s\n", "schema_registry.lookup_timeout"},
+		{"plain without tls", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: PLAIN, username: u}\npostgres:", 1), "kafka.sasl.allow_plaintext"},
+		{"scram without tls", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: SCRAM-SHA-512, username: u}\npostgres:", 1), "kafka.sasl.allow_plaintext"},
+		{"oauth without token", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: OAUTHBEARER}\npostgres:", 1), "kafka.sasl.token_file"},
+		{"msk iam without tls", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: AWS_MSK_IAM}\npostgres:", 1), "kafka.tls.enabled"},
+		{"password twice", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: PLAIN, username: u, password: x, password_file: /etc/hostname}\npostgres:", 1), "kafka.sasl.password_file"},
+		{"password file missing", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: PLAIN, username: u, password_file: /nope}\npostgres:", 1), "kafka.sasl.password_file"},
 		{"offset lost", strings.Replace(minimal, "postgres:", "  on_offset_lost: ignore\npostgres:", 1), "kafka.on_offset_lost"},
 		{"pg schema", minimal + "postgres:\n  schema: \"a b\"\n", ""},
 		{"pg schema value", strings.Replace(minimal, "postgres:\n", "postgres:\n  schema: \"a b\"\n", 1), "postgres.schema"},
@@ -214,5 +230,44 @@ func TestSizes(t *testing.T) {
 				t.Errorf("%q: %v, want an error naming sink.batch_max_bytes", bad, err)
 			}
 		})
+	}
+}
+
+// TestSecretFiles: every secret has a *_file form (Kubernetes and Docker
+// mount secrets as files); a trailing newline is not part of the secret,
+// and the environment still wins.
+func TestSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	yaml := fmt.Sprintf(`
+kafka:
+  brokers: ["127.0.0.1:9092"]
+  tls: {enabled: true}
+  sasl: {mechanism: SCRAM-SHA-512, username: u, password_file: %q}
+postgres:
+  dsn_file: %q
+schema_registry:
+  url: "https://reg:8081"
+  username: r
+  password_file: %q
+tables:
+  - topic: shop.public.customers
+`, write("kafka", "k-secret\n"), write("dsn", "postgres://u:pg-secret@db:5432/x\n"), write("reg", "r-secret"))
+	c, err := Parse([]byte(yaml), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kafka.SASL.Password != "k-secret" || c.Postgres.DSN != "postgres://u:pg-secret@db:5432/x" || c.SchemaRegistry.Password != "r-secret" {
+		t.Errorf("read %q %q %q", c.Kafka.SASL.Password, c.Postgres.DSN, c.SchemaRegistry.Password)
+	}
+	c, err = Parse([]byte(yaml), func(k string) (string, bool) { return "from-env", k == "SCD2SINK_KAFKA_SASL_PASSWORD" })
+	if err != nil || c.Kafka.SASL.Password != "from-env" {
+		t.Errorf("the environment does not win: %v %q", err, c.Kafka.SASL.Password)
 	}
 }

@@ -59,6 +59,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// instanceID is what Kafka accepts as a group.instance.id.
+var instanceID = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
 func (c *Config) validateKafka() error {
 	if err := oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, "read_committed", "read_uncommitted"); err != nil {
 		return err
@@ -78,6 +81,9 @@ func (c *Config) validateKafka() error {
 	if err := oneOf("kafka.on_offset_lost", k.OnOffsetLost, "fail", "earliest", "latest"); err != nil {
 		return err
 	}
+	if k.InstanceID != "" && !instanceID.MatchString(k.InstanceID) {
+		return errf("kafka.instance_id", "%q must be 1 to 249 of the characters a-z A-Z 0-9 . _ - (as Kafka's group.instance.id)", k.InstanceID)
+	}
 	if k.SessionTimeout < time.Second {
 		return errf("kafka.session_timeout", "must be at least 1s")
 	}
@@ -94,11 +100,74 @@ func (c *Config) validateKafka() error {
 			return errf("kafka.tls.key_file", "cert_file and key_file go together")
 		}
 	}
-	if err := oneOf("kafka.sasl.mechanism", k.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"); err != nil {
+	if err := oneOf("kafka.sasl.mechanism", k.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "AWS_MSK_IAM"); err != nil {
 		return err
 	}
-	if k.SASL.Mechanism != "" && k.SASL.Username == "" {
-		return errf("kafka.sasl.username", "is required with mechanism %s", k.SASL.Mechanism)
+	switch k.SASL.Mechanism {
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if k.SASL.Username == "" {
+			return errf("kafka.sasl.username", "is required with mechanism %s", k.SASL.Mechanism)
+		}
+		if !k.TLS.Enabled && !k.SASL.AllowPlaintext {
+			return errf("kafka.sasl.allow_plaintext", "%s without TLS sends the password in clear: enable kafka.tls, or set allow_plaintext: true", k.SASL.Mechanism)
+		}
+	case "OAUTHBEARER":
+		if k.SASL.TokenFile == "" {
+			return errf("kafka.sasl.token_file", "is required with mechanism OAUTHBEARER (a file holding the token)")
+		}
+		if _, err := os.Stat(k.SASL.TokenFile); err != nil {
+			return errf("kafka.sasl.token_file", "cannot read %s", k.SASL.TokenFile)
+		}
+	case "AWS_MSK_IAM":
+		if !k.TLS.Enabled {
+			return errf("kafka.tls.enabled", "AWS_MSK_IAM needs TLS (MSK's IAM listener is TLS only)")
+		}
+	}
+	return nil
+}
+
+// validateRegistry checks the schema_registry block.
+func (c *Config) validateRegistry() error {
+	r := c.SchemaRegistry
+	if err := oneOf("schema_registry.kind", r.Kind, "confluent", "apicurio"); err != nil {
+		return err
+	}
+	if r.URL != "" {
+		u, err := url.Parse(r.URL)
+		if err != nil || u.Host == "" {
+			return errf("schema_registry.url", "is not a URL")
+		}
+		if u.User != nil {
+			return errf("schema_registry.url", "holds credentials: give them as username and password (or password_file, SCD2SINK_SCHEMA_REGISTRY_PASSWORD) or token_file, never in the URL")
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return errf("schema_registry.url", "must be http or https")
+		}
+		if u.Scheme != "https" && (r.TLS.CAFile != "" || r.TLS.CertFile != "") {
+			return errf("schema_registry.tls", "is set but the URL is not https")
+		}
+	}
+	if r.TokenFile != "" {
+		if r.Username != "" {
+			return errf("schema_registry.token_file", "and username are both set: use one")
+		}
+		if _, err := os.Stat(r.TokenFile); err != nil {
+			return errf("schema_registry.token_file", "cannot read %s", r.TokenFile)
+		}
+	}
+	for key, f := range map[string]string{"schema_registry.tls.ca_file": r.TLS.CAFile, "schema_registry.tls.cert_file": r.TLS.CertFile, "schema_registry.tls.key_file": r.TLS.KeyFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return errf(key, "cannot read %s", f)
+		}
+	}
+	if (r.TLS.CertFile == "") != (r.TLS.KeyFile == "") {
+		return errf("schema_registry.tls.key_file", "cert_file and key_file go together")
+	}
+	if r.LookupTimeout < 0 {
+		return errf("schema_registry.lookup_timeout", "must not be negative")
 	}
 	return nil
 }
@@ -120,10 +189,8 @@ func (c *Config) validateServices() error {
 	if c.Postgres.StatementTimeout < time.Millisecond {
 		return errf("postgres.statement_timeout", "must be at least 1ms")
 	}
-	if c.SchemaRegistry.URL != "" {
-		if u, err := url.Parse(c.SchemaRegistry.URL); err != nil || u.Host == "" {
-			return errf("schema_registry.url", "%q is not a URL", c.SchemaRegistry.URL)
-		}
+	if err := c.validateRegistry(); err != nil {
+		return err
 	}
 	if c.Sequencer.ReorderWindow < 0 {
 		return errf("sequencer.reorder_window", "must not be negative")

@@ -22,12 +22,11 @@ import (
 // the applier, and none commits. The consumer then reads their records
 // again (resync.go).
 type applier struct {
-	c       *Consumer
-	jobs    chan job
-	pending sync.WaitGroup
-	busy    atomic.Int64
-	failed  atomic.Pointer[error]
-	done    chan struct{}
+	c      *Consumer
+	jobs   chan job
+	busy   atomic.Int64
+	failed atomic.Pointer[error]
+	done   chan struct{}
 	// finished is signalled (without blocking) when a batch leaves.
 	finished chan struct{}
 	// gen is the abandonment generation: a job submitted under an older
@@ -49,7 +48,6 @@ func (a *applier) run(ctx context.Context) {
 			a.applyOne(ctx, j)
 		}
 		a.busy.Add(-1)
-		a.pending.Done()
 		a.signal()
 	}
 }
@@ -109,7 +107,6 @@ type job struct {
 func (a *applier) submit(ctx context.Context, j job, interrupt func() bool) error {
 	j.gen = a.gen.Load()
 	a.busy.Add(1)
-	a.pending.Add(1)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -130,18 +127,11 @@ func (a *applier) submit(ctx context.Context, j job, interrupt func() bool) erro
 
 func (a *applier) unsubmit() {
 	a.busy.Add(-1)
-	a.pending.Done()
 	a.signal()
 }
 
-// wait blocks until every submitted batch is applied (or dropped after a
-// failure) and returns the failure, if any.
-func (a *applier) wait() error {
-	a.pending.Wait()
-	return a.err()
-}
-
-// waitCtx is wait that gives up when ctx ends (a batch may be retrying an
+// waitCtx blocks until every submitted batch is applied (or dropped)
+// and returns the failure, if any; it gives up when ctx ends (a batch may be retrying an
 // outage or a blocked table for a long time): it reports ctx's error then.
 // It leaves no goroutine waiting behind (a WaitGroup may not be reused
 // while one still waits on it).

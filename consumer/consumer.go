@@ -153,6 +153,10 @@ type Consumer struct {
 	origin    map[change.Partition]int64
 	appliedTo map[change.Partition]int64
 	resyncWhy atomic.Pointer[string]
+	// waitMu guards the partitions held back (waits.go).
+	waitMu  sync.Mutex
+	paused  map[change.Partition]pausedPart
+	backoff map[change.Partition]time.Duration
 }
 
 // New builds the franz-go client; it does not connect until Run.
@@ -180,7 +184,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
 		topicIDs: map[string]string{}, next: map[change.Partition]int64{},
-		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}}
+		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{},
+		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
@@ -222,6 +227,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	if cfg.SASL != nil {
 		opts = append(opts, kgo.SASL(cfg.SASL))
+	}
+	if cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(cfg.InstanceID))
 	}
 	if cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout),
@@ -278,6 +286,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 			c.log.Warn("not in the consumer group yet: Kafka unreachable, authentication failing, or a crashed member's session not expired",
 				zap.Strings("brokers", c.cfg.Brokers), zap.String("group", c.cfg.GroupID), zap.Duration("waiting", time.Since(started).Round(time.Second)))
 		}
+		c.resumeDue()
 		if err := c.resync(ctx); err != nil {
 			if ctx.Err() != nil {
 				return c.drain(drainTimeout)
@@ -401,6 +410,42 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		c.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 	})
 	c.health.Kafka.Store(kafkaOK)
+	// Decoding (the registry, a snapshot's bookkeeping) runs without the
+	// lock and within decodeBudget: a partition that must wait is held
+	// back and read again from the record that waits (waits.go).
+	dctx, cancel := context.WithTimeout(ctx, decodeBudget)
+	defer cancel()
+	var items []decoded
+	held := map[change.Partition]heldBack{}
+	var hdrs []debezium.Header
+	received := time.Now().UnixNano()
+	fetches.EachRecord(func(r *kgo.Record) {
+		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
+		if _, ok := held[o.Partition]; ok {
+			return
+		}
+		hdrs = hdrs[:0]
+		for _, h := range r.Headers {
+			hdrs = append(hdrs, debezium.Header{Key: h.Key, Value: h.Value})
+		}
+		it := decoded{o: o, rec: r}
+		it.ev, it.err = c.dec.Decode(dctx, o, r.Key, r.Value, hdrs...)
+		if errors.Is(it.err, debezium.ErrRetry) {
+			held[o.Partition] = heldBack{offset: o.Offset, why: it.err.Error()}
+			return
+		}
+		if it.err == nil && it.ev.SnapshotEnd {
+			snap, err := c.snapshotUntil(dctx, it.ev)
+			if err != nil {
+				held[o.Partition] = heldBack{offset: o.Offset, why: err.Error()}
+				return
+			}
+			it.snap = &snap
+		}
+		items = append(items, it)
+	})
+	c.holdBack(held, items)
+
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lost = append(c.lost, lost...)
@@ -410,52 +455,30 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		c.hwm[part] = p.HighWatermark
 		if n := len(p.Records); n > 0 {
 			c.next[part] = p.Records[n-1].Offset + 1
+			if h, ok := held[part]; ok {
+				c.next[part] = h.offset
+			}
 			if _, ok := c.origin[part]; !ok {
 				c.origin[part] = p.Records[0].Offset
 			}
 		}
 	})
 	c.commitMu.Unlock()
-	// A partition whose record could not be decoded for want of the
-	// schema registry (only when ctx ends) takes no more records: its
-	// commit point stays below that record.
-	var stopped map[change.Partition]bool
-	var hdrs []debezium.Header
-	received := time.Now().UnixNano()
-	fetches.EachRecord(func(r *kgo.Record) {
-		o := change.Origin{Partition: change.Partition{Topic: r.Topic, Partition: r.Partition}, Offset: r.Offset}
-		if stopped[o.Partition] {
-			return
-		}
+	for _, it := range items {
+		o, r, ev := it.o, it.rec, it.ev
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
-		hdrs = hdrs[:0]
-		for _, h := range r.Headers {
-			hdrs = append(hdrs, debezium.Header{Key: h.Key, Value: h.Value})
-		}
-		ev, err := c.dec.Decode(ctx, o, r.Key, r.Value, hdrs...)
 		switch {
-		case errors.Is(err, debezium.ErrRetry):
-			if stopped == nil {
-				stopped = map[change.Partition]bool{}
-			}
-			stopped[o.Partition] = true
-		case errors.Is(err, debezium.ErrSkip):
+		case errors.Is(it.err, debezium.ErrSkip):
 			c.seq.Skip(o)
-		case err != nil:
+		case it.err != nil:
 			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
-				zap.Int64("offset", r.Offset), zap.Error(err))
-			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: err.Error(), Table: c.target(r.Topic)})
+				zap.Int64("offset", r.Offset), zap.Error(it.err))
+			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: it.err.Error(), Table: c.target(r.Topic)})
 			c.seq.Skip(o)
 		default:
 			ev.Received = received
-			if ev.SnapshotEnd {
-				if err := c.noteSnapshot(ctx, ev); err != nil {
-					if stopped == nil {
-						stopped = map[change.Partition]bool{}
-					}
-					stopped[o.Partition] = true
-					return
-				}
+			if it.snap != nil {
+				c.noteSnapshot(ev, *it.snap)
 			}
 			if ev.Seq == nil {
 				ev.Seq = c.anchors.anchor(o) // a snapshot read without a sequence
@@ -464,8 +487,17 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			}
 			c.seq.Add(ev)
 		}
-	})
+	}
 	c.noteBuffer()
+}
+
+// decoded is one polled record, decoded outside the lock.
+type decoded struct {
+	o    change.Origin
+	rec  *kgo.Record
+	ev   *change.Event
+	err  error
+	snap *sink.Snapshot // a full snapshot that ev completes
 }
 
 // noteBuffer updates the reorder buffer's metrics. Called with mu held.
@@ -674,6 +706,13 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	}
 	if err != nil {
 		return fmt.Errorf("draining on shutdown: %w", err)
+	}
+	if c.cfg.InstanceID != "" {
+		// Static membership: Kafka keeps the member (and its partitions)
+		// for the session timeout, so a restart takes them back at once.
+		c.log.Info("drained; a static member stays in the group until its session times out",
+			zap.String("instance_id", c.cfg.InstanceID))
+		return nil
 	}
 	c.log.Info("drained and left the group")
 	return nil

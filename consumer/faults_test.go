@@ -212,5 +212,10 @@ func TestFaults(t *testing.T) {
 	if n == 0 || commits.Load() < 3 || fetches.Load() < 3 {
 		t.Fatalf("the faults did not happen (%d backends, %d commits)", n, commits.Load())
 	}
-	check(t, fresh, r.sc)
+	after, err := pgxpool.New(context.Background(), r.pool.Config().ConnString()) // fresh's connections were terminated too
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close()
+	check(t, after, r.sc)
 }

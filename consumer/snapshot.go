@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -10,48 +11,37 @@ import (
 	"go.uber.org/zap"
 )
 
-// noteSnapshot records that ev, the last read of a full snapshot, completes
-// it: the batch that applies ev carries the snapshot, with the offsets every
-// record of it lies below — each partition's end offset now, when its last
-// record has been read (Debezium wrote the others before it). The sink
-// reconciles it once every partition of the topic is applied that far.
-// Called with mu held; it waits while Kafka cannot list the offsets, and
-// returns an error only when ctx ends first: then ev must not be applied
-// (its partition stops below it, and a restart reads it again).
-func (c *Consumer) noteSnapshot(ctx context.Context, ev *change.Event) error {
+// snapshotUntil lists, for a full snapshot's last read, the offsets every
+// record of the snapshot is below (its topic's high watermarks). One try,
+// within ctx: on an error the record waits and is read again.
+func (c *Consumer) snapshotUntil(ctx context.Context, ev *change.Event) (sink.Snapshot, error) {
 	topic := ev.Origin.Topic
-	adm := kadm.NewClient(c.client)
-	backoff := 100 * time.Millisecond
-	for {
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		ends, err := adm.ListEndOffsets(lctx, topic)
-		cancel()
-		if err == nil {
-			err = ends.Error()
-		}
-		if err == nil {
-			until := map[int32]int64{}
-			ends.Each(func(o kadm.ListedOffset) { until[o.Partition] = o.Offset })
-			if p := ev.Origin.Partition.Partition; until[p] <= ev.Origin.Offset {
-				until[p] = ev.Origin.Offset + 1
-			}
-			if c.snaps == nil {
-				c.snaps = map[*change.Event]sink.Snapshot{}
-			}
-			c.snaps[ev] = sink.Snapshot{Target: ev.Table, Seq: ev.Seq, At: ev.ValidFrom, Topic: topic, Until: until}
-			c.log.Info("a full snapshot completed", zap.String("topic", topic), zap.String("table", ev.Table),
-				zap.Stringer("seq", ev.Seq), zap.Any("until", until))
-			return nil
-		}
-		if ctx.Err() != nil {
-			c.log.Warn("a full snapshot completed but its topic's offsets could not be listed before shutdown; its last read is read again after the restart",
-				zap.String("topic", topic), zap.Error(err))
-			return ctx.Err()
-		}
-		c.log.Warn("listing the end offsets of a snapshot's topic; retrying", zap.String("topic", topic), zap.Error(err))
-		time.Sleep(backoff)
-		backoff = min(2*backoff, 5*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ends, err := kadm.NewClient(c.client).ListEndOffsets(lctx, topic)
+	if err == nil {
+		err = ends.Error()
 	}
+	if err != nil {
+		return sink.Snapshot{}, fmt.Errorf("listing the end offsets of %s, where a full snapshot completed: %w", topic, err)
+	}
+	until := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { until[o.Partition] = o.Offset })
+	if p := ev.Origin.Partition.Partition; until[p] <= ev.Origin.Offset {
+		until[p] = ev.Origin.Offset + 1
+	}
+	return sink.Snapshot{Target: ev.Table, Seq: ev.Seq, At: ev.ValidFrom, Topic: topic, Until: until}, nil
+}
+
+// noteSnapshot remembers a completed full snapshot until the batch holding
+// its last read. Called with mu held.
+func (c *Consumer) noteSnapshot(ev *change.Event, snap sink.Snapshot) {
+	if c.snaps == nil {
+		c.snaps = map[*change.Event]sink.Snapshot{}
+	}
+	c.snaps[ev] = snap
+	c.log.Info("a full snapshot completed", zap.String("topic", snap.Topic), zap.String("table", ev.Table),
+		zap.Stringer("seq", ev.Seq), zap.Any("until", snap.Until))
 }
 
 // snapshotsIn takes the snapshots that events of a batch complete.

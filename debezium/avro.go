@@ -34,27 +34,52 @@ type avroSchema struct {
 	err   error      // the schema cannot be used: records with it are dead letters
 }
 
-// avroCache holds writer schemas by registry id.
+// avroCache holds writer schemas by registry id, and what it knows of ids
+// the registry could not give yet.
 type avroCache struct {
 	reg Registry
 	log *zap.Logger
-	mu  sync.Mutex
-	m   map[int]*avroSchema
+	// lookupTimeout is how long an id the registry does not know (40403:
+	// a follower behind, a schema registered a moment ago) is asked for
+	// again before its records are dead letters.
+	lookupTimeout time.Duration
+	mu            sync.Mutex
+	m             map[int]*avroSchema
+	misses        map[int]*miss
+	warned        time.Time
+}
+
+// miss is an id the registry did not give: when it was first asked for,
+// when to ask again, and whether it counts as unknown for good (until
+// next: then it is asked once more).
+type miss struct {
+	first, next time.Time
+	backoff     time.Duration
+	dead        error
+	why         string // what the last answer was
 }
 
 func newAvroCache(reg Registry, log *zap.Logger) *avroCache {
-	return &avroCache{reg: reg, log: log, m: map[int]*avroSchema{}}
+	return &avroCache{reg: reg, log: log, m: map[int]*avroSchema{}, misses: map[int]*miss{}, lookupTimeout: DefaultLookupTimeout}
 }
 
-// Retry pacing while the registry is unreachable.
+// DefaultLookupTimeout is schema_registry.lookup_timeout's default.
+const DefaultLookupTimeout = 2 * time.Minute
+
+// Retry pacing while the registry is unreachable or does not know an id,
+// and how long an id unknown past the lookup timeout is not asked again.
 var (
 	registryBackoffMin = 100 * time.Millisecond
-	registryBackoffMax = 10 * time.Second
+	registryBackoffMax = 5 * time.Second
+	unknownTTL         = 30 * time.Second
 )
 
-// get returns the schema with the given id, fetching it on a miss and
-// retrying while the registry is unreachable. An id the registry does not
-// know is an error (a dead letter); ctx ending first is ErrRetry.
+// get returns the schema with the given id, fetching it on a miss. While
+// the registry is unreachable, or does not know the id for less than the
+// lookup timeout, it asks again with backoff (never more often than the
+// backoff, whatever the number of records waiting) until ctx ends: then
+// the error wraps ErrRetry and the record waits. An id still unknown after
+// the lookup timeout is an error (a dead letter), remembered for a while.
 func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema, error) {
 	c.mu.Lock()
 	s := c.m[id]
@@ -65,33 +90,67 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 	if c.reg == nil {
 		return nil, errors.New("no schema_registry is configured")
 	}
-	backoff := registryBackoffMin
-	var warned time.Time
 	for {
+		c.mu.Lock()
+		m := c.misses[id]
+		c.mu.Unlock()
+		if m != nil && time.Now().Before(m.next) {
+			if m.dead != nil {
+				return nil, m.dead
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("schema id %d: %s: %w", id, m.why, ErrRetry)
+			case <-time.After(time.Until(m.next)):
+			}
+			continue
+		}
 		sch, err := c.reg.SchemaByID(ctx, id)
 		if err == nil {
 			s = buildAvro(sch, envelope)
-			break
+			c.mu.Lock()
+			c.m[id] = s
+			delete(c.misses, id)
+			c.mu.Unlock()
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("fetching schema id %d: %w (%w)", id, ErrRetry, err)
 		}
 		var re *sr.ResponseError
-		if errors.As(err, &re) && (re.StatusCode == http.StatusNotFound || re.ErrorCode == 40403) {
-			return nil, fmt.Errorf("schema id %d is not in the schema registry: %w", id, err)
+		unknown := errors.As(err, &re) && (re.StatusCode == http.StatusNotFound || re.ErrorCode == 40403)
+		now := time.Now()
+		c.mu.Lock()
+		if m = c.misses[id]; m == nil {
+			m = &miss{first: now, backoff: registryBackoffMin}
+			c.misses[id] = m
 		}
-		if time.Since(warned) > 30*time.Second {
-			warned = time.Now()
-			c.log.Warn("schema registry unreachable or refusing; retrying", zap.Int("schema_id", id), zap.Error(err))
+		if unknown && now.Sub(m.first) >= c.lookupTimeout {
+			m.dead = fmt.Errorf("schema id %d is not in the schema registry (asked for %s): %w", id, now.Sub(m.first).Round(time.Second), err)
+			m.next = now.Add(unknownTTL)
+			c.mu.Unlock()
+			return nil, m.dead
 		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("fetching schema id %d: %w (%w)", id, ErrRetry, err)
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		m.dead = nil
+		m.why = "the registry is unreachable or refusing: " + err.Error()
+		if unknown {
+			m.why = fmt.Sprintf("the registry does not know it yet (asked for %s of schema_registry.lookup_timeout %s)", now.Sub(m.first).Round(time.Second), c.lookupTimeout)
 		}
-		backoff = min(2*backoff, registryBackoffMax)
+		m.next = now.Add(m.backoff/2 + rand.N(m.backoff/2+1))
+		m.backoff = min(2*m.backoff, registryBackoffMax)
+		warn := now.Sub(c.warned) > 30*time.Second
+		if warn {
+			c.warned = now
+		}
+		c.mu.Unlock()
+		if warn {
+			what := "schema registry unreachable or refusing; records wait and are retried"
+			if unknown {
+				what = "the schema registry does not know a schema id yet (a follower behind?); records wait and are retried until schema_registry.lookup_timeout"
+			}
+			c.log.Warn(what, zap.Int("schema_id", id), zap.Error(err))
+		}
 	}
-	c.mu.Lock()
-	c.m[id] = s
-	c.mu.Unlock()
-	return s, nil
 }
 
 func buildAvro(sch sr.Schema, envelope bool) *avroSchema {

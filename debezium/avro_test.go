@@ -50,14 +50,16 @@ func TestAvroRegistryFailures(t *testing.T) {
 	t.Cleanup(reg.Close)
 	reg.SeedSchema(src.Topic()+"-value", 1, 7, sr.Schema{Schema: src.AvroValueSchema(), Type: sr.TypeAvro})
 	var fails atomic.Int64
-	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	failing := func(w http.ResponseWriter, r *http.Request) bool {
 		if fails.Load() > 0 {
 			fails.Add(-1)
 			http.Error(w, "unavailable", http.StatusServiceUnavailable)
 			return true
 		}
 		return false
-	})
+	}
+	reg.Intercept(failing)
+	restore := func() { reg.ClearInterceptors(); reg.Intercept(failing) }
 	cl, err := sr.NewClient(sr.URLs(reg.URL()))
 	if err != nil {
 		t.Fatal(err)
@@ -89,11 +91,56 @@ func TestAvroRegistryFailures(t *testing.T) {
 			t.Fatalf("got %v, want ErrRetry", err)
 		}
 	})
-	t.Run("unknown schema id: a dead letter", func(t *testing.T) {
+	t.Run("unknown schema id: waits for the lookup timeout, then a dead letter", func(t *testing.T) {
+		d := New(d.ruleList(), cl, nil)
+		d.SetLookupTimeout(300 * time.Millisecond)
+		var asked atomic.Int64
+		reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			if strings.Contains(r.URL.Path, "/schemas/ids/99") {
+				asked.Add(1)
+			}
+			return false
+		})
+		defer restore()
 		bad := append([]byte{0, 0, 0, 0, 99}, value[5:]...)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if _, err := d.Decode(ctx, o, key, bad); !errors.Is(err, ErrRetry) {
+			t.Fatalf("within the lookup timeout: got %v, want ErrRetry (the record waits)", err)
+		}
 		_, err := d.Decode(context.Background(), o, key, bad)
-		if err == nil || errors.Is(err, ErrRetry) || !strings.Contains(err.Error(), "schema id 99") {
-			t.Fatalf("got %v, want a permanent error naming the id", err)
+		if err == nil || errors.Is(err, ErrRetry) || !strings.Contains(err.Error(), "schema id 99 is not in the schema registry") {
+			t.Fatalf("after the lookup timeout: got %v, want a permanent error naming the id", err)
+		}
+		n := asked.Load()
+		for i := 0; i < 100; i++ {
+			if _, err := d.Decode(context.Background(), o, key, bad); err == nil || errors.Is(err, ErrRetry) {
+				t.Fatalf("got %v", err)
+			}
+		}
+		if asked.Load() != n {
+			t.Errorf("100 more records with the unknown id asked the registry %d more times; the answer is remembered", asked.Load()-n)
+		}
+	})
+	t.Run("unknown for a moment (a follower behind), then known: decoded", func(t *testing.T) {
+		d := New(d.ruleList(), cl, nil)
+		d.SetLookupTimeout(time.Minute)
+		var misses atomic.Int64
+		misses.Store(20)
+		reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			if misses.Load() > 0 && strings.Contains(r.URL.Path, "/schemas/ids/") {
+				misses.Add(-1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(`{"error_code":40403,"message":"Schema not found"}`))
+				return true
+			}
+			return false
+		})
+		defer restore()
+		ev, err := d.Decode(context.Background(), o, key, value)
+		if err != nil || ev.After["plan"] != "pro" {
+			t.Fatalf("got %v, %v", ev, err)
 		}
 	})
 	t.Run("bad input", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -38,7 +39,7 @@ var ErrSkip = errors.New("nothing to apply")
 // ErrRetry marks a record that could not be decoded yet: the schema
 // registry was unreachable until the caller's context ended. It is not a
 // dead letter; the record must be read again.
-var ErrRetry = errors.New("schema registry unreachable")
+var ErrRetry = errors.New("waiting for the schema registry")
 
 // Registry fetches writer schemas by id: franz-go's *sr.Client, or srfake's
 // client in tests. It is called only on a cache miss.
@@ -75,6 +76,11 @@ func New(rules []Rule, reg Registry, log *zap.Logger) *Decoder {
 	}
 	return d
 }
+
+// SetLookupTimeout sets how long an Avro schema id the registry does not
+// know (40403) is asked for again before its records are dead letters
+// (schema_registry.lookup_timeout; default DefaultLookupTimeout).
+func (d *Decoder) SetLookupTimeout(t time.Duration) { d.avro.lookupTimeout = t }
 
 // splitPath splits an envelope path; a leading "payload." is implied.
 func splitPath(p string) []string {

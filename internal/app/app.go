@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -73,17 +75,50 @@ func Rules(cfg *config.Config) []debezium.Rule {
 func Decoder(cfg *config.Config, log *zap.Logger) (*debezium.Decoder, error) {
 	var reg debezium.Registry
 	if cfg.SchemaRegistry.URL != "" {
-		opts := []sr.ClientOpt{sr.URLs(cfg.SchemaRegistry.URL), sr.UserAgent("scd2sink")}
-		if cfg.SchemaRegistry.Username != "" {
-			opts = append(opts, sr.BasicAuth(cfg.SchemaRegistry.Username, cfg.SchemaRegistry.Password))
-		}
-		cl, err := sr.NewClient(opts...)
+		cl, err := registryClient(cfg)
 		if err != nil {
-			return nil, &config.Error{Key: "schema_registry.url", Msg: "cannot be used: " + err.Error()}
+			return nil, err
 		}
 		reg = cl
 	}
-	return debezium.New(Rules(cfg), reg, log), nil
+	d := debezium.New(Rules(cfg), reg, log)
+	d.SetLookupTimeout(cfg.SchemaRegistry.LookupTimeout)
+	return d, nil
+}
+
+// registryClient is the Schema Registry client: basic auth or a bearer
+// token read from token_file (again when the file changes), TLS with the
+// configured CA and client certificate.
+func registryClient(cfg *config.Config) (*sr.Client, error) {
+	r := cfg.SchemaRegistry
+	opts := []sr.ClientOpt{sr.URLs(r.URL), sr.UserAgent("scd2sink")}
+	if r.Username != "" {
+		opts = append(opts, sr.BasicAuth(r.Username, r.Password))
+	}
+	if r.TokenFile != "" {
+		token := &fileSecret{path: r.TokenFile}
+		opts = append(opts, sr.PreReq(func(req *http.Request) error {
+			t, err := token.get()
+			if err != nil {
+				return fmt.Errorf("schema_registry.token_file: %w", err)
+			}
+			req.Header.Set("Authorization", "Bearer "+t)
+			return nil
+		}))
+	}
+	if strings.HasPrefix(r.URL, "https://") {
+		tc, err := tlsConfig("schema_registry.tls", r.TLS.CAFile, r.TLS.CertFile, r.TLS.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, sr.HTTPClient(&http.Client{Timeout: 30 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4}}))
+	}
+	cl, err := sr.NewClient(opts...)
+	if err != nil {
+		return nil, &config.Error{Key: "schema_registry.url", Msg: "cannot be used: " + err.Error()}
+	}
+	return cl, nil
 }
 
 // Pool opens a PostgreSQL pool. Errors never quote the DSN.
@@ -158,7 +193,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
-			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
+			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
@@ -218,21 +253,28 @@ func kafkaTLS(cfg *config.Config) (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
+	return tlsConfig("kafka.tls", t.CAFile, t.CertFile, t.KeyFile)
+}
+
+// tlsConfig builds a client TLS configuration: the system's roots or the
+// CA in caFile, and a client certificate when certFile is set. Errors name
+// the key under prefix.
+func tlsConfig(prefix, caFile, certFile, keyFile string) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, &config.Error{Key: "kafka.tls.ca_file", Msg: err.Error()}
+			return nil, &config.Error{Key: prefix + ".ca_file", Msg: err.Error()}
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, &config.Error{Key: "kafka.tls.ca_file", Msg: "holds no PEM certificate"}
+			return nil, &config.Error{Key: prefix + ".ca_file", Msg: "holds no PEM certificate"}
 		}
 	}
-	if t.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, &config.Error{Key: "kafka.tls.cert_file", Msg: err.Error()}
+			return nil, &config.Error{Key: prefix + ".cert_file", Msg: err.Error()}
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

@@ -81,7 +81,7 @@ func TestSecretsAndReadiness(t *testing.T) {
 			cfg, err := config.Parse([]byte(fmt.Sprintf(`
 kafka:
   brokers: %s
-  sasl: {mechanism: SCRAM-SHA-256, username: scd}
+  sasl: {mechanism: SCRAM-SHA-256, username: scd, allow_plaintext: true}
 postgres: {dsn: %q}
 http: {addr: %q}
 sequencer: {reorder_window: 10ms}
