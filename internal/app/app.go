@@ -9,6 +9,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	saslaws "github.com/twmb/franz-go/pkg/sasl/aws"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"io"
 	"net/http"
 	"os"
@@ -290,6 +293,37 @@ func kafkaSASL(cfg *config.Config) sasl.Mechanism {
 		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism()
 	case "SCRAM-SHA-512":
 		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism()
+	case "OAUTHBEARER":
+		// The token is read for each new connection's authentication, so
+		// a token rotated in its file is picked up without a restart.
+		token := &fileSecret{path: s.TokenFile}
+		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
+			t, err := token.get()
+			if err != nil {
+				return oauth.Auth{}, fmt.Errorf("kafka.sasl.token_file: %w", err)
+			}
+			return oauth.Auth{Token: t}, nil
+		})
+	case "AWS_MSK_IAM":
+		// Credentials from the standard AWS chain (environment, shared
+		// config and credentials files, web identity, ECS and EC2 roles),
+		// refreshed by the SDK as they expire.
+		region := s.AWSRegion
+		return saslaws.ManagedStreamingIAM(func(ctx context.Context) (saslaws.Auth, error) {
+			opts := []func(*awsconfig.LoadOptions) error{}
+			if region != "" {
+				opts = append(opts, awsconfig.WithRegion(region))
+			}
+			ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+			if err != nil {
+				return saslaws.Auth{}, fmt.Errorf("loading AWS credentials: %w", err)
+			}
+			cr, err := ac.Credentials.Retrieve(ctx)
+			if err != nil {
+				return saslaws.Auth{}, fmt.Errorf("retrieving AWS credentials: %w", err)
+			}
+			return saslaws.Auth{AccessKey: cr.AccessKeyID, SecretKey: cr.SecretAccessKey, SessionToken: cr.SessionToken, UserAgent: "scd2sink"}, nil
+		})
 	}
 	return nil
 }

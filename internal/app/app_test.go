@@ -3,12 +3,15 @@ package app
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -61,8 +64,13 @@ const (
 // SCRAM: with a wrong password it must stay not-ready and never print either
 // password; with the right one it becomes ready and applies events.
 func TestSecretsAndReadiness(t *testing.T) {
+	// SCRAM over TLS, with a CA made here.
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	ca, caKey := newCA(t)
+	writePEM(t, caFile, "CERTIFICATE", ca.Raw)
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "shop.public.customers"),
-		kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "scd", kafkaSecret))
+		kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "scd", kafkaSecret),
+		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{issue(t, ca, caKey, "kafka", false)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +89,8 @@ func TestSecretsAndReadiness(t *testing.T) {
 			cfg, err := config.Parse([]byte(fmt.Sprintf(`
 kafka:
   brokers: %s
-  sasl: {mechanism: SCRAM-SHA-256, username: scd, allow_plaintext: true}
+  tls: {enabled: true, ca_file: %q}
+  sasl: {mechanism: SCRAM-SHA-256, username: scd}
 postgres: {dsn: %q}
 http: {addr: %q}
 sequencer: {reorder_window: 10ms}
@@ -90,7 +99,7 @@ log: {level: debug}
 tables:
   - topic: shop.public.customers
     keys: [customer_id]
-`, brokers, dsn, addr)), func(k string) (string, bool) {
+`, brokers, caFile, dsn, addr)), func(k string) (string, bool) {
 				if k == "SCD2SINK_KAFKA_SASL_PASSWORD" {
 					return tc.password, true
 				}
@@ -105,7 +114,7 @@ tables:
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg, Options{Logger: log}) }()
 			if tc.ready {
-				produceOne(t, kafka.ListenAddrs())
+				produceOne(t, kafka.ListenAddrs(), ca)
 			}
 			ready := tc.ready && waitReady(addr, 10*time.Second)
 			if tc.ready {
@@ -139,9 +148,12 @@ tables:
 	}
 }
 
-func produceOne(t *testing.T, addrs []string) {
+func produceOne(t *testing.T, addrs []string, ca *x509.Certificate) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.SASL(scram.Auth{User: "scd", Pass: kafkaSecret}.AsSha256Mechanism()))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.SASL(scram.Auth{User: "scd", Pass: kafkaSecret}.AsSha256Mechanism()),
+		kgo.DialTLSConfig(&tls.Config{RootCAs: roots}))
 	if err != nil {
 		t.Fatal(err)
 	}
