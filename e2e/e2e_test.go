@@ -87,7 +87,7 @@ func trackHistoryFromDeploy() error {
 
 // runSink starts scd2sink run with a config for the stack: its tables are
 // those of docker-compose.yml's scd2sink (deploy/scd2sink.yaml).
-func runSink(t *testing.T, dir, name, bootstrap, targetDSN string) *proc {
+func runSink(t *testing.T, dir, name, bootstrap, targetDSN string, env ...string) *proc {
 	t.Helper()
 	deployed, err := os.ReadFile("../deploy/scd2sink.yaml")
 	if err != nil {
@@ -115,7 +115,7 @@ shutdown_timeout: 3s
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return startProc(t, dir, name, []string{binary, "run", "--config", cfg})
+	return startProc(t, dir, name, []string{binary, "run", "--config", cfg}, env...)
 }
 
 // stack is the real pipeline of one test.
