@@ -104,8 +104,9 @@ type job struct {
 // submit hands a batch over; it blocks while another batch waits, until
 // ctx ends or interrupt (asked every 50ms; may be nil) reports true: then
 // the batch was not handed over.
+//
+// j.gen is the abandonment generation the batch was cut under.
 func (a *applier) submit(ctx context.Context, j job, interrupt func() bool) error {
-	j.gen = a.gen.Load()
 	a.busy.Add(1)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()

@@ -94,6 +94,36 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 	if err := c.applier.err(); err != nil {
 		return err
 	}
+	// Batches handed over after an abandonment would commit offsets past
+	// the abandoned ones' events: stop, and stamp every batch with the
+	// abandonment generation of now, so that a later abandonment drops it.
+	gen := c.applier.gen.Load()
+	if c.resyncWhy.Load() != nil {
+		return errRebalance
+	}
+	if interrupt != nil {
+		// Prepare may retry an outage (DDL); a rebalance must not wait for it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					if interrupt() {
+						cancel()
+						return
+					}
+				}
+			}
+		}()
+	}
 	c.commitMu.Lock()
 	c.lastCommit = time.Now()
 	c.commitMu.Unlock()
@@ -111,9 +141,16 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs, Confirm: c.confirmMember,
 			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
+			if interrupt != nil && interrupt() && ctx.Err() != nil {
+				return errRebalance
+			}
 			return err
 		}
+		j.gen = gen
 		if err := c.applier.submit(ctx, j, interrupt); err != nil {
+			if interrupt != nil && interrupt() && ctx.Err() != nil {
+				return errRebalance
+			}
 			return err
 		}
 		for _, ev := range c.pending[:n] {

@@ -44,7 +44,7 @@ type Sink interface {
 	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
-	TopicIDs(ctx context.Context) (map[string]string, error)
+	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
 	// Anchors returns what Batch.Anchors recorded with those offsets.
 	Anchors(ctx context.Context) (map[change.Partition]change.Seq, error)
 	Forget()
@@ -681,7 +681,13 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c.mu.Lock()
-	c.collect(c.seq.Flush())
+	if c.resyncWhy.Load() != nil || c.fatal.Load() != nil {
+		// Batches were abandoned, or the service stops on an error: apply
+		// nothing more; the next start reads again from what was applied.
+		c.pending, c.dead = nil, nil
+	} else {
+		c.collect(c.seq.Flush())
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- c.flushAndWait(ctx) }()
 	var err error

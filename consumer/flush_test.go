@@ -24,7 +24,9 @@ func (r *recordingSink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Res
 }
 func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error) { return nil, nil }
 func (r *recordingSink) Forget()                                                     {}
-func (r *recordingSink) TopicIDs(context.Context) (map[string]string, error)         { return nil, nil }
+func (r *recordingSink) TopicIDs(context.Context) (map[change.Partition]string, error) {
+	return nil, nil
+}
 func (r *recordingSink) Anchors(context.Context) (map[change.Partition]change.Seq, error) {
 	return nil, nil
 }

@@ -113,9 +113,7 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 		}
 		seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: to}
 		c.next[p], c.origin[p] = to, to
-		if to > 0 {
-			c.seq.Skip(change.Origin{Partition: p, Offset: to - 1}) // the commit point moves there
-		}
+		c.seq.Place(p, to) // the commit point moves there
 	}
 	if len(seek) > 0 {
 		c.client.SetOffsets(seek)
@@ -134,7 +132,7 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 // follows OnOffsetLost (fail stops the service through c.fatal); the
 // returned set names the topics whose offsets it has placed. Called from
 // adjustOffsets with mu held.
-func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int32]kgo.Offset, stored map[string]string) map[string]bool {
+func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int32]kgo.Offset, stored map[change.Partition]string) map[string]bool {
 	topics := make([]string, 0, len(offsets))
 	for t := range offsets {
 		topics = append(topics, t)
@@ -156,9 +154,14 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 			continue
 		}
 		id := base64.RawURLEncoding.EncodeToString(d.ID[:]) // as Kafka prints topic IDs
-		ids[t] = id
-		was, ok := stored[t]
-		if !ok || was == id {
+		was := ""
+		for p := range offsets[t] {
+			if w, ok := stored[change.Partition{Topic: t, Partition: p}]; ok && w != id {
+				was = w
+			}
+		}
+		if was == "" {
+			ids[t] = id
 			continue
 		}
 		c.m.OffsetsLost.WithLabelValues(t).Inc()
@@ -184,15 +187,14 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 			c.fatal.CompareAndSwap(nil, &err)
 			continue
 		}
+		ids[t] = id // only once it goes on: a failed topic keeps its old ID, and fails again
 		c.log.Error("offsets lost: "+desc+"; going on as kafka.on_offset_lost says", zap.String("on_offset_lost", c.policy()))
 		for p := range offsets[t] {
 			to, _ := bounds.Lookup(t, p)
 			offsets[t][p] = kgo.NewOffset().At(to.Offset).WithEpoch(-1)
 			part := change.Partition{Topic: t, Partition: p}
 			c.next[part], c.origin[part] = to.Offset, to.Offset
-			if to.Offset > 0 {
-				c.seq.Skip(change.Origin{Partition: part, Offset: to.Offset - 1})
-			}
+			c.seq.Place(part, to.Offset) // recorded with the new ID at once, even at 0
 		}
 		placed[t] = true
 	}

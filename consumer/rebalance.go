@@ -93,10 +93,15 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(revoked)
-	c.collect(c.seq.FlushPartitions(parts))
-	wctx, cancel := context.WithTimeout(ctx, revokeBudget)
-	err := c.flushAndWait(wctx)
-	cancel()
+	var err error
+	if c.fatal.Load() != nil {
+		err = errors.New("the service is stopping on an error: nothing more is applied")
+	} else {
+		c.collect(c.seq.FlushPartitions(parts))
+		wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+		err = c.flushAndWait(wctx)
+		cancel()
+	}
 	if err != nil {
 		// Not applied in time: abandon it, the next owner reads it again
 		// (and the partitions kept are read again by the poll loop).

@@ -122,8 +122,16 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 		now := time.Now()
 		c.mu.Lock()
 		if m = c.misses[id]; m == nil {
-			m = &miss{first: now, backoff: registryBackoffMin}
+			m = &miss{backoff: registryBackoffMin}
 			c.misses[id] = m
+		}
+		// The lookup timeout counts from the first "not known" answer of
+		// an uninterrupted run of them: an outage before does not count.
+		switch {
+		case !unknown:
+			m.first = time.Time{}
+		case m.first.IsZero():
+			m.first = now
 		}
 		if unknown && now.Sub(m.first) >= c.lookupTimeout {
 			m.dead = fmt.Errorf("schema id %d is not in the schema registry (asked for %s): %w", id, now.Sub(m.first).Round(time.Second), err)

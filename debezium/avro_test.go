@@ -122,6 +122,34 @@ func TestAvroRegistryFailures(t *testing.T) {
 			t.Errorf("100 more records with the unknown id asked the registry %d more times; the answer is remembered", asked.Load()-n)
 		}
 	})
+	t.Run("an outage longer than the lookup timeout, then 40403 once: not a dead letter", func(t *testing.T) {
+		d := New(d.ruleList(), cl, nil)
+		d.SetLookupTimeout(200 * time.Millisecond)
+		start := time.Now()
+		var notFound atomic.Int64
+		notFound.Store(1)
+		reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			if !strings.Contains(r.URL.Path, "/schemas/ids/") {
+				return false
+			}
+			if time.Since(start) < 400*time.Millisecond {
+				http.Error(w, "unavailable", http.StatusServiceUnavailable)
+				return true
+			}
+			if notFound.Add(-1) >= 0 {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(`{"error_code":40403,"message":"Schema not found"}`))
+				return true
+			}
+			return false
+		})
+		defer restore()
+		ev, err := d.Decode(context.Background(), o, key, value)
+		if err != nil || ev.After["plan"] != "pro" {
+			t.Fatalf("got %v, %v", ev, err)
+		}
+	})
 	t.Run("unknown for a moment (a follower behind), then known: decoded", func(t *testing.T) {
 		d := New(d.ruleList(), cl, nil)
 		d.SetLookupTimeout(time.Minute)

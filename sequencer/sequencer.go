@@ -176,6 +176,15 @@ func (s *Sequencer) Skip(o change.Origin) {
 	}
 }
 
+// Place records that a partition is read from next on (a seek): its
+// commit point is at least next even before anything is read there.
+func (s *Sequencer) Place(p change.Partition, next int64) {
+	ps := s.part(p)
+	if next > ps.next {
+		ps.next = next
+	}
+}
+
 // Add buffers an event. Keyless events (truncates) are released by the next
 // call to Release.
 func (s *Sequencer) Add(ev *change.Event) {

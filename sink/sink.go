@@ -534,24 +534,25 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 	return nil
 }
 
-// TopicIDs returns the Kafka topic ID recorded with each topic's offsets
-// for the configured consumer group (topics recorded without one are
-// missing).
-func (s *Sink) TopicIDs(ctx context.Context) (map[string]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT ON (topic) topic, topic_id FROM %s.scd2sink_offsets
-		WHERE consumer_group = $1 AND topic_id IS NOT NULL ORDER BY topic, updated_at DESC`,
+// TopicIDs returns the Kafka topic ID recorded with each partition's
+// offsets for the configured consumer group (partitions recorded without
+// one are missing).
+func (s *Sink) TopicIDs(ctx context.Context) (map[change.Partition]string, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, topic_id FROM %s.scd2sink_offsets
+		WHERE consumer_group = $1 AND topic_id IS NOT NULL`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
 	if err != nil {
 		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]string{}
+	out := map[change.Partition]string{}
 	for rows.Next() {
-		var topic, id string
-		if err := rows.Scan(&topic, &id); err != nil {
+		var p change.Partition
+		var id string
+		if err := rows.Scan(&p.Topic, &p.Partition, &id); err != nil {
 			return nil, err
 		}
-		out[topic] = id
+		out[p] = id
 	}
 	return out, rows.Err()
 }
