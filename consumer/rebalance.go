@@ -21,9 +21,20 @@ func partitions(m map[string][]int32) []change.Partition {
 
 // onAssigned: the sink's memory of keys may be stale (another member may
 // have written them); the group is joined.
-func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// The poll loop may have handed a batch over between allowing the
+	// rebalance and this callback: the sink's memory is not forgotten
+	// under a batch being applied.
+	if !c.applier.idle() {
+		wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+		if err := c.applier.waitCtx(wctx); errors.Is(err, context.DeadlineExceeded) {
+			c.requestResync("an assignment waited " + revokeBudget.String() + " for a batch in flight")
+			c.awaitAbandoned(ctx)
+		}
+		cancel()
+	}
 	c.sink.Forget()
 	c.health.Joined.Store(true)
 	c.log.Info("partitions assigned", zap.Any("partitions", assigned))
