@@ -84,7 +84,7 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 		return nil
 	}
 	var failures []string
-	seek := map[string]map[int32]kgo.EpochOffset{}
+	seek := map[change.Partition]int64{}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range lost {
@@ -108,16 +108,11 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 		}
 		c.log.Error("offsets lost: "+desc+"; going on as kafka.on_offset_lost says (the history misses what the lost records changed)",
 			zap.String("on_offset_lost", c.policy()), zap.Int64("resume_at", to))
-		if seek[p.Topic] == nil {
-			seek[p.Topic] = map[int32]kgo.EpochOffset{}
-		}
-		seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: to}
+		seek[p] = to
 		c.next[p], c.origin[p] = to, to
 		c.seq.Place(p, to) // the commit point moves there
 	}
-	if len(seek) > 0 {
-		c.client.SetOffsets(seek)
-	}
+	c.seekTo(seek)
 	if len(failures) > 0 {
 		return fmt.Errorf("offsets lost (kafka.on_offset_lost is fail): %s. Retention deleted records before they were applied, "+
 			"or the topic was deleted and re-created; set kafka.on_offset_lost to earliest (go on from the log's first offset) "+
@@ -174,11 +169,11 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 		}
 		// The new log's bounds, exactly: the commit point moves there at
 		// once, recorded with the new ID in place of the stale offsets.
-		adm := kadm.NewClient(c.client)
-		bounds, err := adm.ListStartOffsets(ctx, t)
-		if err == nil && c.policy() == "latest" {
-			bounds, err = adm.ListEndOffsets(ctx, t)
+		list := kadm.NewClient(c.client).ListStartOffsets
+		if c.policy() == "latest" {
+			list = kadm.NewClient(c.client).ListEndOffsets
 		}
+		bounds, err := list(ctx, t)
 		if err == nil {
 			err = bounds.Error()
 		}

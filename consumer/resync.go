@@ -142,13 +142,8 @@ func (c *Consumer) resync(ctx context.Context) error {
 	}
 	c.commitMu.Unlock()
 	parts := make([]change.Partition, 0, len(targets))
-	seek := map[string]map[int32]kgo.EpochOffset{}
-	for part, o := range targets {
+	for part := range targets {
 		parts = append(parts, part)
-		if seek[part.Topic] == nil {
-			seek[part.Topic] = map[int32]kgo.EpochOffset{}
-		}
-		seek[part.Topic][part.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o}
 	}
 	seeds := c.anchors.at(targets)
 	c.seq.DropPartitions(parts)
@@ -161,10 +156,26 @@ func (c *Consumer) resync(ctx context.Context) error {
 	}
 	c.pending, c.pendBytes, c.dead, c.snaps, c.lost = nil, 0, nil, nil, nil
 	c.noteBuffer()
-	c.client.SetOffsets(seek)
+	c.seekTo(targets)
 	c.sink.Forget()
 	c.resyncWhy.Store(nil)
 	c.log.Warn("batches not applied were abandoned; reading their records again from the last applied offsets",
-		zap.String("why", *p), zap.Any("from", seek))
+		zap.String("why", *p), zap.Any("from", targets))
 	return nil
+}
+
+// seekTo makes the next fetches of the given partitions start at the given
+// offsets. Only on the poll loop, while no rebalance callback runs.
+func (c *Consumer) seekTo(at map[change.Partition]int64) {
+	if len(at) == 0 {
+		return
+	}
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	for p, o := range at {
+		if seek[p.Topic] == nil {
+			seek[p.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o}
+	}
+	c.client.SetOffsets(seek)
 }

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
 
@@ -54,13 +53,10 @@ func (c *Consumer) holdBack(held map[change.Partition]heldBack, ok []decoded) {
 		}
 	}
 	if len(held) > 0 {
-		seek := map[string]map[int32]kgo.EpochOffset{}
+		seek := map[change.Partition]int64{}
 		pause := map[string][]int32{}
 		for p, h := range held {
-			if seek[p.Topic] == nil {
-				seek[p.Topic] = map[int32]kgo.EpochOffset{}
-			}
-			seek[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: h.offset}
+			seek[p] = h.offset
 			pause[p.Topic] = append(pause[p.Topic], p.Partition)
 			b := c.backoff[p]
 			if b == 0 {
@@ -73,7 +69,7 @@ func (c *Consumer) holdBack(held map[change.Partition]heldBack, ok []decoded) {
 				zap.Int64("offset", h.offset), zap.String("why", h.why))
 		}
 		c.client.PauseFetchPartitions(pause)
-		c.client.SetOffsets(seek)
+		c.seekTo(seek)
 	}
 	c.noteWaits()
 }
