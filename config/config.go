@@ -102,9 +102,15 @@ type Postgres struct {
 // SchemaRegistry is the schema_registry: block (format debezium-avro only).
 type SchemaRegistry struct {
 	// Kind is confluent (the wire format and /schemas/ids/{id}; also
-	// Apicurio's ccompat API) or apicurio (its own API).
-	Kind     string `yaml:"kind"`
-	URL      string `yaml:"url"`
+	// Apicurio's ccompat API) or apicurio (its v2/v3 API; ids from the
+	// apicurio.*.globalId/contentId headers or the wire format).
+	Kind string `yaml:"kind"`
+	// UseID is, for kind apicurio, what the ids in the wire format are:
+	// globalId (default, Apicurio 2.x converters) or contentId (3.x, and
+	// apicurio.registry.as-confluent); it mirrors the converter's
+	// apicurio.registry.use-id. Ids in headers name their kind themselves.
+	UseID string `yaml:"use_id"`
+	URL   string `yaml:"url"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
 	// PasswordFile holds the password (read at start).
@@ -433,6 +439,9 @@ func (c *Config) applyDefaults() {
 	or(&c.Kafka.IsolationLevel, "read_committed")
 	or(&c.Kafka.OnOffsetLost, "fail")
 	or(&c.SchemaRegistry.Kind, "confluent")
+	if c.SchemaRegistry.Kind == "apicurio" {
+		or(&c.SchemaRegistry.UseID, "globalId")
+	}
 	if c.SchemaRegistry.LookupTimeout == 0 {
 		c.SchemaRegistry.LookupTimeout = 2 * time.Minute
 	}

@@ -145,6 +145,8 @@ func TestBadValues(t *testing.T) {
 		{"registry token missing", minimal + "schema_registry:\n  url: \"https://reg:8081\"\n  token_file: /nope\n", "schema_registry.token_file"},
 		{"registry tls on http", minimal + "schema_registry:\n  url: \"http://reg:8081\"\n  tls: {ca_file: /etc/hostname}\n", "schema_registry.tls"},
 		{"registry kind", minimal + "schema_registry:\n  kind: karapace\n", "schema_registry.kind"},
+		{"apicurio use id", minimal + "schema_registry:\n  kind: apicurio\n  use_id: artifactId\n", "schema_registry.use_id"},
+		{"use id for confluent", minimal + "schema_registry:\n  use_id: contentId\n", "schema_registry.use_id"},
 		{"registry lookup", minimal + "schema_registry:\n  lookup_timeout: -1s\n", "schema_registry.lookup_timeout"},
 		{"plain without tls", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: PLAIN, username: u}\npostgres:", 1), "kafka.sasl.allow_plaintext"},
 		{"scram without tls", strings.Replace(minimal, "postgres:", "  sasl: {mechanism: SCRAM-SHA-512, username: u}\npostgres:", 1), "kafka.sasl.allow_plaintext"},

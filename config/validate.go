@@ -132,6 +132,14 @@ func (c *Config) validateRegistry() error {
 	if err := oneOf("schema_registry.kind", r.Kind, "confluent", "apicurio"); err != nil {
 		return err
 	}
+	switch {
+	case r.Kind == "apicurio":
+		if err := oneOf("schema_registry.use_id", r.UseID, "globalId", "contentId"); err != nil {
+			return err
+		}
+	case r.UseID != "":
+		return errf("schema_registry.use_id", "is for kind apicurio only (a Confluent registry has one kind of id)")
+	}
 	if r.URL != "" {
 		u, err := url.Parse(r.URL)
 		if err != nil || u.Host == "" {

@@ -2,7 +2,6 @@ package debezium
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -44,8 +43,8 @@ type avroCache struct {
 	// again before its records are dead letters.
 	lookupTimeout time.Duration
 	mu            sync.Mutex
-	m             map[int]*avroSchema
-	misses        map[int]*miss
+	m             map[schemaRef]*avroSchema
+	misses        map[schemaRef]*miss
 	warned        time.Time
 }
 
@@ -60,7 +59,7 @@ type miss struct {
 }
 
 func newAvroCache(reg Registry, log *zap.Logger) *avroCache {
-	return &avroCache{reg: reg, log: log, m: map[int]*avroSchema{}, misses: map[int]*miss{}, lookupTimeout: DefaultLookupTimeout}
+	return &avroCache{reg: reg, log: log, m: map[schemaRef]*avroSchema{}, misses: map[schemaRef]*miss{}, lookupTimeout: DefaultLookupTimeout}
 }
 
 // DefaultLookupTimeout is schema_registry.lookup_timeout's default.
@@ -80,7 +79,7 @@ var (
 // backoff, whatever the number of records waiting) until ctx ends: then
 // the error wraps ErrRetry and the record waits. An id still unknown after
 // the lookup timeout is an error (a dead letter), remembered for a while.
-func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema, error) {
+func (c *avroCache) get(ctx context.Context, id schemaRef, envelope bool) (*avroSchema, error) {
 	c.mu.Lock()
 	s := c.m[id]
 	c.mu.Unlock()
@@ -89,6 +88,9 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 	}
 	if c.reg == nil {
 		return nil, errors.New("no schema_registry is configured")
+	}
+	if _, ok := c.reg.(GlobalRegistry); id.global && !ok {
+		return nil, fmt.Errorf("%s: the registry serves no Apicurio global ids (set schema_registry.kind: apicurio)", id)
 	}
 	for {
 		c.mu.Lock()
@@ -100,12 +102,12 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 			}
 			select {
 			case <-ctx.Done():
-				return nil, fmt.Errorf("schema id %d: %s: %w", id, m.why, ErrRetry)
+				return nil, fmt.Errorf("%s: %s: %w", id, m.why, ErrRetry)
 			case <-time.After(time.Until(m.next)):
 			}
 			continue
 		}
-		sch, err := c.reg.SchemaByID(ctx, id)
+		sch, err := fetch(ctx, c.reg, id)
 		if err == nil {
 			s = buildAvro(sch, envelope)
 			c.mu.Lock()
@@ -115,7 +117,7 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 			return s, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("fetching schema id %d: %w (%w)", id, ErrRetry, err)
+			return nil, fmt.Errorf("fetching %s: %w (%w)", id, ErrRetry, err)
 		}
 		var re *sr.ResponseError
 		unknown := errors.As(err, &re) && (re.StatusCode == http.StatusNotFound || re.ErrorCode == 40403)
@@ -134,7 +136,7 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 			m.first = now
 		}
 		if unknown && now.Sub(m.first) >= c.lookupTimeout {
-			m.dead = fmt.Errorf("schema id %d is not in the schema registry (asked for %s): %w", id, now.Sub(m.first).Round(time.Second), err)
+			m.dead = fmt.Errorf("%s is not in the schema registry (asked for %s): %w", id, now.Sub(m.first).Round(time.Second), err)
 			m.next = now.Add(unknownTTL)
 			c.mu.Unlock()
 			return nil, m.dead
@@ -156,7 +158,7 @@ func (c *avroCache) get(ctx context.Context, id int, envelope bool) (*avroSchema
 			if unknown {
 				what = "the schema registry does not know a schema id yet (a follower behind?); records wait and are retried until schema_registry.lookup_timeout"
 			}
-			c.log.Warn(what, zap.Int("schema_id", id), zap.Error(err))
+			c.log.Warn(what, zap.Stringer("schema", id), zap.Error(err))
 		}
 	}
 }
@@ -188,40 +190,31 @@ func buildAvro(sch sr.Schema, envelope bool) *avroSchema {
 	return out
 }
 
-// confluent splits the Confluent wire format: magic byte 0, a 4-byte
-// schema id, the Avro binary.
-func confluent(b []byte) (int, []byte, error) {
-	if len(b) < 5 || b[0] != 0 {
-		return 0, nil, errors.New("not the Confluent Avro wire format (magic byte 0 and a schema id)")
+// decodeRecord decodes an Avro record (a key, or an envelope) with its
+// writer schema, found as frame says. ok is false for a key that is not
+// Avro.
+func (d *Decoder) decodeRecord(ctx context.Context, b []byte, hs []Header, key bool) (s *avroSchema, rec map[string]any, ok bool, err error) {
+	id, body, ok, err := d.frame(b, hs, key)
+	if !ok || err != nil {
+		return nil, nil, ok, err
 	}
-	return int(binary.BigEndian.Uint32(b[1:5])), b[5:], nil
-}
-
-// decodeRecord decodes an Avro record with its writer schema.
-func (d *Decoder) decodeRecord(ctx context.Context, b []byte, envelope bool) (*avroSchema, map[string]any, error) {
-	id, body, err := confluent(b)
-	if err != nil {
-		return nil, nil, err
-	}
-	s, err := d.avro.get(ctx, id, envelope)
-	if err != nil {
-		return nil, nil, err
+	if s, err = d.avro.get(ctx, id, !key); err != nil {
+		return nil, nil, true, err
 	}
 	if s.err != nil {
-		return nil, nil, fmt.Errorf("schema id %d: %w", id, s.err)
+		return nil, nil, true, fmt.Errorf("%s: %w", id, s.err)
 	}
 	native, rest, err := s.codec.NativeFromBinary(body)
 	if err != nil {
-		return nil, nil, fmt.Errorf("avro record (schema id %d): %w", id, err)
+		return nil, nil, true, fmt.Errorf("avro record (%s): %w", id, err)
 	}
 	if len(rest) != 0 {
-		return nil, nil, fmt.Errorf("avro record (schema id %d): %d bytes left over", id, len(rest))
+		return nil, nil, true, fmt.Errorf("avro record (%s): %d bytes left over", id, len(rest))
 	}
-	rec, ok := native.(map[string]any)
-	if !ok {
-		return nil, nil, fmt.Errorf("avro value (schema id %d) is not a record", id)
+	if rec, ok = native.(map[string]any); !ok {
+		return nil, nil, true, fmt.Errorf("avro value (%s) is not a record", id)
 	}
-	return s, rec, nil
+	return s, rec, true, nil
 }
 
 // unwrapUnion takes a value out of goavro's union wrapper {"type": value}.
@@ -254,11 +247,11 @@ func avroPath(s *Schema, rec map[string]any, path []string) (any, *Schema) {
 	return cur, s
 }
 
-func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key, value []byte) (*change.Event, error) {
+func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key, value []byte, hs []Header) (*change.Event, error) {
 	if len(value) == 0 {
 		return nil, ErrSkip // tombstone
 	}
-	s, rec, err := d.decodeRecord(ctx, value, true)
+	s, rec, _, err := d.decodeRecord(ctx, value, hs, false)
 	if err != nil {
 		return nil, fmt.Errorf("value: %w", err)
 	}
@@ -311,7 +304,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if op == change.OpTruncate {
 		return ev, nil
 	}
-	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, key, s, rec); err != nil {
+	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, key, hs, s, rec); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -375,15 +368,15 @@ func avroValidFrom(r *rule, s *avroSchema, rec map[string]any) (time.Time, error
 	return time.Time{}, fmt.Errorf("valid_from %s: a %T is not a time", r.ValidFrom, v)
 }
 
-// avroKey reads the key: an Avro record (Confluent wire format) or JSON,
-// as the key converter wrote it; configured key columns may come from the
-// row images instead.
-func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, s *avroSchema, rec map[string]any) ([]any, []string, error) {
+// avroKey reads the key: an Avro record (wire format, or bare with
+// Apicurio's key header) or JSON, as the key converter wrote it;
+// configured key columns may come from the row images instead.
+func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header, s *avroSchema, rec map[string]any) ([]any, []string, error) {
 	var names []string
 	var vals []any
 	var kerr error
-	if len(raw) > 0 && raw[0] == 0 {
-		ks, krec, err := d.decodeRecord(ctx, raw, false)
+	ks, krec, isAvro, err := d.decodeRecord(ctx, raw, hs, true)
+	if isAvro {
 		if errors.Is(err, ErrRetry) {
 			return nil, nil, err
 		}

@@ -53,6 +53,7 @@ type Decoder struct {
 	rules   map[string]*rule
 	schemas *schemaCache
 	avro    *avroCache
+	wire    WireIDs
 }
 
 // maxSchemas bounds the schema cache: distinct schema texts (value and key
@@ -136,7 +137,7 @@ func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte
 	var ev *change.Event
 	var err error
 	if r.Format == FormatAvro {
-		ev, err = d.decodeAvro(ctx, r, o, key, value)
+		ev, err = d.decodeAvro(ctx, r, o, key, value, headers)
 	} else {
 		ev, err = d.decodeJSON(r, o, key, value)
 	}

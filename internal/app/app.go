@@ -24,6 +24,7 @@ import (
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/consumer"
 	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/internal/apicurio"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -86,36 +87,60 @@ func Decoder(cfg *config.Config, log *zap.Logger) (*debezium.Decoder, error) {
 	}
 	d := debezium.New(Rules(cfg), reg, log)
 	d.SetLookupTimeout(cfg.SchemaRegistry.LookupTimeout)
+	switch r := cfg.SchemaRegistry; {
+	case r.Kind == "apicurio" && r.UseID == "contentId":
+		d.SetWireIDs(debezium.ApicurioContentIDs)
+	case r.Kind == "apicurio":
+		d.SetWireIDs(debezium.ApicurioGlobalIDs)
+	}
 	return d, nil
 }
 
-// registryClient is the Schema Registry client: basic auth or a bearer
-// token read from token_file (again when the file changes), TLS with the
-// configured CA and client certificate.
-func registryClient(cfg *config.Config) (*sr.Client, error) {
+// registryClient is the schema registry's client, of its kind: basic auth
+// or a bearer token read from token_file (again when the file changes),
+// TLS with the configured CA and client certificate.
+func registryClient(cfg *config.Config) (debezium.Registry, error) {
 	r := cfg.SchemaRegistry
-	opts := []sr.ClientOpt{sr.URLs(r.URL), sr.UserAgent("scd2sink")}
-	if r.Username != "" {
-		opts = append(opts, sr.BasicAuth(r.Username, r.Password))
-	}
-	if r.TokenFile != "" {
+	var auth func(*http.Request) error
+	switch {
+	case r.TokenFile != "":
 		token := &fileSecret{path: r.TokenFile}
-		opts = append(opts, sr.PreReq(func(req *http.Request) error {
+		auth = func(req *http.Request) error {
 			t, err := token.get()
 			if err != nil {
 				return fmt.Errorf("schema_registry.token_file: %w", err)
 			}
 			req.Header.Set("Authorization", "Bearer "+t)
 			return nil
-		}))
+		}
+	case r.Username != "":
+		auth = func(req *http.Request) error {
+			req.SetBasicAuth(r.Username, r.Password)
+			return nil
+		}
 	}
+	var hc *http.Client
 	if strings.HasPrefix(r.URL, "https://") {
 		tc, err := tlsConfig("schema_registry.tls", r.TLS.CAFile, r.TLS.CertFile, r.TLS.KeyFile)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, sr.HTTPClient(&http.Client{Timeout: 30 * time.Second,
-			Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4}}))
+		hc = &http.Client{Timeout: 30 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4}}
+	}
+	if r.Kind == "apicurio" {
+		cl, err := apicurio.New(r.URL, apicurio.Options{HTTPClient: hc, Auth: auth})
+		if err != nil {
+			return nil, &config.Error{Key: "schema_registry.url", Msg: "cannot be used: " + err.Error()}
+		}
+		return cl, nil
+	}
+	opts := []sr.ClientOpt{sr.URLs(r.URL), sr.UserAgent("scd2sink")}
+	if auth != nil {
+		opts = append(opts, sr.PreReq(auth))
+	}
+	if hc != nil {
+		opts = append(opts, sr.HTTPClient(hc))
 	}
 	cl, err := sr.NewClient(opts...)
 	if err != nil {

@@ -338,3 +338,20 @@ func encodeAvro(schema string, id int, native any) []byte {
 	}
 	return out
 }
+
+// ApicurioHeaders turns a record in the Confluent wire format (as
+// AvroEnvelope writes it) into Apicurio's default framing: the bare Avro
+// body, and the 8-byte id its apicurio.*.globalId (or contentId) header
+// holds.
+func ApicurioHeaders(b []byte) (body, id []byte) {
+	id = binary.BigEndian.AppendUint64(nil, uint64(binary.BigEndian.Uint32(b[1:5])))
+	return b[5:], id
+}
+
+// ApicurioWire8 turns a record in the Confluent wire format into the
+// wire format of Apicurio's 2.x DefaultIdHandler: magic byte 0 and an
+// 8-byte id.
+func ApicurioWire8(b []byte) []byte {
+	out := binary.BigEndian.AppendUint64([]byte{0}, uint64(binary.BigEndian.Uint32(b[1:5])))
+	return append(out, b[5:]...)
+}
