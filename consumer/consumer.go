@@ -473,7 +473,11 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		case it.err != nil:
 			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 				zap.Int64("offset", r.Offset), zap.Error(it.err))
-			c.addDead(sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: it.err.Error(), Table: c.target(r.Topic)})
+			dl := sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: it.err.Error(), Table: c.target(r.Topic)}
+			for _, h := range r.Headers {
+				dl.Headers = append(dl.Headers, sink.Header{Key: h.Key, Value: h.Value})
+			}
+			c.addDead(dl)
 			c.seq.Skip(o)
 		default:
 			ev.Received = received

@@ -151,7 +151,11 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
 			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now())`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
+			created_at timestamptz NOT NULL DEFAULT now(), headers jsonb)`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
+	} else if !cat.hasCol(cfg.DeadLetterTable, "headers") {
+		// The record's headers: without Apicurio's schema id header a
+		// dead letter's bare Avro could never be decoded again.
+		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS headers jsonb`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
 	}
 	if len(stmts) == 0 {
 		return nil

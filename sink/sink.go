@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -494,10 +495,14 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 	rows := make([][]any, len(dead))
 	now := time.Now()
 	for i, d := range dead {
-		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, d.Err, now}
+		var hdrs []byte
+		if len(d.Headers) > 0 {
+			hdrs, _ = json.Marshal(d.Headers) // strings and bytes: cannot fail
+		}
+		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, d.Err, now, hdrs}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{s.cfg.Schema, s.cfg.DeadLetterTable},
-		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at"}, pgx.CopyFromRows(rows))
+		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers"}, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("writing %d dead letters: %w", len(dead), err)
 	}

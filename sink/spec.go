@@ -96,7 +96,17 @@ type DeadLetter struct {
 	Table  string
 	Key    []byte
 	Value  []byte
-	Err    string
+	// Headers are the record's Kafka headers: Apicurio's schema ids and
+	// Debezium's key-change headers are needed to decode it again.
+	Headers []Header
+	Err     string
+}
+
+// Header is a Kafka record header, kept with a dead letter (as JSON, the
+// value in base64).
+type Header struct {
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
 }
 
 // Batch is what one transaction applies: released events of any tables and

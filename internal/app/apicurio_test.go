@@ -109,10 +109,11 @@ func TestApicurio(t *testing.T) {
 		unknown   time.Duration
 		wantReady string // what /readyz says while records wait
 		applied   bool
+		bad       bool // one more record, whose id header is cut short: a dead letter keeping its headers
 	}{
 		{name: "headers, global ids (the converter's default), v2 API, basic auth, a replica behind for 4 s",
 			framing: "headers", useID: "globalId", path: "/apis/registry/v2", auth: "  username: scd\n  password: pw\n",
-			authHdr: "Basic c2NkOnB3", unknown: 4 * time.Second, wantReady: "does not know it yet", applied: true},
+			authHdr: "Basic c2NkOnB3", unknown: 4 * time.Second, wantReady: "does not know it yet", applied: true, bad: true},
 		{name: "wire format, 8-byte global ids, server root, bearer token",
 			framing: "wire8", useID: "globalId", auth: fmt.Sprintf("  token_file: %q\n", filepath.Join(dir, "token")),
 			authHdr: "Bearer " + token, applied: true},
@@ -170,8 +171,31 @@ func TestApicurio(t *testing.T) {
 				if err := cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
 					t.Fatal(err)
 				}
+				if tc.bad && i == 0 {
+					bad := *rec
+					bad.Headers = []kgo.RecordHeader{rec.Headers[0], {Key: rec.Headers[1].Key, Value: rec.Headers[1].Value[1:]}}
+					if err := cl.ProduceSync(context.Background(), &bad).FirstErr(); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 			dsn := pgtest.NewDatabase(t)
+			if tc.bad {
+				// The dead-letter table as an earlier version made it, without
+				// headers: the service adds the column.
+				pool, err := pgxpool.New(context.Background(), dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = pool.Exec(context.Background(), `CREATE TABLE scd2sink_dead_letters (
+					id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
+					"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
+					created_at timestamptz NOT NULL DEFAULT now())`)
+				pool.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
 			brokers, _ := json.Marshal(kafka.ListenAddrs())
 			addr := freeAddr(t)
 			cfg, err := config.Parse([]byte(fmt.Sprintf(`
@@ -223,12 +247,16 @@ tables:
 			}
 			defer pool.Close()
 			var dead int
-			var why string
-			if err := pool.QueryRow(context.Background(), `SELECT count(*), coalesce(max(error), '') FROM scd2sink_dead_letters`).Scan(&dead, &why); err != nil {
+			var why, hdrs string
+			if err := pool.QueryRow(context.Background(), `SELECT count(*), coalesce(max(error), ''), coalesce(max(headers::text), '')
+				FROM scd2sink_dead_letters`).Scan(&dead, &why, &hdrs); err != nil {
 				t.Fatal(err)
 			}
-			if dead != 0 {
+			switch {
+			case !tc.bad && dead != 0:
 				t.Fatalf("%d dead letters (%s)", dead, why)
+			case tc.bad && (dead != 1 || !strings.Contains(why, "holds 7 bytes") || !strings.Contains(hdrs, `"key": "apicurio.value.globalId", "value": "AAAAAAAAAg=="`)):
+				t.Fatalf("%d dead letters (%s), headers %s; want the one cut short, with its headers", dead, why, hdrs)
 			}
 			if !tc.applied {
 				return
