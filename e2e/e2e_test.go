@@ -89,6 +89,12 @@ func trackHistoryFromDeploy() error {
 // those of docker-compose.yml's scd2sink (deploy/scd2sink.yaml).
 func runSink(t *testing.T, dir, name, bootstrap, targetDSN string, env ...string) *proc {
 	t.Helper()
+	return runSinkWith(t, dir, name, bootstrap, targetDSN, "", env...)
+}
+
+// runSinkWith is runSink with more top-level configuration (extra).
+func runSinkWith(t *testing.T, dir, name, bootstrap, targetDSN, extra string, env ...string) *proc {
+	t.Helper()
 	deployed, err := os.ReadFile("../deploy/scd2sink.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +117,7 @@ sequencer:
 sink:
   batch_max_wait: 100ms
 shutdown_timeout: 3s
-`, brokers, targetDSN, freePort(t)) + string(deployed[i+1:])
+`, brokers, targetDSN, freePort(t)) + extra + string(deployed[i+1:])
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +142,13 @@ func newStack(t *testing.T, ctx context.Context, partitions int32) *stack {
 	if composeTarget() {
 		return composeStack(t, ctx)
 	}
+	return newStackWith(t, ctx, partitions, "", nil)
+}
+
+// newStackWith is newStack with Connect's converter properties (see
+// startConnect); before, if not nil, runs once the broker is up.
+func newStackWith(t *testing.T, ctx context.Context, partitions int32, converters string, before func(st *stack)) *stack {
+	t.Helper()
 	st := &stack{dir: t.TempDir()}
 	writeLog4j(t, cache)
 	st.src = startSource(t, ctx)
@@ -160,7 +173,10 @@ func newStack(t *testing.T, ctx context.Context, partitions int32) *stack {
 			t.Fatalf("creating the topic: %v %v", err, resp.Err)
 		}
 	}
-	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers,public.accounts")
+	if before != nil {
+		before(st)
+	}
+	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers,public.accounts", converters)
 	// Debezium streams once its slot is active.
 	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
 		var active bool

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Fetches Apache Kafka (broker, tools, Connect) and Debezium's PostgreSQL
-# connector from Maven Central into $SCD2SINK_E2E_CACHE (default
-# ~/.cache/scd2sink-e2e), once: later runs reuse the lib folders.
+# Fetches Apache Kafka (broker, tools, Connect), Debezium's PostgreSQL
+# connector and Apicurio's AvroConverter from Maven Central into
+# $SCD2SINK_E2E_CACHE (default ~/.cache/scd2sink-e2e), and builds Apicurio
+# Registry there, once: later runs reuse the folders.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${SCD2SINK_E2E_CACHE:-$HOME/.cache/scd2sink-e2e}"
 mkdir -p "$cache"
-# Debezium goes into a folder of its own under plugins/, Connect's plugin.path.
-for part in kafka debezium; do
-  dest="$cache/lib/kafka"
-  [ "$part" = debezium ] && dest="$cache/plugins/debezium-postgres"
+# Debezium and Apicurio's converter go into folders of their own under
+# plugins/, Connect's plugin.path.
+for part in kafka debezium apicurio-converter; do
+  case "$part" in
+    kafka) dest="$cache/lib/kafka" ;;
+    debezium) dest="$cache/plugins/debezium-postgres" ;;
+    apicurio-converter) dest="$cache/plugins/apicurio-converter" ;;
+  esac
   stamp="$dest/.complete-$(sha256sum "$here/maven/$part/pom.xml" | cut -c1-16)"
   if [ -f "$stamp" ]; then continue; fi
   rm -rf "$dest"; mkdir -p "$dest"
@@ -29,5 +34,22 @@ if [ ! -f "$jdbc/.complete" ]; then
   tar -xzf "$cache/dl"/debezium-connector-jdbc-*.tar.gz -C "$cache/plugins"
   rm -rf "$cache/dl"
   touch "$jdbc/.complete"
+fi
+# Apicurio Registry 2.4.2 (in-memory storage), rebuilt as a Quarkus runner
+# jar (see maven/apicurio-registry/pom.xml) in a copy of its folder under the
+# cache, so nothing lands in the work tree. Kept: apicurio-registry-runner.jar
+# and its lib/. Run: java -Dquarkus.http.host=127.0.0.1
+# -Dquarkus.http.port=PORT -jar apicurio-registry-runner.jar
+reg="$cache/apicurio-registry"
+sum="$(cd "$here/maven/apicurio-registry" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+if [ ! -f "$reg/.complete-$sum" ]; then
+  rm -rf "$reg"; mkdir -p "$reg"
+  echo "e2e: building Apicurio Registry into $reg" >&2
+  cp -R "$here/maven/apicurio-registry" "$reg/build"
+  mvn -q -B -Dstyle.color=never -f "$reg/build/pom.xml" package \
+    -DskipDefault -Dcheckstyle.skip -DskipTests >&2
+  mv "$reg/build/target/apicurio-registry-runner.jar" "$reg/build/target/lib" "$reg/"
+  rm -rf "$reg/build"
+  touch "$reg/.complete-$sum"
 fi
 echo "$cache"

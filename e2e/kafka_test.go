@@ -106,22 +106,35 @@ type connect struct {
 	proc              *proc
 }
 
-// startConnect starts Connect with Debezium capturing tables of the source
-// database into topics prefixed "shop" (JsonConverter with schemas).
-func startConnect(t *testing.T, cache, dir, bootstrap string, source sourceDB, tables string) *connect {
-	t.Helper()
-	c := &connect{worker: filepath.Join(dir, "worker.properties"), connector: filepath.Join(dir, "connector.properties"), rest: freePort(t)}
-	worker := fmt.Sprintf(`bootstrap.servers=%s
-key.converter=org.apache.kafka.connect.json.JsonConverter
+// jsonConverters are the worker's converters unless a test says otherwise:
+// JsonConverter with schemas, Debezium's default.
+const jsonConverters = `key.converter=org.apache.kafka.connect.json.JsonConverter
 value.converter=org.apache.kafka.connect.json.JsonConverter
 key.converter.schemas.enable=true
 value.converter.schemas.enable=true
-offset.storage.file.filename=%s
+`
+
+// startConnect starts Connect with Debezium capturing tables of the source
+// database into topics prefixed "shop", with the given converter
+// properties ("": jsonConverters).
+func startConnect(t *testing.T, cache, dir, bootstrap string, source sourceDB, tables, converters string) *connect {
+	t.Helper()
+	c := &connect{worker: filepath.Join(dir, "worker.properties"), connector: filepath.Join(dir, "connector.properties"), rest: freePort(t)}
+	// Apicurio's converter jars carry no service manifest: the worker must
+	// scan for them (slower to start).
+	discovery := "service_load"
+	if converters == "" {
+		converters = jsonConverters
+	} else {
+		discovery = "hybrid_warn"
+	}
+	worker := fmt.Sprintf(`bootstrap.servers=%s
+%soffset.storage.file.filename=%s
 offset.flush.interval.ms=1000
 plugin.path=%s
-plugin.discovery=service_load
+plugin.discovery=%s
 listeners=http://127.0.0.1:%d
-`, bootstrap, filepath.Join(dir, "connect.offsets"), filepath.Join(cache, "plugins"), c.rest)
+`, bootstrap, converters, filepath.Join(dir, "connect.offsets"), filepath.Join(cache, "plugins"), discovery, c.rest)
 	connector := fmt.Sprintf(`name=shop-source
 connector.class=io.debezium.connector.postgresql.PostgresConnector
 tasks.max=1

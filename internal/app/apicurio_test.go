@@ -79,7 +79,6 @@ func (f *fakeApicurio) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Registry-ArtifactType", "AVRO")
 	_, _ = w.Write([]byte(s))
 }
 
