@@ -81,9 +81,12 @@ func (s *Sequencer) oldKeyEnded(table string, ev *change.Event) bool {
 // releaseOldKey releases, into out, the buffered events of the waiting
 // create's old key up to its primary-key delete, when that delete is
 // buffered at or before the create's sequence. It reports whether it did.
-func (s *Sequencer) releaseOldKey(table string, create *change.Event, out *Output) bool {
+// In a chain of key changes (A→B, then B→C) the old key's own creating
+// event may itself wait for its old key: that one is released first, the
+// same way, or nothing is (depth bounds the chain followed).
+func (s *Sequencer) releaseOldKey(table string, create *change.Event, out *Output, now int64, depth int) bool {
 	old := s.keys[keyRef{table, change.KeyID(create.OldKey)}]
-	if old == nil || old.ref.key == create.KeyID() {
+	if old == nil || old.ref.key == create.KeyID() || depth > maxKeyChain {
 		return false
 	}
 	var end change.Seq
@@ -96,9 +99,17 @@ func (s *Sequencer) releaseOldKey(table string, create *change.Event, out *Outpu
 	if end == nil {
 		return false
 	}
+	if held := s.gated(old, end, now); held != nil {
+		if !s.releaseOldKey(table, held.it.ev, out, now, depth+1) || s.gated(old, end, now) != nil {
+			return false
+		}
+	}
 	s.releaseKey(old, out, func(it item) bool { return it.ev.Seq.Compare(end) <= 0 })
 	return true
 }
+
+// maxKeyChain bounds the chain of key changes releaseOldKey follows.
+const maxKeyChain = 8
 
 // noteKeyChange remembers a released primary-key delete, and forgets the
 // old key's entry once its create is released.

@@ -174,3 +174,32 @@ func TestKeyChangeAtEqualSequences(t *testing.T) {
 		}
 	})
 }
+
+// A chain of primary-key changes, A→B then B→C, with A's delete late in
+// another partition: C's create must not release B's create (gated on
+// A's delete) ahead of it; once A's delete comes, the chain is released
+// in order at once.
+func TestKeyChangeChain(t *testing.T) {
+	window := 100 * time.Millisecond
+	s, clk := newSeq(t, window, 0)
+	createB := ev(p1, 0, "B", 121, "moved")
+	createB.Op, createB.OldKey = change.OpCreate, []any{"A"}
+	delB := ev(p1, 1, "B", 131, "")
+	delB.Op, delB.After, delB.KeyChanged = change.OpDelete, nil, true
+	createC := ev(p1, 2, "C", 131, "moved again")
+	createC.Op, createC.OldKey = change.OpCreate, []any{"B"}
+	for _, e := range []*change.Event{createB, delB, createC} {
+		s.Add(e)
+	}
+	clk.advance(3 * window)
+	if out := s.Release(); len(out.Events) != 0 {
+		t.Fatalf("released %v before A's delete", seqs(out.Events))
+	}
+	delA := ev(p0, 0, "A", 120, "")
+	delA.Op, delA.After, delA.KeyChanged = change.OpDelete, nil, true
+	s.Add(delA)
+	clk.advance(gateStep)
+	if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"A[120]", "B[121]", "B[131]", "C[131]"}) {
+		t.Fatalf("release %v, want the chain in order", seqs(out.Events))
+	}
+}

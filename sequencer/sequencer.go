@@ -278,7 +278,7 @@ func (s *Sequencer) Release() Output {
 			}
 		}
 		held := s.gated(kb, upto, now)
-		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out) {
+		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out, now, 0) {
 			held = s.gated(kb, upto, now)
 		}
 		if held != nil {
