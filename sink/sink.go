@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,13 @@ type Sink struct {
 	// written is the offset this Sink last recorded per partition; another
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
+	// forgets counts Forget calls; forgot is the count the applying
+	// goroutine last acted on. Forget may be called from a rebalance
+	// callback while a batch is still being applied (one abandoned after
+	// the revoke budget): it only bumps the count, and the applying
+	// goroutine, the only one touching cache and written, empties them.
+	forgets atomic.Uint64
+	forgot  uint64
 	// snapshotsPending: scd2sink_snapshots may hold snapshots to reconcile;
 	// reconciling guards against reconciling from reconciliation's own
 	// batches (reconcile.go). reconciled is the count of reconciled
@@ -326,6 +334,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 
 func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
+	gen := s.forgetNow()
 	var res Result
 	var ops *cacheOps
 	// A value PostgreSQL rejects fails the whole batch; the batch is then
@@ -390,6 +399,9 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		s.cache.reset()
 		return res, err
 	}
+	if s.forgetNow() != gen {
+		return res, nil // forgotten while it was applied: keep nothing of it
+	}
 	if isolate {
 		s.cache.reset() // savepoints rolled back what ops recorded
 	} else {
@@ -412,10 +424,20 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 	set_config('enable_mergejoin', 'off', true)`
 
 // Forget empties the Sink's memory of what it wrote. The consumer calls it
-// when partitions are assigned, revoked or lost.
-func (s *Sink) Forget() {
-	s.cache.reset()
-	s.written = map[change.Partition]int64{}
+// when partitions are assigned, revoked or lost; it is safe to call from
+// any goroutine, a batch being applied meanwhile included (its memory is
+// then not kept either). It never waits.
+func (s *Sink) Forget() { s.forgets.Add(1) }
+
+// forgetNow acts on Forget calls made since the last look (called by the
+// applying goroutine) and returns the count acted on.
+func (s *Sink) forgetNow() uint64 {
+	if g := s.forgets.Load(); g != s.forgot {
+		s.cache.reset()
+		s.written = map[change.Partition]int64{}
+		s.forgot = g
+	}
+	return s.forgot
 }
 
 // fence serialises writers of the batch's partitions (a transaction-scoped
