@@ -52,22 +52,28 @@ func (a *applier) run(ctx context.Context) {
 	}
 }
 
-// applyOne applies and commits j unless it is abandoned meanwhile.
+// applyOne applies and commits j unless it is abandoned meanwhile. An
+// abandonment cancels the Kafka commit too, so that a broker that does
+// not answer never holds the applier past the revoke budget (the offsets
+// are in scd2sink_offsets; the next commit carries them).
 func (a *applier) applyOne(ctx context.Context, j job) {
 	jctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	a.mu.Lock()
 	if j.gen != a.gen.Load() {
 		a.mu.Unlock()
+		cancel()
 		return
 	}
 	a.cancel = cancel
 	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.cancel = nil
+		a.mu.Unlock()
+		cancel()
+	}()
 	err := a.c.apply(jctx, j)
-	a.mu.Lock()
-	a.cancel = nil
 	abandoned := j.gen != a.gen.Load()
-	a.mu.Unlock()
 	switch {
 	case abandoned:
 		// Cancelled: rolled back (or, cancelled during its COMMIT, applied
@@ -78,7 +84,7 @@ func (a *applier) applyOne(ctx context.Context, j job) {
 		a.failed.Store(&err)
 	default:
 		a.c.noteApplied(j.offsets)
-		a.c.commit(ctx, j.offsets)
+		a.c.commit(jctx, j.offsets)
 	}
 }
 

@@ -666,7 +666,7 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 	})
 	if commitErr != nil {
 		if errors.Is(commitErr, context.Canceled) {
-			return // shutting down: the drain commits again
+			return // shutting down, or abandoned: the next commit carries them
 		}
 		c.log.Warn("committing offsets to Kafka failed; they are safe in scd2sink_offsets", zap.Error(commitErr))
 		return
