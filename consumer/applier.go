@@ -83,7 +83,7 @@ func (a *applier) applyOne(ctx context.Context, j job) {
 	case err != nil:
 		a.failed.Store(&err)
 	default:
-		a.c.noteApplied(j.offsets)
+		a.c.noteApplied(j)
 		a.c.commit(jctx, j.offsets)
 	}
 }
@@ -103,6 +103,7 @@ func (a *applier) abandon() {
 type job struct {
 	prepared *sink.Prepared
 	offsets  map[change.Partition]int64
+	rewound  map[change.Partition]bool // offsets that replace the recorded ones
 	events   int
 	gen      int64
 }

@@ -138,7 +138,8 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		}
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs, Confirm: c.confirmMember,
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
+			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember,
 			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
 			if interrupt != nil && interrupt() && ctx.Err() != nil {

@@ -153,6 +153,10 @@ type Consumer struct {
 	origin    map[change.Partition]int64
 	appliedTo map[change.Partition]int64
 	resyncWhy atomic.Pointer[string]
+	// rewound (guarded by commitMu) holds partitions placed below their
+	// stored offset on purpose (offsets lost), with the offset placed, until
+	// a batch recording it is applied: scd2sink_offsets takes it as is.
+	rewound map[change.Partition]int64
 	// waitMu guards the partitions held back (waits.go).
 	waitMu  sync.Mutex
 	paused  map[change.Partition]pausedPart
@@ -184,7 +188,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
 		topicIDs: map[string]string{}, next: map[change.Partition]int64{},
-		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{},
+		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}, rewound: map[change.Partition]int64{},
 		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
@@ -542,7 +546,7 @@ func (c *Consumer) apply(ctx context.Context, j job) error {
 
 // prepare prepares one batch, retrying transient errors until ctx ends.
 func (c *Consumer) prepare(ctx context.Context, b sink.Batch) (job, error) {
-	j := job{offsets: b.Offsets, events: len(b.Events)}
+	j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound}
 	what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
 	err := c.retry(ctx, "prepare", what, func() (err error) {
 		defer c.recoverPanic(what, b.Offsets, &err)

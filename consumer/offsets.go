@@ -111,6 +111,9 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 		seek[p] = to
 		c.next[p], c.origin[p] = to, to
 		c.seq.Place(p, to) // the commit point moves there
+		c.commitMu.Lock()
+		c.rewound[p], c.appliedTo[p] = to, to
+		c.commitMu.Unlock()
 	}
 	c.seekTo(seek)
 	if len(failures) > 0 {

@@ -42,12 +42,12 @@ func TestOffsetsLost(t *testing.T) {
 		name string
 		// lose changes the log after keys 0..9 were applied (stored offset
 		// 10) and returns the keys the log still holds beyond those.
-		lose     func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (first, end int)
+		lose     func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client, pool *pgxpool.Pool) (first, end int)
 		failWith []string
 		// the offsets scd2sink_offsets holds afterwards, by policy
 		earliest, latest int64
 	}{
-		{"retention passed the stored offset", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (int, int) {
+		{"retention passed the stored offset", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client, _ *pgxpool.Pool) (int, int) {
 			produce(t, kafka.ListenAddrs(), records(10, 20))
 			var o kadm.Offsets
 			o.Add(kadm.Offset{Topic: topic, Partition: 0, At: 15})
@@ -60,7 +60,7 @@ func TestOffsetsLost(t *testing.T) {
 			}
 			return 15, 20
 		}, []string{"topic src.acct_history partition 0", "next offset to read (10)", "offsets 15 to 19", "on_offset_lost"}, 20, 20},
-		{"topic deleted and re-created", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client) (int, int) {
+		{"topic deleted and re-created", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client, _ *pgxpool.Pool) (int, int) {
 			ctx := context.Background()
 			if _, err := adm.DeleteTopics(ctx, topic); err != nil {
 				t.Fatal(err)
@@ -71,6 +71,15 @@ func TestOffsetsLost(t *testing.T) {
 			produce(t, kafka.ListenAddrs(), records(100, 103)) // offsets 0..2: below the stale 10
 			return 100, 103
 		}, []string{"topic src.acct_history was deleted and re-created", "on_offset_lost"}, 3, 3},
+		// An unclean leader election: the log ends below the stored offset
+		// (same topic ID). The offset placed must replace the stored one,
+		// or a restart would skip from there to the stale offset.
+		{"log truncated below the stored offset", func(t *testing.T, kafka *kfake.Cluster, adm *kadm.Client, pool *pgxpool.Pool) (int, int) {
+			if _, err := pool.Exec(context.Background(), `UPDATE scd2sink_offsets SET next_offset = 30 WHERE topic = $1`, topic); err != nil {
+				t.Fatal(err)
+			}
+			return 10, 10
+		}, []string{"topic src.acct_history partition 0", "next offset to read (30)", "offsets 0 to 9"}, 10, 10},
 	}
 	for _, tc := range cases {
 		for _, policy := range []string{"fail", "earliest", "latest"} {
@@ -97,7 +106,7 @@ func TestOffsetsLost(t *testing.T) {
 				r := startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
 				waitOffset(t, pool, topic, 10)
 				r.stop(t)
-				first, end := tc.lose(t, kafka, adm)
+				first, end := tc.lose(t, kafka, adm, pool)
 
 				r = startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
 				switch policy {
@@ -123,7 +132,7 @@ func TestOffsetsLost(t *testing.T) {
 					return
 				case "earliest":
 					waitOffset(t, pool, topic, tc.earliest)
-					if got := keys(t, pool); got != span(0, 10)+" "+span(first, end) {
+					if got := keys(t, pool); got != strings.TrimSpace(span(0, 10)+" "+span(first, end)) {
 						t.Errorf("history holds %s, want keys 0..9 and what the log still held", got)
 					}
 				case "latest":
@@ -133,6 +142,19 @@ func TestOffsetsLost(t *testing.T) {
 					if got := keys(t, pool); got != span(0, 10)+" "+span(200, 201) {
 						t.Errorf("history holds %s, want keys 0..9 and the one produced after", got)
 					}
+				}
+				// Stopped and restarted: it goes on exactly where it was.
+				r.stop(t)
+				at := tc.earliest
+				if policy == "latest" {
+					at = tc.latest + 1
+				}
+				before := keys(t, pool)
+				produce(t, kafka.ListenAddrs(), records(300, 305))
+				r = startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
+				waitOffset(t, pool, topic, at+5)
+				if got := keys(t, pool); got != before+" "+span(300, 305) {
+					t.Errorf("after a restart the history holds %s, want %s and keys 300..304", got, before)
 				}
 				r.stop(t)
 			})

@@ -167,6 +167,7 @@ func (c *Consumer) forgetCommitted(parts []change.Partition) {
 	for _, p := range parts {
 		delete(c.committed, p)
 		delete(c.appliedTo, p)
+		delete(c.rewound, p)
 		delete(c.next, p) // next and origin: guarded by mu, held by every caller
 		delete(c.origin, p)
 	}

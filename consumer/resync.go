@@ -95,17 +95,39 @@ func (c *Consumer) confirmMember(ctx context.Context) error {
 
 // noteApplied records, after a batch committed, the offsets it applied:
 // where a resync reads again from. Called by the applier.
-func (c *Consumer) noteApplied(offsets map[change.Partition]int64) {
+func (c *Consumer) noteApplied(j job) {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	if c.appliedTo == nil {
 		c.appliedTo = map[change.Partition]int64{}
 	}
-	for p, o := range offsets {
-		if o > c.appliedTo[p] {
+	for p, o := range j.offsets {
+		if o > c.appliedTo[p] || j.rewound[p] {
 			c.appliedTo[p] = o
 		}
 	}
+	for p := range j.rewound {
+		if placed, ok := c.rewound[p]; ok && j.offsets[p] >= placed {
+			delete(c.rewound, p) // recorded: from here on offsets only grow
+		}
+	}
+}
+
+// rewoundIn returns which of offsets' partitions were rewound on purpose
+// and not yet recorded (nil: none).
+func (c *Consumer) rewoundIn(offsets map[change.Partition]int64) map[change.Partition]bool {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	var out map[change.Partition]bool
+	for p := range offsets {
+		if _, ok := c.rewound[p]; ok {
+			if out == nil {
+				out = map[change.Partition]bool{}
+			}
+			out[p] = true
+		}
+	}
+	return out
 }
 
 // requestResync makes the poll loop abandon every batch not yet applied

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -272,6 +273,7 @@ type Prepared struct {
 	offsets  map[change.Partition]int64
 	anchors  map[change.Partition]change.Seq
 	topicIDs map[string]string
+	rewound  map[change.Partition]bool
 	confirm  func(context.Context) error
 	plans    map[string]*tablePlan
 	targets  []string
@@ -307,7 +309,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
@@ -376,7 +378,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			if err := s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs); err != nil {
+			if err := s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs, p.rewound); err != nil {
 				return err
 			}
 			if p.confirm != nil {
@@ -533,8 +535,8 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 
 // writeOffsets records the batch's offsets. They never move backwards
 // for one topic ID: only a topic re-created under the same name (another
-// ID) replaces a higher offset.
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq, ids map[string]string) error {
+// ID), or a partition rewound on purpose, replaces a higher offset.
+func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq, ids map[string]string, rewound map[change.Partition]bool) error {
 	if len(offsets) == 0 {
 		return nil
 	}
@@ -542,9 +544,10 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 	var parts []int32
 	var offs []int64
 	var anch [][]byte
+	var back []bool
 	for p, o := range offsets {
 		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
-		anch, tids = append(anch, anchors[p]), append(tids, ids[p.Topic])
+		anch, tids, back = append(anch, anchors[p]), append(tids, ids[p.Topic]), append(back, rewound[p])
 	}
 	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, updated_at)
 		SELECT $1, t, p, n, a, nullif(i, ''), now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[]) AS x(t, p, n, a, i)
@@ -557,6 +560,16 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 		pgx.Identifier{s.cfg.Schema}.Sanitize())
 	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids); err != nil {
 		return fmt.Errorf("recording offsets: %w", err)
+	}
+	if !slices.Contains(back, true) {
+		return nil
+	}
+	// Partitions rewound on purpose: the new offset replaces the old.
+	q = fmt.Sprintf(`UPDATE %[1]s.scd2sink_offsets AS o SET next_offset = x.n, anchor_seq = x.a, updated_at = now()
+		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bool[]) AS x(t, p, n, a, r)
+		WHERE x.r AND o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p`, pgx.Identifier{s.cfg.Schema}.Sanitize())
+	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, back); err != nil {
+		return fmt.Errorf("recording rewound offsets: %w", err)
 	}
 	return nil
 }

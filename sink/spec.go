@@ -126,6 +126,10 @@ type Batch struct {
 	// recorded before; a recorded ID that differs replaces the offset
 	// instead of keeping the higher one.
 	TopicIDs map[string]string
+	// Rewound names partitions whose offset was moved back on purpose
+	// (kafka.on_offset_lost earliest or latest below the stored offset):
+	// their recorded offset is replaced, not kept at the greater of the two.
+	Rewound map[change.Partition]bool
 	// Confirm, when set, is called in the batch's transaction just before
 	// it commits; an error rolls the transaction back and is returned.
 	// The consumer confirms there that it still owns the batch's
