@@ -26,6 +26,7 @@ import (
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -84,6 +85,10 @@ type Config struct {
 	// InstanceID is the static group membership ID (KIP-345); "" keeps
 	// dynamic membership.
 	InstanceID string
+	// LeaveOnStop makes a static member leave the group when it stops
+	// (run --leave-group: a scale-down), so that its partitions go to the
+	// others at once instead of after the session timeout.
+	LeaveOnStop bool
 	// Rules name the topics and how to decode them.
 	Rules []debezium.Rule
 	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
@@ -720,6 +725,22 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	}
 	if err != nil {
 		return fmt.Errorf("draining on shutdown: %w", err)
+	}
+	if c.cfg.InstanceID != "" && c.cfg.LeaveOnStop {
+		// franz-go keeps a static member in the group (KIP-345); asked to
+		// leave, it is removed by its instance ID.
+		resp, lerr := kadm.NewClient(c.client).LeaveGroup(ctx, kadm.LeaveGroup(c.cfg.GroupID).
+			InstanceIDs(c.cfg.InstanceID).Reason("scd2sink stopped with --leave-group"))
+		if lerr == nil {
+			lerr = resp.Error()
+		}
+		if lerr != nil {
+			c.log.Warn("leaving the group as a static member failed; its partitions wait for the session timeout",
+				zap.String("instance_id", c.cfg.InstanceID), zap.Error(lerr))
+			return nil
+		}
+		c.log.Info("drained and left the group (--leave-group)", zap.String("instance_id", c.cfg.InstanceID))
+		return nil
 	}
 	if c.cfg.InstanceID != "" {
 		// Static membership: Kafka keeps the member (and its partitions)

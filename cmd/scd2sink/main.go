@@ -31,7 +31,10 @@ import (
 var version = "dev"
 
 const usage = `usage:
-  scd2sink run      --config FILE   consume continuously until SIGINT/SIGTERM
+  scd2sink run      --config FILE [--leave-group]
+                                    consume continuously until SIGINT/SIGTERM; with
+                                    --leave-group a static member (kafka.instance_id) also
+                                    leaves the group when it stops (a scale-down)
   scd2sink rebuild  --config FILE [--follow]
                                     replay every topic from the earliest offset into fresh tables,
                                     swap them in when caught up; with --follow carry on as run
@@ -76,7 +79,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file")
-	follow := false
+	follow, leave := false, false
+	if cmd == "run" {
+		fs.BoolVar(&leave, "leave-group", false, "a static member leaves the group when it stops")
+	}
 	if cmd == "rebuild" {
 		fs.BoolVar(&follow, "follow", false, "carry on as run after the swap")
 	}
@@ -165,7 +171,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		defer memProfile(path, log)
 	}
 	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
-	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log}) }
+	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log, LeaveGroup: leave}) }
 	if cmd == "rebuild" {
 		run = func() error { return app.Rebuild(ctx, cfg, app.Options{Logger: log}, follow) }
 	}

@@ -18,9 +18,9 @@ import (
 
 // startStatic starts an instance with static group membership
 // (SCD2SINK_INSTANCE_ID).
-func (r *crashRig) startStatic(t *testing.T, id string) (*exec.Cmd, *bytes.Buffer) {
+func (r *crashRig) startStatic(t *testing.T, id string, flags ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(binary(t), "run", "--config", r.cfgFile)
+	cmd := exec.Command(binary(t), append([]string{"run", "--config", r.cfgFile}, flags...)...)
 	cmd.Env = append(os.Environ(), "SCD2SINK_INSTANCE_ID="+id)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -128,5 +128,65 @@ func TestStaticMemberRestart(t *testing.T) {
 	}
 	r.stop(t, a, &bytes.Buffer{})
 	r.stop(t, b, &bytes.Buffer{})
+	r.check(t)
+}
+
+// TestStaticMemberLeaves: a static member stays in the group when it stops
+// (its partitions wait for it, 30 s here), unless it was started with
+// --leave-group: then, stopped with SIGTERM, it leaves, and the other
+// member takes its partitions at once and applies what comes next.
+func TestStaticMemberLeaves(t *testing.T) {
+	r := newCrashRig(t, 23, 40, 3)
+	r.configure(t, "session_timeout: 2s", "session_timeout: 30s")
+	r.configure(t, "level: warn", "level: info")
+	half := len(r.recs) / 2
+	r.produceSync(t, r.recs[:half])
+	a, aLog := r.startStatic(t, "scd2sink-0")
+	settle := func(want func(string) bool) (string, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		for deadline := start.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if as, ok := r.assignment(t); ok && want(as) {
+				return as, time.Since(start)
+			}
+		}
+		as, _ := r.assignment(t)
+		return as, -1
+	}
+	both := func(as string) bool { return strings.Count(as, "/") == 6 && strings.Count(as, ";") == 1 && !strings.Contains(as, ": ;") }
+	for _, leave := range []bool{false, true} {
+		var flags []string
+		if leave {
+			flags = []string{"--leave-group"}
+		}
+		b, bLog := r.startStatic(t, "scd2sink-1", flags...)
+		if as, took := settle(both); took < 0 {
+			t.Fatalf("the group never settled with both members: %s\n%s", as, bLog)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(bLog.String(), "partitions assigned"); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the member was never assigned its partitions:\n%s", bLog)
+			}
+		}
+		r.stop(t, b, bLog)
+		stopped := time.Now()
+		as, took := settle(func(as string) bool { return strings.Count(as, ";") == 0 && strings.Count(as, "/") == 6 })
+		switch {
+		case leave && took < 0:
+			t.Fatalf("stopped with --leave-group, the member is still in the group: %s\n%s", as, bLog)
+		case leave:
+			t.Logf("stopped with --leave-group: the other member held every partition %v after the stop", time.Since(stopped).Round(time.Millisecond))
+			if !strings.Contains(bLog.String(), "left the group (--leave-group)") {
+				t.Errorf("no log line says it left:\n%s", bLog)
+			}
+		case took >= 0:
+			t.Fatalf("stopped without --leave-group, the static member left the group at once: %s", as)
+		default:
+			t.Logf("stopped without --leave-group: its partitions still wait for it after 10 s (%s)", as)
+		}
+	}
+	r.produceSync(t, r.recs[half:])
+	r.waitApplied(t, int64(len(r.recs)), 60*time.Second, nil, aLog)
+	r.stop(t, a, aLog)
 	r.check(t)
 }

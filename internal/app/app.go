@@ -40,6 +40,9 @@ type Options struct {
 	Logger *zap.Logger
 	// KafkaOpts are extra franz-go options (the demo and tests).
 	KafkaOpts []kgo.Opt
+	// LeaveGroup makes a static member (kafka.instance_id) leave the
+	// group when it stops (run --leave-group).
+	LeaveGroup bool
 }
 
 // SinkConfig turns the configuration's tables into the sink's.
@@ -221,7 +224,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
-			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
+			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: opts.LeaveGroup, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
