@@ -109,8 +109,8 @@ type SchemaRegistry struct {
 	// globalId (default, Apicurio 2.x converters) or contentId (3.x, and
 	// apicurio.registry.as-confluent); it mirrors the converter's
 	// apicurio.registry.use-id. Ids in headers name their kind themselves.
-	UseID string `yaml:"use_id"`
-	URL   string `yaml:"url"`
+	UseID    string `yaml:"use_id"`
+	URL      string `yaml:"url"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
 	// PasswordFile holds the password (read at start).

@@ -153,7 +153,9 @@ func TestStaticMemberLeaves(t *testing.T) {
 		as, _ := r.assignment(t)
 		return as, -1
 	}
-	both := func(as string) bool { return strings.Count(as, "/") == 6 && strings.Count(as, ";") == 1 && !strings.Contains(as, ": ;") }
+	both := func(as string) bool {
+		return strings.Count(as, "/") == 6 && strings.Count(as, ";") == 1 && !strings.Contains(as, ": ;")
+	}
 	for _, leave := range []bool{false, true} {
 		var flags []string
 		if leave {
