@@ -57,9 +57,9 @@ schema_registry:
 	if err := w.run(ctx, st.src.pool, 200, 300); err != nil {
 		t.Fatal(err)
 	}
-	n := st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc, reg)
+	t.Logf("Avro through Apicurio: history equals the source's audit log, %d versions", st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc, reg))
 	checkKeyChanges(t, ctx, st, w, 2)
-	n = st.converge(t, ctx, 30*time.Second, sinkProc, st.conn.proc, reg)
+	n := st.converge(t, ctx, 30*time.Second, sinkProc, st.conn.proc, reg)
 	var dead int
 	if err := st.tpool.QueryRow(ctx, `SELECT count(*) FROM scd2sink_dead_letters`).Scan(&dead); err != nil {
 		t.Fatal(err)
