@@ -48,6 +48,9 @@ type Sink interface {
 	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
 	// Anchors returns what Batch.Anchors recorded with those offsets.
 	Anchors(ctx context.Context) (map[change.Partition]change.Seq, error)
+	// Rewind lowers recorded offsets to the given ones (never raises
+	// them): partitions placed back on purpose (offsets.go).
+	Rewind(ctx context.Context, to map[change.Partition]int64) error
 	Forget()
 }
 
@@ -152,6 +155,9 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// dataLoss holds partitions the broker truncated under the reader
+	// (kgo.ErrDataLoss), with the offset franz-go went on from.
+	dataLoss map[change.Partition]int64
 	// origin is, per assigned partition, where its reading began; appliedTo
 	// (guarded by commitMu) the offsets its last applied batch recorded;
 	// resyncWhy is set when batches were abandoned (resync.go).
@@ -400,6 +406,7 @@ func (c *Consumer) pollWait() time.Duration {
 func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	kafkaOK := true
 	var lost []change.Partition
+	var dataLoss map[change.Partition]int64
 	fetches.EachError(func(topic string, p int32, err error) {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			return
@@ -413,6 +420,12 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.m.OffsetsLost.WithLabelValues(topic).Inc()
 			c.log.Error("the broker lost records that may not have been applied (an unclean leader election); the history may miss their changes",
 				zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+			if loss.ResetTo >= 0 && loss.ResetTo < loss.ConsumedTo {
+				if dataLoss == nil {
+					dataLoss = map[change.Partition]int64{}
+				}
+				dataLoss[change.Partition{Topic: topic, Partition: p}] = loss.ResetTo
+			}
 			return
 		}
 		kafkaOK = false
@@ -458,6 +471,12 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lost = append(c.lost, lost...)
+	for p, o := range dataLoss {
+		if c.dataLoss == nil {
+			c.dataLoss = map[change.Partition]int64{}
+		}
+		c.dataLoss[p] = o
+	}
 	c.commitMu.Lock()
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		part := change.Partition{Topic: p.Topic, Partition: p.Partition}

@@ -24,6 +24,7 @@ func (r *recordingSink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Res
 }
 func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error) { return nil, nil }
 func (r *recordingSink) Forget()                                                     {}
+func (r *recordingSink) Rewind(context.Context, map[change.Partition]int64) error    { return nil }
 func (r *recordingSink) TopicIDs(context.Context) (map[change.Partition]string, error) {
 	return nil, nil
 }

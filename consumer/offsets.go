@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -43,9 +44,16 @@ func (c *Consumer) policy() string {
 // run (BlockRebalanceOnPoll), so seeking is safe.
 func (c *Consumer) offsetsLost(ctx context.Context) error {
 	c.mu.Lock()
-	lost := c.lost
-	c.lost = nil
+	lost, dataLoss := c.lost, c.dataLoss
+	c.lost, c.dataLoss = nil, nil
+	if len(dataLoss) > 0 {
+		// franz-go went on from where the log diverged: the records read
+		// there are new. What was read past it is gone from Kafka (and is
+		// in the history, or was in the buffer); the position moves back.
+		c.rewindLocked(dataLoss, "the broker truncated the log under the reader (data loss)")
+	}
 	c.mu.Unlock()
+	c.recordRewinds(ctx, dataLoss)
 	if len(lost) == 0 {
 		return nil
 	}
@@ -85,7 +93,9 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 	}
 	var failures []string
 	seek := map[change.Partition]int64{}
+	back := map[change.Partition]int64{}
 	c.mu.Lock()
+	defer func() { c.recordRewinds(ctx, back) }() // after the unlock below
 	defer c.mu.Unlock()
 	for _, p := range lost {
 		first, _ := starts.Lookup(p.Topic, p.Partition)
@@ -108,14 +118,21 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 		}
 		c.log.Error("offsets lost: "+desc+"; going on as kafka.on_offset_lost says (the history misses what the lost records changed)",
 			zap.String("on_offset_lost", c.policy()), zap.Int64("resume_at", to))
+		c.commitMu.Lock()
+		applied, wasApplied := c.appliedTo[p]
+		c.commitMu.Unlock()
+		if (known && to < next) || (wasApplied && to < applied) {
+			back[p] = to // the log now ends below where it was read
+			continue
+		}
 		seek[p] = to
 		c.next[p], c.origin[p] = to, to
 		c.seq.Place(p, to) // the commit point moves there
-		c.commitMu.Lock()
-		c.rewound[p], c.appliedTo[p] = to, to
-		c.commitMu.Unlock()
 	}
 	c.seekTo(seek)
+	if len(back) > 0 {
+		c.rewindLocked(back, "the log ends below the offset to read (truncated by an unclean leader election)")
+	}
 	if len(failures) > 0 {
 		return fmt.Errorf("offsets lost (kafka.on_offset_lost is fail): %s. Retention deleted records before they were applied, "+
 			"or the topic was deleted and re-created; set kafka.on_offset_lost to earliest (go on from the log's first offset) "+
@@ -198,3 +215,39 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 	}
 	return placed
 }
+
+// rewindLocked places partitions back below where they were read or
+// applied: the log they were read from was truncated. Batches not yet
+// applied are abandoned and every partition is read again from its last
+// applied offset (resync), these from the given ones; until a batch
+// recording them is applied, their offsets replace the recorded ones
+// (Batch.Rewound), and no batch cut before may raise them again. Called
+// on the poll loop with mu held.
+func (c *Consumer) rewindLocked(to map[change.Partition]int64, why string) {
+	c.commitMu.Lock()
+	for p, o := range to {
+		c.next[p], c.origin[p] = o, o
+		c.rewound[p], c.appliedTo[p] = o, o
+	}
+	c.commitMu.Unlock()
+	c.log.Warn("partitions placed back: "+why, zap.Any("to", to))
+	c.requestResync(why)
+}
+
+// recordRewinds lowers the recorded offsets of rewound partitions at once,
+// so that whoever reads them next (this member after a restart, another
+// after a rebalance) starts there. It tries once, within rewindBudget: on
+// failure the next batch of each partition records it (Batch.Rewound).
+func (c *Consumer) recordRewinds(ctx context.Context, to map[change.Partition]int64) {
+	if len(to) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, rewindBudget)
+	defer cancel()
+	if err := c.sink.Rewind(rctx, to); err != nil {
+		c.log.Warn("recording the rewound offsets failed; the next batch records them", zap.Error(err))
+	}
+}
+
+// rewindBudget bounds recordRewinds on the poll loop.
+const rewindBudget = 5 * time.Second

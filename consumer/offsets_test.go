@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +14,10 @@ import (
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -191,4 +194,127 @@ func span(from, to int) string {
 		out = append(out, fmt.Sprintf("k%03d", i))
 	}
 	return strings.Join(out, " ")
+}
+
+// TestLogTruncatedWhileReading: the broker's log is truncated below the
+// reader's position while it runs (an unclean leader election: the next
+// fetch is out of range and the log now ends at 10, below the 30 read and
+// recorded). With on_offset_lost latest the reader goes on from 10: the
+// recorded offset comes back down to 10 at once (a restart or another
+// member must not resume at the stale 30 and skip what the log holds
+// from 10 on), then follows the records read again.
+func TestLogTruncatedWhileReading(t *testing.T) {
+	spec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
+		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}
+	topic := topicOf(spec.Target)
+	records := func(from, to int) []*kgo.Record {
+		var recs []*kgo.Record
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("k%03d", i)
+			ev := &change.Event{Table: spec.Target, Key: []any{id}, Op: change.OpCreate, Seq: change.MustSeq(int64(1000 + i)),
+				ValidFrom: time.Date(2026, 1, 1, 0, 0, i, 0, time.UTC), After: map[string]any{"acct_id": id, "plan": "pro"}}
+			k, v := encodeEvent(ev, spec)
+			recs = append(recs, &kgo.Record{Topic: topic, Key: k, Value: v})
+		}
+		return recs
+	}
+	ctx := context.Background()
+	kafka := newKafka(t, 1, topic)
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	produce(t, kafka.ListenAddrs(), records(0, 30))
+	tweak := func(c *consumer.Config) {
+		c.OnOffsetLost = "latest"
+		c.Logger = zaptest.NewLogger(t)
+	}
+	r := startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, tweak)
+	waitOffset(t, pool, topic, 30)
+	if _, err := pool.Exec(ctx, `CREATE TABLE offset_log (n bigint, at timestamptz DEFAULT clock_timestamp());
+		CREATE FUNCTION log_offset() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO offset_log (n) VALUES (NEW.next_offset); RETURN NEW; END $$;
+		CREATE TRIGGER log_offset AFTER INSERT OR UPDATE ON scd2sink_offsets FOR EACH ROW EXECUTE FUNCTION log_offset()`); err != nil {
+		t.Fatal(err)
+	}
+	// The next fetch at 30 is out of range, and Kafka says the log holds
+	// offsets 0 to 9.
+	var truncated atomic.Bool
+	kafka.ControlKey(int16(kmsg.Fetch), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.KeepControl()
+		req := kr.(*kmsg.FetchRequest)
+		if truncated.Load() {
+			return nil, nil, false
+		}
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				if rp.FetchOffset < 30 {
+					continue
+				}
+				truncated.Store(true)
+				resp := req.ResponseKind().(*kmsg.FetchResponse)
+				resp.Version = req.Version
+				st := kmsg.NewFetchResponseTopic()
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition, sp.ErrorCode, sp.HighWatermark = rp.Partition, kerr.OffsetOutOfRange.Code, 10
+				st.Partitions = append(st.Partitions, sp)
+				resp.Topics = append(resp.Topics, st)
+				return resp, nil, true
+			}
+		}
+		return nil, nil, false
+	})
+	kafka.ControlKey(int16(kmsg.ListOffsets), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.KeepControl()
+		req := kr.(*kmsg.ListOffsetsRequest)
+		if !truncated.Load() {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.Offset, sp.LeaderEpoch = rp.Partition, 10, -1
+				if rp.Timestamp == -2 {
+					sp.Offset = 0
+				}
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	produce(t, kafka.ListenAddrs(), records(30, 35))
+	waitOffset(t, pool, topic, 35)
+	r.stop(t)
+	var log []int64
+	rows, err := pool.Query(ctx, `SELECT n FROM offset_log ORDER BY at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		log = append(log, n)
+	}
+	if !truncated.Load() {
+		t.Fatal("the injected truncation never happened")
+	}
+	t.Logf("scd2sink_offsets went through %v", log)
+	// Nothing was in flight when the truncation was found: the first offset
+	// recorded after it must be 10. A stale 30 recorded first is what a
+	// crash at that moment would resume from, skipping 10..29.
+	if len(log) == 0 || log[0] != 10 {
+		t.Errorf("scd2sink_offsets went through %v: not down to 10, where the truncated log ends, before anything else", log)
+	}
+	if got := keys(t, pool); got != span(0, 35) {
+		t.Errorf("history holds %s", got)
+	}
 }

@@ -102,6 +102,9 @@ func (c *Consumer) noteApplied(j job) {
 		c.appliedTo = map[change.Partition]int64{}
 	}
 	for p, o := range j.offsets {
+		if _, back := c.rewound[p]; back && !j.rewound[p] {
+			continue // cut before the partition was placed back
+		}
 		if o > c.appliedTo[p] || j.rewound[p] {
 			c.appliedTo[p] = o
 		}

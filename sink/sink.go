@@ -565,11 +565,32 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 		return nil
 	}
 	// Partitions rewound on purpose: the new offset replaces the old.
-	q = fmt.Sprintf(`UPDATE %[1]s.scd2sink_offsets AS o SET next_offset = x.n, anchor_seq = x.a, updated_at = now()
+	q = fmt.Sprintf(`UPDATE %[1]s.scd2sink_offsets AS o SET next_offset = x.n, anchor_seq = coalesce(x.a, o.anchor_seq), updated_at = now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bool[]) AS x(t, p, n, a, r)
 		WHERE x.r AND o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p`, pgx.Identifier{s.cfg.Schema}.Sanitize())
 	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, back); err != nil {
 		return fmt.Errorf("recording rewound offsets: %w", err)
+	}
+	return nil
+}
+
+// Rewind lowers the offsets recorded for the configured consumer group to
+// the given ones, where they are higher: partitions placed back on purpose
+// because the log they were read from was truncated. Anchors are kept (the
+// highest sequence below the old offset bounds the one below the new).
+func (s *Sink) Rewind(ctx context.Context, to map[change.Partition]int64) error {
+	var topics []string
+	var parts []int32
+	var offs []int64
+	for p, o := range to {
+		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
+	}
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_offsets AS o SET next_offset = x.n, updated_at = now()
+		FROM unnest($2::text[], $3::int[], $4::bigint[]) AS x(t, p, n)
+		WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p AND o.next_offset > x.n`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, parts, offs)
+	if err != nil {
+		return fmt.Errorf("rewinding offsets: %w", err)
 	}
 	return nil
 }
