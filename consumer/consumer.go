@@ -742,23 +742,13 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	if lerr := c.client.LeaveGroupContext(ctx); lerr != nil && err == nil {
 		c.log.Warn("leaving the group", zap.Error(lerr))
 	}
+	if c.cfg.InstanceID != "" && c.cfg.LeaveOnStop {
+		c.leaveStatic(ctx) // what was applied is recorded: the others go on from there
+	}
 	if err != nil {
 		return fmt.Errorf("draining on shutdown: %w", err)
 	}
 	if c.cfg.InstanceID != "" && c.cfg.LeaveOnStop {
-		// franz-go keeps a static member in the group (KIP-345); asked to
-		// leave, it is removed by its instance ID.
-		resp, lerr := kadm.NewClient(c.client).LeaveGroup(ctx, kadm.LeaveGroup(c.cfg.GroupID).
-			InstanceIDs(c.cfg.InstanceID).Reason("scd2sink stopped with --leave-group"))
-		if lerr == nil {
-			lerr = resp.Error()
-		}
-		if lerr != nil {
-			c.log.Warn("leaving the group as a static member failed; its partitions wait for the session timeout",
-				zap.String("instance_id", c.cfg.InstanceID), zap.Error(lerr))
-			return nil
-		}
-		c.log.Info("drained and left the group (--leave-group)", zap.String("instance_id", c.cfg.InstanceID))
 		return nil
 	}
 	if c.cfg.InstanceID != "" {
@@ -770,6 +760,23 @@ func (c *Consumer) drain(timeout time.Duration) error {
 	}
 	c.log.Info("drained and left the group")
 	return nil
+}
+
+// leaveStatic removes this static member from the group by its instance
+// ID (franz-go keeps a static member in the group, KIP-345): asked to
+// leave (run --leave-group), its partitions go to the others at once.
+func (c *Consumer) leaveStatic(ctx context.Context) {
+	resp, err := kadm.NewClient(c.client).LeaveGroup(ctx, kadm.LeaveGroup(c.cfg.GroupID).
+		InstanceIDs(c.cfg.InstanceID).Reason("scd2sink stopped with --leave-group"))
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		c.log.Warn("leaving the group as a static member failed; its partitions wait for the session timeout",
+			zap.String("instance_id", c.cfg.InstanceID), zap.Error(err))
+		return
+	}
+	c.log.Info("drained and left the group (--leave-group)", zap.String("instance_id", c.cfg.InstanceID))
 }
 
 func commitResponseErr(resp *kmsg.OffsetCommitResponse) error {

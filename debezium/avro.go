@@ -261,6 +261,11 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		if s.root.field("op") == nil && s.root.field("ts_ms") != nil {
 			return nil, ErrSkip // a heartbeat
 		}
+		if d.wire != ConfluentIDs {
+			// Ids of the wrong kind name other schemas (a key's, another
+			// table's): the likeliest cause under Apicurio.
+			return nil, fmt.Errorf("envelope has no op field (its writer schema is %s: does schema_registry.use_id match the converter's apicurio.registry.use-id?)", s.root.Name)
+		}
 		return nil, errors.New("envelope has no op field")
 	}
 	op, err := change.ParseOp(opStr)

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,7 +337,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 
 func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
-	gen := s.forgetNow()
+	var gen uint64
 	var res Result
 	var ops *cacheOps
 	// A value PostgreSQL rejects fails the whole batch; the batch is then
@@ -344,6 +345,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	isolate := false
 	attempt := func(ctx context.Context) error {
 		res, ops = Result{}, &cacheOps{}
+		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			registerTypes(tx.Conn().TypeMap())
 			if _, err := tx.Exec(ctx, keyedPlans); err != nil {
@@ -521,7 +523,12 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 	for i, d := range dead {
 		var hdrs []byte
 		if len(d.Headers) > 0 {
-			hdrs, _ = json.Marshal(d.Headers) // strings and bytes: cannot fail
+			hs := make([]Header, len(d.Headers))
+			for i, h := range d.Headers {
+				// jsonb refuses \u0000: a NUL in a key is written as \0.
+				hs[i] = Header{Key: strings.ReplaceAll(h.Key, "\x00", `\0`), Value: h.Value}
+			}
+			hdrs, _ = json.Marshal(hs) // strings and bytes: cannot fail
 		}
 		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, d.Err, now, hdrs}
 	}

@@ -8,6 +8,7 @@
 package apicurio
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -137,10 +138,18 @@ func (c *Client) do(ctx context.Context, u string) (sr.Schema, error) {
 		re.Message = fmt.Sprintf("GET %s: %d %s", u, resp.StatusCode, re.Message)
 		return sr.Schema{}, re
 	}
-	c.apiOK.Store(true)
 	if len(body) > maxSchema {
 		return sr.Schema{}, fmt.Errorf("%s: a schema of more than %d bytes", u, maxSchema)
 	}
+	// A schema is JSON (an object, a union's array or a type's name). A
+	// page (a UI serving every path, a login page of a proxy) is not the
+	// API: not a schema error that would dead-letter records, but a
+	// registry that does not answer, so that they wait.
+	if t := bytes.TrimSpace(body); strings.Contains(resp.Header.Get("Content-Type"), "text/html") ||
+		len(t) == 0 || (t[0] != '{' && t[0] != '[' && t[0] != '"') {
+		return sr.Schema{}, fmt.Errorf("GET %s answered %q, not a schema: check schema_registry.url", u, resp.Header.Get("Content-Type"))
+	}
+	c.apiOK.Store(true)
 	s := sr.Schema{Schema: string(body), Type: sr.TypeAvro}
 	switch strings.ToUpper(resp.Header.Get("X-Registry-ArtifactType")) {
 	case "PROTOBUF":
