@@ -41,6 +41,10 @@ type Kafka struct {
 	// SessionTimeout is the group session timeout (an addition to DESIGN.md:
 	// how long a crashed member holds its partitions). Default 45s.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
+	// MetadataMaxAge is how often the topic list is refreshed: a topic that
+	// starts to match a topic_pattern is consumed within it (an addition
+	// to DESIGN.md, Kafka's metadata.max.age.ms). Default 30s.
+	MetadataMaxAge time.Duration `yaml:"metadata_max_age"`
 	// IsolationLevel is read_committed (default: records of aborted Kafka
 	// transactions are never read) or read_uncommitted.
 	IsolationLevel string `yaml:"isolation_level"`
@@ -174,7 +178,11 @@ type TableDefaults struct {
 
 // Table is one tables: entry.
 type Table struct {
-	Topic         string   `yaml:"topic"`
+	Topic string `yaml:"topic"`
+	// TopicPattern is a regular expression matched against whole topic
+	// names, instead of Topic; Target is then a template ({table},
+	// {schema}, {topic}; default "{table}_history"). See Router.
+	TopicPattern  string   `yaml:"topic_pattern"`
 	Target        string   `yaml:"target"`
 	Keys          []string `yaml:"keys"`
 	Format        string   `yaml:"format"`
@@ -445,6 +453,9 @@ func (c *Config) applyDefaults() {
 	if c.SchemaRegistry.LookupTimeout == 0 {
 		c.SchemaRegistry.LookupTimeout = 2 * time.Minute
 	}
+	if c.Kafka.MetadataMaxAge == 0 {
+		c.Kafka.MetadataMaxAge = 30 * time.Second
+	}
 	if c.Kafka.SessionTimeout == 0 {
 		c.Kafka.SessionTimeout = 45 * time.Second
 	}
@@ -499,6 +510,9 @@ func (c *Config) applyDefaults() {
 		if t.Target == "" && t.Topic != "" {
 			parts := strings.Split(t.Topic, ".")
 			t.Target = parts[len(parts)-1] + "_history"
+		}
+		if t.Target == "" && t.TopicPattern != "" {
+			t.Target = "{table}_history"
 		}
 		if len(t.SequenceBy) == 0 {
 			t.SequenceBy = DefaultSequenceBy[t.Connector]

@@ -261,8 +261,20 @@ func (c *Config) validateTables() error {
 	views := map[string]string{}
 	for i, t := range c.Tables {
 		key := func(field string) string { return fmt.Sprintf("tables[%d].%s", i, field) }
+		if t.TopicPattern != "" {
+			if t.Topic != "" {
+				return errf(key("topic_pattern"), "and topic are both set: use one")
+			}
+			if err := validatePattern(key, t); err != nil {
+				return err
+			}
+			if err := c.validateTableSettings(i, key, t, views); err != nil {
+				return err
+			}
+			continue
+		}
 		if t.Topic == "" {
-			return errf(key("topic"), "is required")
+			return errf(key("topic"), "is required (or topic_pattern)")
 		}
 		if j, dup := topics[t.Topic]; dup {
 			return errf(key("topic"), "%q is also tables[%d].topic", t.Topic, j)
@@ -276,6 +288,17 @@ func (c *Config) validateTables() error {
 			return errf(key("target"), "%q is also tables[%d].target", t.Target, j)
 		}
 		targets[t.Target] = i
+		if err := c.validateTableSettings(i, key, t, views); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateTableSettings checks the settings of a tables entry that do not
+// depend on how it names its topics.
+func (c *Config) validateTableSettings(i int, key func(string) string, t Table, views map[string]string) error {
+	{
 		if err := oneOf(key("format"), t.Format, "debezium-json", "debezium-avro"); err != nil {
 			return err
 		}
@@ -400,6 +423,26 @@ func validateView(key string, v *View, seen map[string]string) error {
 			return errf(key+".columns", "%q and %q are both renamed to %q", other, from, to)
 		}
 		names[to] = from
+	}
+	return nil
+}
+
+// validatePattern checks a topic_pattern entry: the expression compiles,
+// and its target template names only {table}, {schema} and {topic}.
+// Views name one relation each: they need an exact topic.
+func validatePattern(key func(string) string, t Table) error {
+	if _, err := regexp.Compile(anchored(t.TopicPattern)); err != nil {
+		return errf(key("topic_pattern"), "is not a regular expression: %v", err)
+	}
+	rest := templateVar.ReplaceAllString(t.Target, "")
+	if strings.ContainsAny(rest, "{}") {
+		return errf(key("target"), "%q: a template may name only {table}, {schema} and {topic}", t.Target)
+	}
+	if !strings.Contains(t.Target, "{") {
+		return errf(key("target"), "%q names no {table}, {schema} or {topic}: every matched topic would write to one table", t.Target)
+	}
+	if len(t.Views) > 0 {
+		return errf(key("views"), "need an exact topic: a topic_pattern entry has many targets")
 	}
 	return nil
 }

@@ -1,0 +1,190 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Topic resolution (DESIGN.md section 3) lives here, and only here: which
+// tables entry a topic belongs to and which target it writes.
+//
+//   - An exact `topic` entry wins over any pattern.
+//   - Otherwise the topic must match exactly one `topic_pattern` (anchored
+//     at both ends); two is an error naming both.
+//   - Debezium's and Kafka's own topics never match a pattern: names
+//     starting with "__" (heartbeats, __consumer_offsets), transaction
+//     metadata ("<prefix>.transaction"), Kafka Connect's default internal
+//     topics and the Schema Registry's.
+//   - A pattern's target is its template with {topic} (the whole name),
+//     {table} (its last dot-separated part) and {schema} (the part before
+//     it); it must be a valid target, and no two topics may write one
+//     target: the first resolved keeps it.
+
+// ErrNoMatch is returned for a topic that no tables entry names.
+var ErrNoMatch = errors.New("no tables entry matches it")
+
+// Internal are regular expressions of the topics no pattern ever matches.
+var Internal = []string{`^__.*`, `.*\.transaction$`, `^connect-(offsets|configs|status)$`, `^_schemas$`}
+
+var internal = regexp.MustCompile("(" + strings.Join(Internal, ")|(") + ")")
+
+// templateVar is a placeholder of a target template.
+var templateVar = regexp.MustCompile(`\{(table|schema|topic)\}`)
+
+// anchored makes a topic_pattern match whole topic names only.
+func anchored(p string) string { return "^(?:" + p + ")$" }
+
+// Router resolves topics to tables entries, remembering what it resolved
+// so that two topics never write one target. Safe for concurrent use.
+type Router struct {
+	exact    map[string]Table
+	patterns []pattern
+	mu       sync.Mutex
+	routes   map[string]route  // by topic
+	owners   map[string]string // target → topic
+}
+
+type pattern struct {
+	re    *regexp.Regexp
+	index int
+	table Table
+}
+
+type route struct {
+	table Table
+	err   error
+}
+
+// NewRouter returns the router of a validated configuration.
+func NewRouter(c *Config) *Router {
+	r := &Router{exact: map[string]Table{}, routes: map[string]route{}, owners: map[string]string{}}
+	for i, t := range c.Tables {
+		if t.TopicPattern == "" {
+			r.exact[t.Topic] = t
+			r.owners[t.Target] = t.Topic
+			continue
+		}
+		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(anchored(t.TopicPattern)), index: i, table: t})
+	}
+	return r
+}
+
+// HasPatterns reports whether any entry is a topic_pattern.
+func (r *Router) HasPatterns() bool { return len(r.patterns) > 0 }
+
+// Subscriptions returns the regular expressions of every entry, exact
+// topics quoted, as franz-go's regex consumption takes them.
+func (r *Router) Subscriptions() []string {
+	var out []string
+	for t := range r.exact {
+		out = append(out, "^"+regexp.QuoteMeta(t)+"$")
+	}
+	sort.Strings(out)
+	for _, p := range r.patterns {
+		out = append(out, p.re.String())
+	}
+	return out
+}
+
+// Resolve returns the tables entry of topic, with Topic and Target filled
+// in. The error says why the topic is skipped: ErrNoMatch, two patterns,
+// a target that is not valid or that another topic writes already. The
+// answer for a topic never changes.
+func (r *Router) Resolve(topic string) (Table, error) {
+	if t, ok := r.exact[topic]; ok {
+		return t, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rt, ok := r.routes[topic]; ok {
+		return rt.table, rt.err
+	}
+	t, err := r.resolve(topic)
+	if err == nil {
+		if other, taken := r.owners[t.Target]; taken && other != topic {
+			err = fmt.Errorf("topic %s would write target %s, which topic %s writes already", topic, t.Target, other)
+		} else {
+			r.owners[t.Target] = topic
+		}
+	}
+	r.routes[topic] = route{table: t, err: err}
+	return t, err
+}
+
+func (r *Router) resolve(topic string) (Table, error) {
+	if internal.MatchString(topic) {
+		return Table{}, ErrNoMatch
+	}
+	var hits []pattern
+	for _, p := range r.patterns {
+		if p.re.MatchString(topic) {
+			hits = append(hits, p)
+		}
+	}
+	switch len(hits) {
+	case 0:
+		return Table{}, ErrNoMatch
+	case 1:
+	default:
+		return Table{}, fmt.Errorf("topic %s matches both tables[%d].topic_pattern and tables[%d].topic_pattern", topic, hits[0].index, hits[1].index)
+	}
+	t := hits[0].table
+	t.Topic = topic
+	t.Target = Target(t.Target, topic)
+	if err := validName(fmt.Sprintf("tables[%d].target", hits[0].index), t.Target, MaxTargetBytes, ""); err != nil {
+		return Table{}, fmt.Errorf("topic %s: %w", topic, err)
+	}
+	return t, nil
+}
+
+// Target fills a target template for topic.
+func Target(template, topic string) string {
+	parts := strings.Split(topic, ".")
+	table, schema := parts[len(parts)-1], ""
+	if len(parts) > 1 {
+		schema = parts[len(parts)-2]
+	}
+	return templateVar.ReplaceAllStringFunc(template, func(v string) string {
+		switch v {
+		case "{table}":
+			return table
+		case "{schema}":
+			return schema
+		}
+		return topic
+	})
+}
+
+// ByTarget returns the tables entry that writes target: an exact entry,
+// or the topic a pattern resolved to it.
+func (r *Router) ByTarget(target string) (Table, bool) {
+	r.mu.Lock()
+	topic, ok := r.owners[target]
+	r.mu.Unlock()
+	if !ok {
+		return Table{}, false
+	}
+	t, err := r.Resolve(topic)
+	return t, err == nil
+}
+
+// Check resolves the given topics (those in Kafka at start) and returns
+// every conflict among them as one configuration error (exit 2); topics no
+// entry matches are not errors.
+func (r *Router) Check(topics []string) error {
+	sort.Strings(topics)
+	var msgs []string
+	for _, topic := range topics {
+		if _, err := r.Resolve(topic); err != nil && !errors.Is(err, ErrNoMatch) {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) > 0 {
+		return &Error{Key: "tables", Msg: strings.Join(msgs, "; ")}
+	}
+	return nil
+}
