@@ -73,22 +73,18 @@ func NewRouter(c *Config) *Router {
 	return r
 }
 
-// HasPatterns reports whether any entry is a topic_pattern.
-func (r *Router) HasPatterns() bool { return len(r.patterns) > 0 }
-
-// Subscriptions returns the regular expressions of every entry, exact
-// topics quoted, as franz-go's regex consumption takes them.
-func (r *Router) Subscriptions() []string {
+// Patterns returns the anchored regular expressions of the topic_pattern
+// entries.
+func (r *Router) Patterns() []string {
 	var out []string
-	for t := range r.exact {
-		out = append(out, "^"+regexp.QuoteMeta(t)+"$")
-	}
-	sort.Strings(out)
 	for _, p := range r.patterns {
 		out = append(out, p.re.String())
 	}
 	return out
 }
+
+// HasPatterns reports whether any entry is a topic_pattern.
+func (r *Router) HasPatterns() bool { return len(r.patterns) > 0 }
 
 // Resolve returns the tables entry of topic, with Topic and Target filled
 // in. The error says why the topic is skipped: ErrNoMatch, two patterns,

@@ -84,6 +84,9 @@ func (c *Config) validateKafka() error {
 	if k.InstanceID != "" && !instanceID.MatchString(k.InstanceID) {
 		return errf("kafka.instance_id", "%q must be 1 to 249 of the characters a-z A-Z 0-9 . _ - (as Kafka's group.instance.id)", k.InstanceID)
 	}
+	if k.MetadataMaxAge < 100*time.Millisecond {
+		return errf("kafka.metadata_max_age", "must be at least 100ms")
+	}
 	if k.SessionTimeout < time.Second {
 		return errf("kafka.session_timeout", "must be at least 1s")
 	}

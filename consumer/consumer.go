@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"regexp"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -94,6 +95,19 @@ type Config struct {
 	LeaveOnStop bool
 	// Rules name the topics and how to decode them.
 	Rules []debezium.Rule
+	// Patterns, when not empty, are regular expressions (anchored) of the
+	// topics to consume as well as Rules' (topic_pattern): topics that
+	// start to match are consumed within MetadataMaxAge. Exclude are
+	// regular expressions of topics never consumed then.
+	Patterns []string
+	Exclude  []string
+	// MetadataMaxAge is how often the topic list is refreshed (default
+	// franz-go's, 5m).
+	MetadataMaxAge time.Duration
+	// Route reports why a topic cannot be applied (nil: it can): a topic
+	// matched by two patterns, or whose target another topic writes. Its
+	// partitions are paused, never committed past what was applied.
+	Route func(topic string) error
 	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
 	Decoder Decoder
 
@@ -155,6 +169,8 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// skipped are the topics paused because they cannot be applied (mu).
+	skipped map[string]bool
 	// dataLoss holds partitions the broker truncated under the reader
 	// (kgo.ErrDataLoss), with the offset franz-go went on from.
 	dataLoss map[change.Partition]int64
@@ -214,7 +230,6 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.ConsumerGroup(cfg.GroupID),
-		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeStartOffset(startAt),
 		// An offset out of range is never resolved silently: it comes back
 		// as a fetch error and follows OnOffsetLost (offsets.go).
@@ -230,6 +245,21 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { c.rebalanceWanted.Store(true) }),
 		kgo.WithLogger(kzap.New(c.log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
+	}
+	if len(cfg.Patterns) > 0 {
+		subs := append([]string(nil), cfg.Patterns...)
+		for _, t := range topics {
+			subs = append(subs, "^"+regexp.QuoteMeta(t)+"$")
+		}
+		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(subs...))
+		if len(cfg.Exclude) > 0 {
+			opts = append(opts, kgo.ConsumeExcludeTopics(cfg.Exclude...))
+		}
+	} else {
+		opts = append(opts, kgo.ConsumeTopics(topics...))
+	}
+	if cfg.MetadataMaxAge > 0 {
+		opts = append(opts, kgo.MetadataMaxAge(cfg.MetadataMaxAge), kgo.MetadataMinAge(min(cfg.MetadataMaxAge, 5*time.Second)))
 	}
 	if cfg.Metrics.Kafka != nil {
 		opts = append(opts, kgo.WithHooks(cfg.Metrics.Kafka))

@@ -34,6 +34,9 @@ type Metrics struct {
 	// OffsetsLost counts partitions whose next offset was no longer in the
 	// log (retention, a re-created topic, data lost by the broker), by topic.
 	OffsetsLost *prometheus.CounterVec
+	// TopicsSkipped counts topics matched by a subscription that cannot be
+	// applied (two patterns, a target taken), by topic.
+	TopicsSkipped *prometheus.CounterVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -73,12 +76,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "High watermark minus the committed offset, per partition."}, []string{"topic", "partition"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retries_total",
 			Help: "PostgreSQL errors retried (an outage, a lock timeout, a full disk, a failover, a missing privilege), by SQLSTATE."}, []string{"sqlstate"}),
+		TopicsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_topics_skipped_total",
+			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

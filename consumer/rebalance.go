@@ -38,6 +38,33 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 	c.sink.Forget()
 	c.health.Joined.Store(true)
 	c.log.Info("partitions assigned", zap.Any("partitions", assigned))
+	c.skipUnroutable(assigned)
+}
+
+// skipUnroutable pauses the assigned topics that cannot be applied (two
+// patterns match, or their target is another topic's): logged once and
+// counted; their offsets stay where they were, so that a corrected
+// configuration reads them from there.
+func (c *Consumer) skipUnroutable(assigned map[string][]int32) {
+	if c.cfg.Route == nil {
+		return
+	}
+	for topic := range assigned {
+		err := c.cfg.Route(topic)
+		if err == nil {
+			continue
+		}
+		if c.skipped == nil {
+			c.skipped = map[string]bool{}
+		}
+		c.client.PauseFetchTopics(topic)
+		if !c.skipped[topic] {
+			c.skipped[topic] = true
+			c.m.TopicsSkipped.WithLabelValues(topic).Inc()
+			c.log.Error("topic skipped: it cannot be applied; its partitions are paused and nothing of it is committed",
+				zap.String("topic", topic), zap.Error(err))
+		}
+	}
 }
 
 // adjustOffsets resumes each assigned partition from scd2sink_offsets when

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,7 +51,11 @@ type Registry interface {
 // Decoder turns Debezium records into change events, one topic's format
 // each. Decode may be called from several goroutines at once.
 type Decoder struct {
-	rules   map[string]*rule
+	// rules are the known topics' rules, replaced whole (copy on write)
+	// when resolve adds one: lookups take no lock.
+	rules   atomic.Pointer[map[string]*rule]
+	mu      sync.Mutex // serialises additions
+	resolve func(topic string) (Rule, bool)
 	schemas *schemaCache
 	avro    *avroCache
 	wire    WireIDs
@@ -67,15 +72,51 @@ func New(rules []Rule, reg Registry, log *zap.Logger) *Decoder {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	d := &Decoder{rules: map[string]*rule{}, schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg, log)}
+	d := &Decoder{schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg, log)}
+	m := map[string]*rule{}
 	for _, r := range rules {
-		cr := &rule{Rule: r, vfPath: splitPath(r.ValidFrom)}
-		for _, p := range r.SequenceBy {
-			cr.seqPaths = append(cr.seqPaths, splitPath(p))
-		}
-		d.rules[r.Topic] = cr
+		m[r.Topic] = newRule(r)
 	}
+	d.rules.Store(&m)
 	return d
+}
+
+func newRule(r Rule) *rule {
+	cr := &rule{Rule: r, vfPath: splitPath(r.ValidFrom)}
+	for _, p := range r.SequenceBy {
+		cr.seqPaths = append(cr.seqPaths, splitPath(p))
+	}
+	return cr
+}
+
+// SetResolver gives the rule of a topic the Decoder was not made with
+// (topic patterns): asked once per topic, its answer kept when ok. Call it
+// before the first Decode.
+func (d *Decoder) SetResolver(f func(topic string) (Rule, bool)) { d.resolve = f }
+
+// rule returns topic's rule, nil when none.
+func (d *Decoder) rule(topic string) *rule {
+	if r := (*d.rules.Load())[topic]; r != nil || d.resolve == nil {
+		return r
+	}
+	nr, ok := d.resolve(topic)
+	if !ok {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.rules.Load()
+	if r := old[topic]; r != nil {
+		return r
+	}
+	m := make(map[string]*rule, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	r := newRule(nr)
+	m[topic] = r
+	d.rules.Store(&m)
+	return r
 }
 
 // SetLookupTimeout sets how long an Avro schema id the registry does not
@@ -91,7 +132,7 @@ func splitPath(p string) []string {
 // ruleList returns the rules the Decoder was made with.
 func (d *Decoder) ruleList() []Rule {
 	var out []Rule
-	for _, r := range d.rules {
+	for _, r := range *d.rules.Load() {
 		out = append(out, r.Rule)
 	}
 	return out
@@ -99,7 +140,7 @@ func (d *Decoder) ruleList() []Rule {
 
 // Target returns the target table configured for topic, "" if none.
 func (d *Decoder) Target(topic string) string {
-	if r := d.rules[topic]; r != nil {
+	if r := d.rule(topic); r != nil {
 		return r.Target
 	}
 	return ""
@@ -130,7 +171,7 @@ func snapshotEnd(marker string) bool {
 // headers are the record's headers: a create carrying __debezium.oldkey
 // (Debezium's primary-key change) gets the old key in Event.OldKey.
 func (d *Decoder) Decode(ctx context.Context, o change.Origin, key, value []byte, headers ...Header) (*change.Event, error) {
-	r := d.rules[o.Topic]
+	r := d.rule(o.Topic)
 	if r == nil {
 		return nil, fmt.Errorf("no table is configured for topic %q", o.Topic)
 	}
@@ -174,12 +215,12 @@ const NewKeyHeader = "__debezium.newkey"
 
 // oldKey decodes the old key in the order of ev.Key.
 func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {
-	fields, ks, err := d.keyFields(raw, &d.rules[ev.Origin.Topic].lastHeader)
+	fields, ks, err := d.keyFields(raw, &d.rule(ev.Origin.Topic).lastHeader)
 	if err != nil {
 		return nil, err
 	}
 	names := ev.KeyNames
-	if r := d.rules[ev.Origin.Topic]; r != nil && len(r.Keys) > 0 {
+	if r := d.rule(ev.Origin.Topic); r != nil && len(r.Keys) > 0 {
 		names = r.Keys
 	}
 	out := make([]any, len(names))

@@ -56,13 +56,13 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 			continue // undecodable: already a dead letter
 		}
 		t := s.tables[ev.Table]
-		if spec, ok := s.specs[ev.Table]; ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
+		if spec, ok := s.spec(ev.Table); ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
 			early = append(early, earlyTruncate{target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
 			continue
 		}
 		if t == nil {
 			err := fmt.Errorf("no table is configured for %q", ev.Table)
-			if _, ok := s.specs[ev.Table]; ok {
+			if _, ok := s.spec(ev.Table); ok {
 				err = fmt.Errorf("table %s has no key columns yet: configure keys, or send keyed events first", ev.Table)
 			}
 			dead = append(dead, eventDeadLetter(ev, err))

@@ -35,7 +35,7 @@ const reconcileChunk = 5000
 func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
 	recorded := false
 	for _, sn := range snaps {
-		if !s.snapDeletes[sn.Target] {
+		if !s.snapshotDeletes(sn.Target) {
 			continue
 		}
 		recorded = true
@@ -113,7 +113,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot) error {
 	s.mu.Lock() // Prepare, on another goroutine, adds tables
 	t := s.tables[sn.Target]
-	spec, ok := s.specs[sn.Target]
+	spec, ok := s.spec(sn.Target)
 	var err error
 	if ok && spec.SnapshotDeletes && t == nil {
 		if len(spec.Keys) == 0 {

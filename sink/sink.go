@@ -23,11 +23,14 @@ import (
 // ApplyPrepared) is called from one goroutine at a time, in the order the
 // batches' offsets were released; Prepare may run beside it.
 type Sink struct {
-	mu     sync.Mutex // guards tables against Prepare running beside Init
-	cfg    Config
-	pool   *pgxpool.Pool
-	log    *zap.Logger
-	conv   converter
+	mu   sync.Mutex // guards tables against Prepare running beside Init
+	cfg  Config
+	pool *pgxpool.Pool
+	log  *zap.Logger
+	conv converter
+	// specs (guarded by specMu) are the known targets' specs: the
+	// configured ones and those cfg.Resolve gave.
+	specMu sync.Mutex
 	specs  map[string]TableSpec
 	tables map[string]*table
 	cache  *stateCache
@@ -48,7 +51,7 @@ type Sink struct {
 	snapshotsPending bool
 	reconciling      bool
 	reconciled       int64
-	// snapDeletes are the targets with SnapshotDeletes (read-only).
+	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
 	snapDeletes map[string]bool
 }
 
@@ -70,6 +73,45 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	return s, nil
 }
 
+// spec returns target's spec, asking cfg.Resolve for a target it does
+// not know yet.
+func (s *Sink) spec(target string) (TableSpec, bool) {
+	s.specMu.Lock()
+	defer s.specMu.Unlock()
+	if spec, ok := s.specs[target]; ok {
+		return spec, true
+	}
+	if s.cfg.Resolve == nil {
+		return TableSpec{}, false
+	}
+	spec, ok := s.cfg.Resolve(target)
+	if !ok || spec.Target != target {
+		return TableSpec{}, false
+	}
+	if err := s.cfg.specDefaults(&spec); err != nil {
+		s.log.Error("a resolved table is not valid", zap.String("target", target), zap.Error(err))
+		return TableSpec{}, false
+	}
+	s.specs[target] = spec
+	s.snapDeletes[target] = spec.SnapshotDeletes
+	return spec, true
+}
+
+// setSpec replaces target's spec (its keys learnt).
+func (s *Sink) setSpec(spec TableSpec) {
+	s.specMu.Lock()
+	s.specs[spec.Target] = spec
+	s.specMu.Unlock()
+}
+
+// snapshotDeletes reports whether target closes what a full snapshot did
+// not read.
+func (s *Sink) snapshotDeletes(target string) bool {
+	s.specMu.Lock()
+	defer s.specMu.Unlock()
+	return s.snapDeletes[target]
+}
+
 // Init creates the service's own tables and every configured history table
 // that declares its columns, retrying transient errors.
 func (s *Sink) Init(ctx context.Context) error {
@@ -86,7 +128,7 @@ func (s *Sink) Init(ctx context.Context) error {
 					return err
 				}
 				spec.Keys = keys
-				s.specs[spec.Target] = spec
+				s.setSpec(spec)
 			}
 			if len(spec.Columns) == 0 || len(spec.Keys) == 0 {
 				continue
@@ -165,13 +207,13 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	noted := map[tableSchema]bool{}
 	var order []string
 	for i, ev := range evs {
-		spec, ok := s.specs[ev.Table]
+		spec, ok := s.spec(ev.Table)
 		if !ok {
 			continue
 		}
 		if len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
 			spec.Keys = ev.KeyNames
-			s.specs[ev.Table] = spec
+			s.setSpec(spec)
 		}
 		if len(spec.Keys) == 0 {
 			continue // no key known yet: a truncate, or dead letters to come
@@ -234,7 +276,8 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	for _, target := range order {
 		cols := extra[target].cols
 		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) error {
-			t, err := ensureTable(ctx, s.pool, s.specs[target], cols)
+			spec, _ := s.spec(target)
+			t, err := ensureTable(ctx, s.pool, spec, cols)
 			if err != nil {
 				return err
 			}

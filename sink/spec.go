@@ -72,6 +72,10 @@ type Config struct {
 	ConsumerGroup string
 	// Tables are the history tables, keyed by change.Event.Table == Target.
 	Tables []TableSpec
+	// Resolve gives the spec of a target not in Tables (a topic matched by
+	// a pattern): asked once per target, its answer kept when ok. It must
+	// be safe for concurrent use and must not block.
+	Resolve func(target string) (TableSpec, bool)
 	// MaxRetries bounds the retries of one batch on transient errors (0 = 10).
 	MaxRetries int
 	// MaxBackoff caps the wait between retries (0 = 5s).
@@ -218,6 +222,16 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("table %s: target appears twice", t.Target)
 		}
 		seen[t.Target] = true
+		if err := c.specDefaults(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// specDefaults fills and checks one spec's defaults.
+func (c *Config) specDefaults(t *TableSpec) error {
+	{
 		if t.Schema == "" {
 			t.Schema = c.Schema
 		}

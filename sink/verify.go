@@ -25,7 +25,7 @@ func (v Violation) String() string {
 // valid_to is NULL; valid_from <= valid_to; versions of a key never
 // overlap; (key, scd_seq) unique. It returns every violation found.
 func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
-	spec, ok := s.specs[target]
+	spec, ok := s.spec(target)
 	if !ok {
 		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
 	}

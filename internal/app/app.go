@@ -45,17 +45,47 @@ type Options struct {
 	LeaveGroup bool
 }
 
-// SinkConfig turns the configuration's tables into the sink's.
+// SinkConfig turns the configuration's tables into the sink's: the exact
+// entries, in order (topic_pattern entries resolve later, see Route).
 func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	sc := sink.Config{Schema: cfg.Postgres.Schema, DeadLetterTable: cfg.Sink.DeadLetterTable,
 		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5}
 	for _, t := range cfg.Tables {
-		sc.Tables = append(sc.Tables, sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
-			TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
-			Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
-			SnapshotDeletes: t.SnapshotDeletes == "close"})
+		if t.TopicPattern == "" {
+			sc.Tables = append(sc.Tables, tableSpec(cfg, t))
+		}
 	}
 	return sc
+}
+
+// tableSpec is the sink's spec of one resolved tables entry.
+func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
+	return sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
+		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
+		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
+		SnapshotDeletes: t.SnapshotDeletes == "close"}
+}
+
+// rule is the decoder's rule of one resolved tables entry.
+func rule(t config.Table) debezium.Rule {
+	return debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
+		SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format}
+}
+
+// Route gives the decoder and the sink what a topic_pattern entry resolves
+// to, from the one router: a topic's rule, a target's spec.
+func Route(cfg *config.Config, router *config.Router, dec *debezium.Decoder, sc *sink.Config) {
+	if !router.HasPatterns() {
+		return
+	}
+	dec.SetResolver(func(topic string) (debezium.Rule, bool) {
+		t, err := router.Resolve(topic)
+		return rule(t), err == nil
+	})
+	sc.Resolve = func(target string) (sink.TableSpec, bool) {
+		t, ok := router.ByTarget(target)
+		return tableSpec(cfg, t), ok
+	}
 }
 
 func viewSpecs(vs []config.View) []sink.ViewSpec {
@@ -71,8 +101,9 @@ func viewSpecs(vs []config.View) []sink.ViewSpec {
 func Rules(cfg *config.Config) []debezium.Rule {
 	var rules []debezium.Rule
 	for _, t := range cfg.Tables {
-		rules = append(rules, debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
-			SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format})
+		if t.TopicPattern == "" {
+			rules = append(rules, rule(t))
+		}
 	}
 	return rules
 }
@@ -193,7 +224,16 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	metrics := consumer.NewMetrics(reg)
 	health := &consumer.Health{}
 
+	router := config.NewRouter(cfg)
+	if err := checkTopics(ctx, cfg, opts, router, log); err != nil {
+		return err
+	}
+	dec, err := Decoder(cfg, log.Named("decoder"))
+	if err != nil {
+		return err
+	}
 	sc := SinkConfig(cfg, log.Named("sink"))
+	Route(cfg, router, dec, &sc)
 	sc.OnRetry = func(stage, what string, err error) {
 		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
 		health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, sink.Classify(err), err))
@@ -218,13 +258,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		health.Postgres.Store(true)
-		dec, err := Decoder(cfg, log.Named("decoder"))
-		if err != nil {
-			return err
-		}
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
 			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: opts.LeaveGroup, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
+			Patterns: router.Patterns(), Exclude: config.Internal, MetadataMaxAge: cfg.Kafka.MetadataMaxAge,
+			Route:         func(topic string) error { _, err := router.Resolve(topic); return err },
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
@@ -364,12 +402,19 @@ func Verify(ctx context.Context, cfg *config.Config, out io.Writer) (int, error)
 		return 0, err
 	}
 	defer pool.Close()
-	s, err := sink.New(SinkConfig(cfg, zap.NewNop()), pool)
+	router := config.NewRouter(cfg)
+	tables, err := resolvedTables(ctx, pool, cfg, router)
+	if err != nil {
+		return 0, err
+	}
+	sc := SinkConfig(cfg, zap.NewNop())
+	Route(cfg, router, debezium.New(nil, nil, nil), &sc)
+	s, err := sink.New(sc, pool)
 	if err != nil {
 		return 0, &config.Error{Msg: err.Error()}
 	}
 	n := 0
-	for _, t := range cfg.Tables {
+	for _, t := range tables {
 		vs, err := s.Verify(ctx, t.Target)
 		if err != nil {
 			return n, err
@@ -383,4 +428,28 @@ func Verify(ctx context.Context, cfg *config.Config, out io.Writer) (int, error)
 		}
 	}
 	return n, nil
+}
+
+// checkTopics resolves the topics in Kafka at start: conflicts among them
+// (a topic matched by two patterns, two topics on one target, a target too
+// long) are a configuration error, exit 2. When Kafka cannot be asked
+// within a few seconds the check is skipped: topics then resolve as they
+// come, the first keeping a contested target.
+func checkTopics(ctx context.Context, cfg *config.Config, opts Options, router *config.Router, log *zap.Logger) error {
+	if !router.HasPatterns() {
+		return nil
+	}
+	adm, cl, err := opts.kafkaAdmin(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	listed, err := adm.ListTopics(lctx)
+	if err != nil {
+		log.Warn("listing Kafka's topics to check the topic patterns failed; topics are resolved as they come", zap.Error(err))
+		return nil
+	}
+	return router.Check(listed.Names())
 }

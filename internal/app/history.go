@@ -33,24 +33,28 @@ var ErrNoVersions = errors.New("no versions")
 // source columns, then valid_from, valid_to (empty while current) and
 // is_current; with At only the version valid at At. Times are in UTC.
 func History(ctx context.Context, cfg *config.Config, q HistoryQuery, out io.Writer) error {
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	tables, err := resolvedTables(ctx, pool, cfg, config.NewRouter(cfg))
+	if err != nil {
+		return err
+	}
 	target := ""
-	for _, t := range cfg.Tables {
+	for _, t := range tables {
 		if t.Target == q.Table || t.Topic == q.Table {
 			target = t.Target
 		}
 	}
 	if target == "" {
 		var names []string
-		for _, t := range cfg.Tables {
+		for _, t := range tables {
 			names = append(names, t.Target)
 		}
 		return &config.Error{Key: "--table", Msg: fmt.Sprintf("%q is neither a target nor a topic of the configuration (targets: %s)", q.Table, strings.Join(names, ", "))}
 	}
-	pool, err := Pool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	schema := cfg.Postgres.Schema
 	hist := pgx.Identifier{schema, target}.Sanitize()
 	keys, err := sink.KeyColumns(ctx, pool, schema, target)

@@ -93,6 +93,11 @@ func (o Options) kafkaAdmin(cfg *config.Config) (*kadm.Client, *kgo.Client, erro
 // With follow it then carries on as Run. The live group must have no
 // members (stop `scd2sink run` first).
 func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool) error {
+	for i, t := range cfg.Tables {
+		if t.TopicPattern != "" {
+			return &config.Error{Key: fmt.Sprintf("tables[%d].topic_pattern", i), Msg: "rebuild needs exact topics (not yet built for topic_pattern entries)"}
+		}
+	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
