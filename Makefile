@@ -25,7 +25,7 @@ lint:
 # the real binary from an in-process Kafka to the history table, with its peak RSS.
 bench:
 	$(GO) test -run '^$$' -bench BenchmarkApply -benchtime 1x -timeout 30m ./sink/
-	$(GO) test -run '^$$' -bench 'BenchmarkPipeline|BenchmarkLatency' -benchtime 1x -timeout 30m ./cmd/scd2sink/
+	$(GO) test -run '^$$' -bench 'BenchmarkPipeline|BenchmarkLatency|BenchmarkManyTables' -benchtime 1x -timeout 30m ./cmd/scd2sink/
 
 # The real stack (e2e/): Apache Kafka, Kafka Connect and Debezium from Maven
 # Central jars (cached in ~/.cache/scd2sink-e2e), source and target
