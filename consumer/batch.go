@@ -139,7 +139,7 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
-			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember,
+			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember, Targets: c.targetsOf(offsets), LastValid: lastValid(c.pending[:n], offsets),
 			Snapshots: c.snapshotsIn(c.pending[:n])})
 		if err != nil {
 			if interrupt != nil && interrupt() && ctx.Err() != nil {
@@ -183,4 +183,33 @@ func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64
 		}
 	}
 	return offsets
+}
+
+// targetsOf names the target of each topic of offsets.
+func (c *Consumer) targetsOf(offsets map[change.Partition]int64) map[string]string {
+	out := make(map[string]string, len(offsets))
+	for p := range offsets {
+		if _, ok := out[p.Topic]; !ok {
+			out[p.Topic] = c.target(p.Topic)
+		}
+	}
+	return out
+}
+
+// lastValid is, per partition of offsets, the valid time of the batch's
+// event with the highest offset below the partition's offset: everything
+// below it is applied once the batch is (the watermark, watermark.go).
+func lastValid(evs []*change.Event, offsets map[change.Partition]int64) map[change.Partition]time.Time {
+	at := map[change.Partition]int64{}
+	out := map[change.Partition]time.Time{}
+	for _, ev := range evs {
+		p, o := ev.Origin.Partition, ev.Origin.Offset
+		if next, ok := offsets[p]; !ok || o >= next || ev.ValidFrom.IsZero() {
+			continue
+		}
+		if best, seen := at[p]; !seen || o > best {
+			at[p], out[p] = o, ev.ValidFrom
+		}
+	}
+	return out
 }

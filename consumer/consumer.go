@@ -52,6 +52,10 @@ type Sink interface {
 	// Rewind lowers recorded offsets to the given ones (never raises
 	// them): partitions placed back on purpose (offsets.go).
 	Rewind(ctx context.Context, to map[change.Partition]int64) error
+	// Watermark records looks at the logs' ends; Watermarks reads the
+	// completeness watermark per target (watermark.go).
+	Watermark(ctx context.Context, looks map[change.Partition]sink.Look) error
+	Watermarks(ctx context.Context) (map[string]time.Time, error)
 	Forget()
 }
 
@@ -169,6 +173,9 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// assigned are the partitions assigned, whether or not their reading
+	// position is known yet (mu).
+	assigned map[change.Partition]bool
 	// skipped are the topics paused because they cannot be applied (mu).
 	skipped map[string]bool
 	// dataLoss holds partitions the broker truncated under the reader
@@ -215,7 +222,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
 		topicIDs: map[string]string{}, next: map[change.Partition]int64{},
-		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}, rewound: map[change.Partition]int64{},
+		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}, rewound: map[change.Partition]int64{}, assigned: map[change.Partition]bool{},
 		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}
 	c.applier = newApplier(c)
 	topics := make([]string, 0, len(cfg.Rules))
@@ -299,6 +306,9 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 	c.cancelApply = cancelApply
 	defer cancelApply()
 	go c.applier.run(applyCtx)
+	wctx, stopWatermarks := context.WithCancel(ctx)
+	defer stopWatermarks()
+	go c.watchWatermarks(wctx)
 	defer func() {
 		closed := make(chan struct{})
 		go func() {
@@ -573,6 +583,9 @@ func (c *Consumer) noteBuffer() {
 }
 
 func (c *Consumer) target(topic string) string {
+	if c.dec == nil {
+		return ""
+	}
 	return c.dec.Target(topic)
 }
 

@@ -22,9 +22,11 @@ func (r *recordingSink) Prepare(_ context.Context, b sink.Batch) (*sink.Prepared
 func (r *recordingSink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Result, error) {
 	return sink.Result{}, nil
 }
-func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error) { return nil, nil }
-func (r *recordingSink) Forget()                                                     {}
-func (r *recordingSink) Rewind(context.Context, map[change.Partition]int64) error    { return nil }
+func (r *recordingSink) Offsets(context.Context) (map[change.Partition]int64, error)     { return nil, nil }
+func (r *recordingSink) Forget()                                                         {}
+func (r *recordingSink) Rewind(context.Context, map[change.Partition]int64) error        { return nil }
+func (r *recordingSink) Watermark(context.Context, map[change.Partition]sink.Look) error { return nil }
+func (r *recordingSink) Watermarks(context.Context) (map[string]time.Time, error)        { return nil, nil }
 func (r *recordingSink) TopicIDs(context.Context) (map[change.Partition]string, error) {
 	return nil, nil
 }

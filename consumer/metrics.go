@@ -34,6 +34,9 @@ type Metrics struct {
 	// OffsetsLost counts partitions whose next offset was no longer in the
 	// log (retention, a re-created topic, data lost by the broker), by topic.
 	OffsetsLost *prometheus.CounterVec
+	// WatermarkLag is, per target, how far its completeness watermark
+	// trails the clock.
+	WatermarkLag *prometheus.GaugeVec
 	// TopicsSkipped counts topics matched by a subscription that cannot be
 	// applied (two patterns, a target taken), by topic.
 	TopicsSkipped *prometheus.CounterVec
@@ -76,6 +79,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "High watermark minus the committed offset, per partition."}, []string{"topic", "partition"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retries_total",
 			Help: "PostgreSQL errors retried (an outage, a lock timeout, a full disk, a failover, a missing privilege), by SQLSTATE."}, []string{"sqlstate"}),
+		WatermarkLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_watermark_lag_seconds",
+			Help: "How far the target's completeness watermark (scd2sink_watermarks) trails the clock."}, []string{"target"}),
 		TopicsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_topics_skipped_total",
 			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
@@ -83,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped, m.WatermarkLag)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

@@ -92,6 +92,7 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 		for topic, parts := range offsets {
 			for p, off := range parts {
 				part := change.Partition{Topic: topic, Partition: p}
+				c.assigned[part] = true
 				if at := off.EpochOffset().Offset; at >= 0 {
 					c.next[part], c.origin[part] = at, at
 				}
@@ -197,6 +198,7 @@ func (c *Consumer) forgetCommitted(parts []change.Partition) {
 		delete(c.rewound, p)
 		delete(c.next, p) // next and origin: guarded by mu, held by every caller
 		delete(c.origin, p)
+		delete(c.assigned, p)
 	}
 }
 

@@ -108,7 +108,7 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView}, "", "")
 	if err != nil {
 		return err
 	}
@@ -120,8 +120,15 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
 			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
-			anchor_seq bytea, topic_id text, PRIMARY KEY (consumer_group, topic, partition))`, s))
+			anchor_seq bytea, topic_id text, target text, last_valid_from timestamptz, caught_up_at timestamptz,
+			PRIMARY KEY (consumer_group, topic, partition))`, s))
 	} else {
+		// What the completeness watermark is built from (watermark.go).
+		for _, col := range []string{"target text", "last_valid_from timestamptz", "caught_up_at timestamptz"} {
+			if name, _, _ := strings.Cut(col, " "); !cat.hasCol("scd2sink_offsets", name) {
+				stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS %s`, s, col))
+			}
+		}
 		if !cat.hasCol("scd2sink_offsets", "anchor_seq") {
 			// The highest sequence below next_offset: where a snapshot read
 			// without a sequence is anchored after a restart.
@@ -157,6 +164,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		// dead letter's bare Avro could never be decoded again.
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS headers jsonb`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
 	}
+	stmts = append(stmts, watermarkDDL(cat, cfg)...)
 	if len(stmts) == 0 {
 		return nil
 	}

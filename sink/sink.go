@@ -314,15 +314,17 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 
 // Prepared is a batch ready for ApplyPrepared.
 type Prepared struct {
-	offsets  map[change.Partition]int64
-	anchors  map[change.Partition]change.Seq
-	topicIDs map[string]string
-	rewound  map[change.Partition]bool
-	confirm  func(context.Context) error
-	plans    map[string]*tablePlan
-	targets  []string
-	dead     []DeadLetter
-	early    []earlyTruncate
+	offsets      map[change.Partition]int64
+	anchors      map[change.Partition]change.Seq
+	topicIDs     map[string]string
+	rewound      map[change.Partition]bool
+	topicTargets map[string]string
+	valid        map[change.Partition]time.Time
+	confirm      func(context.Context) error
+	plans        map[string]*tablePlan
+	targets      []string
+	dead         []DeadLetter
+	early        []earlyTruncate
 	// snapshots are recorded with the batch; lock are partitions locked
 	// without offsets (Batch.Snapshots, Batch.Lock).
 	snapshots []Snapshot
@@ -353,7 +355,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
@@ -423,7 +425,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
-			if err := s.writeOffsets(ctx, tx, offsets, p.anchors, p.topicIDs, p.rewound); err != nil {
+			if err := s.writeOffsets(ctx, tx, offsets, p); err != nil {
 				return err
 			}
 			if p.confirm != nil {
@@ -586,29 +588,41 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 // writeOffsets records the batch's offsets. They never move backwards
 // for one topic ID: only a topic re-created under the same name (another
 // ID), or a partition rewound on purpose, replaces a higher offset.
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, anchors map[change.Partition]change.Seq, ids map[string]string, rewound map[change.Partition]bool) error {
+func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, pr *Prepared) error {
 	if len(offsets) == 0 {
 		return nil
 	}
-	var topics, tids []string
+	anchors, ids, rewound := pr.anchors, pr.topicIDs, pr.rewound
+	var topics, tids, targets []string
 	var parts []int32
 	var offs []int64
 	var anch [][]byte
 	var back []bool
+	var valid []*time.Time
 	for p, o := range offsets {
 		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
 		anch, tids, back = append(anch, anchors[p]), append(tids, ids[p.Topic]), append(back, rewound[p])
+		targets = append(targets, pr.topicTargets[p.Topic])
+		if v, ok := pr.valid[p]; ok {
+			valid = append(valid, &v)
+		} else {
+			valid = append(valid, nil)
+		}
 	}
-	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, updated_at)
-		SELECT $1, t, p, n, a, nullif(i, ''), now() FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[]) AS x(t, p, n, a, i)
+	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, target, last_valid_from, updated_at)
+		SELECT $1, t, p, n, a, nullif(i, ''), nullif(g, ''), v, now()
+		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::timestamptz[]) AS x(t, p, n, a, i, g, v)
 		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET
+			target = coalesce(excluded.target, o.target),
+			last_valid_from = CASE WHEN o.last_valid_from IS NULL OR excluded.last_valid_from > o.last_valid_from
+				THEN coalesce(excluded.last_valid_from, o.last_valid_from) ELSE o.last_valid_from END,
 			next_offset = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
 				THEN excluded.next_offset ELSE greatest(o.next_offset, excluded.next_offset) END,
 			anchor_seq = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
 				THEN excluded.anchor_seq ELSE coalesce(excluded.anchor_seq, o.anchor_seq) END,
 			topic_id = coalesce(excluded.topic_id, o.topic_id), updated_at = now()`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids); err != nil {
+	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids, targets, valid); err != nil {
 		return fmt.Errorf("recording offsets: %w", err)
 	}
 	if !slices.Contains(back, true) {

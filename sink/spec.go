@@ -72,6 +72,10 @@ type Config struct {
 	ConsumerGroup string
 	// Tables are the history tables, keyed by change.Event.Table == Target.
 	Tables []TableSpec
+	// ReorderWindow is the sequencer's window: scd2sink_watermarks counts a
+	// partition complete through the time it was last seen fully applied,
+	// less this.
+	ReorderWindow time.Duration
 	// Resolve gives the spec of a target not in Tables (a topic matched by
 	// a pattern): asked once per target, its answer kept when ok. It must
 	// be safe for concurrent use and must not block.
@@ -134,6 +138,12 @@ type Batch struct {
 	// (kafka.on_offset_lost earliest or latest below the stored offset):
 	// their recorded offset is replaced, not kept at the greater of the two.
 	Rewound map[change.Partition]bool
+	// Targets name, per topic of Offsets, the target its events write;
+	// LastValid is, per partition, the valid time of the last event below
+	// its offset in Offsets. Both are recorded with the offsets: the
+	// completeness watermark (scd2sink_watermarks) is built from them.
+	Targets   map[string]string
+	LastValid map[change.Partition]time.Time
 	// Confirm, when set, is called in the batch's transaction just before
 	// it commits; an error rolls the transaction back and is returned.
 	// The consumer confirms there that it still owns the batch's

@@ -49,7 +49,7 @@ type Options struct {
 // entries, in order (topic_pattern entries resolve later, see Route).
 func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	sc := sink.Config{Schema: cfg.Postgres.Schema, DeadLetterTable: cfg.Sink.DeadLetterTable,
-		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5}
+		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5, ReorderWindow: cfg.Sequencer.ReorderWindow}
 	for _, t := range cfg.Tables {
 		if t.TopicPattern == "" {
 			sc.Tables = append(sc.Tables, tableSpec(cfg, t))

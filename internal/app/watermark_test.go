@@ -1,0 +1,144 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+)
+
+// TestWatermark: scd2sink_watermarks while changes stream into two tables
+// (one topic of 3 partitions, one of 1, one key per change so that
+// partitions move on their own). Every time it is read, each target's
+// complete_through is never ahead of what is applied: every change whose
+// valid time is at or before it is in the history. A target whose topic
+// is empty is complete through about now less the window; once the stream
+// stops, both catch up to about now less the window.
+func TestWatermark(t *testing.T) {
+	a, b := patternSource("public", "accounts"), patternSource("public", "empty")
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, a.Topic()), kfake.SeedTopics(1, b.Topic()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kafka.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	dsn := pgtest.NewDatabase(t)
+	brokers, _ := json.Marshal(kafka.ListenAddrs())
+	const window = 100 * time.Millisecond
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+kafka: {brokers: %s}
+postgres: {dsn: %q}
+http: {addr: %q}
+sequencer: {reorder_window: 100ms}
+sink: {batch_max_wait: 20ms, batch_max_events: 7}
+tables:
+  - {topic: %s, target: accounts_history}
+  - {topic: %s, target: empty_history}
+`, brokers, dsn, freeAddr(t), a.Topic(), b.Topic())), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, Options{Logger: zaptest.NewLogger(t)}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+
+	// Valid times from an hour ago, one second apart: distinct and far
+	// behind the clock, so that only the applied changes can carry the
+	// watermark (until the stream stops).
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	stop := make(chan struct{})
+	produced := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { produced <- n }()
+		for ; n < 300; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k, v := a.Envelope(scdtest.Change{Op: "c", After: scdtest.Row{"id": n, "plan": "pro"}, LSN: int64(1000 + n), Commit: base.Add(time.Duration(n) * time.Second)})
+			if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: a.Topic(), Key: k, Value: v}).FirstErr(); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+	}()
+	checks, ahead := 0, 0
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var w *time.Time
+		var applied, behind int
+		// One snapshot: the watermark and the history as of the same moment.
+		tx, err := pool.BeginTx(context.Background(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.QueryRow(context.Background(), `SELECT complete_through FROM scd2sink_watermarks WHERE target = 'accounts_history'`).Scan(&w)
+		if w != nil {
+			_ = tx.QueryRow(context.Background(), `SELECT count(*) FROM accounts_history`).Scan(&applied)
+			// Changes with a valid time at or before w: ids 0..floor((w-base)/1s).
+			behind = int(w.Sub(base)/time.Second) + 1
+			if behind > 300 {
+				behind = 300 // past the stream: the clock's share
+			}
+			checks++
+			if behind > applied {
+				ahead++
+				t.Errorf("watermark %s claims %d changes complete, %d applied", w.Format(time.RFC3339Nano), behind, applied)
+			}
+		}
+		_ = tx.Rollback(context.Background())
+		if applied == 300 {
+			break
+		}
+		time.Sleep(15 * time.Millisecond)
+	}
+	close(stop)
+	if n := <-produced; n != 300 {
+		t.Fatalf("produced %d", n)
+	}
+	t.Logf("%d reads of the watermark while the stream ran, %d ahead of the history", checks, ahead)
+	if checks < 10 {
+		t.Errorf("only %d reads saw a watermark", checks)
+	}
+	// Caught up and idle: both targets complete through about now - window.
+	for _, target := range []string{"accounts_history", "empty_history"} {
+		var lag time.Duration
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			var w *time.Time
+			_ = pool.QueryRow(context.Background(), `SELECT complete_through FROM scd2sink_watermarks WHERE target = $1`, target).Scan(&w)
+			if w != nil {
+				if lag = time.Since(*w); lag < window+3*time.Second {
+					break
+				}
+			}
+		}
+		if lag == 0 || lag > window+3*time.Second {
+			t.Errorf("%s: complete through %v ago once idle, want about the window (%v) plus a look", target, lag, window)
+		} else {
+			t.Logf("%s: idle, complete through %v ago", target, lag.Round(time.Millisecond))
+		}
+	}
+}
