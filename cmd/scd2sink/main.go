@@ -43,6 +43,8 @@ const usage = `usage:
                                     print a key's versions (T: a target or topic; V: the key
                                     values in key column order), or the version valid at TIME;
                                     exit 1 when there is none
+  scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
+                                    versions, lag, complete_through; straight from Kafka and PostgreSQL
   scd2sink demo                     play a scripted scenario in-process and print its history
   scd2sink version
   scd2sink help                     this text (also -h, --help)
@@ -106,7 +108,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
-	case "run", "verify", "rebuild", "history":
+	case "run", "verify", "rebuild", "history", "tables":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -136,6 +138,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return exitCode(stderr, err)
+	}
+	if cmd == "tables" {
+		return exitCode(stderr, app.Tables(context.Background(), cfg, app.Options{Logger: log}, stdout))
 	}
 	if cmd == "verify" {
 		n, err := app.Verify(context.Background(), cfg, stdout)

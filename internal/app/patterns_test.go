@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -164,6 +165,25 @@ tables:
 	}
 	if offsets != 0 {
 		t.Errorf("%d offsets recorded for topics never applied", offsets)
+	}
+
+	// scd2sink tables: every matched topic, its target, keys, versions,
+	// lag and watermark; the skipped one with why.
+	var out strings.Builder
+	if err := Tables(context.Background(), cfg, Options{}, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("scd2sink tables:\n%s", out.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "topic") {
+		t.Fatalf("want a header and 4 topics:\n%s", out.String())
+	}
+	for _, want := range []string{`shop.public.accounts\s+accounts_hist\s+id\s+\(all\)\s+7\s+0\s+20\d\d-`,
+		`shop.public.invoices\s+invoices_hist\s+id\s+\(all\)\s+4\s+0\s`,
+		`shop.public.x_paid\s+-\s+skipped: topic shop.public.x_paid matches both`} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("no line matches %s", want)
+		}
 	}
 
 	// Restarted, the conflict among the topics now in Kafka is exit 2.

@@ -2,12 +2,19 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 // resolvedTables is every table the configuration writes: the exact
@@ -39,4 +46,124 @@ func resolvedTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Target < out[j].Target })
 	return out, nil
+}
+
+// Tables prints every table the configuration writes, one line each, as
+// an aligned table: the topic, its target, the key columns, the tracked
+// columns, the number of versions, the records not yet applied (the log's
+// end less scd2sink_offsets) and the completeness watermark. Topics come
+// from Kafka (those the entries match, skipped ones with why) and from the
+// exact entries; the rest from PostgreSQL.
+func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer) error {
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	adm, cl, err := opts.kafkaAdmin(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	listed, err := adm.ListTopics(ctx)
+	if err != nil {
+		return fmt.Errorf("listing Kafka's topics: %w", err)
+	}
+	router := config.NewRouter(cfg)
+	type line struct {
+		topic string
+		t     config.Table
+		err   error
+	}
+	var lines []line
+	seen := map[string]bool{}
+	for _, topic := range listed.Names() {
+		t, err := router.Resolve(topic)
+		if errors.Is(err, config.ErrNoMatch) {
+			continue
+		}
+		seen[topic] = true
+		lines = append(lines, line{topic: topic, t: t, err: err})
+	}
+	for _, t := range cfg.Tables {
+		if t.TopicPattern == "" && !seen[t.Topic] {
+			lines = append(lines, line{topic: t.Topic, t: t, err: errors.New("no such topic in Kafka")})
+		}
+	}
+	sort.Slice(lines, func(i, j int) bool { return lines[i].topic < lines[j].topic })
+	var topics []string
+	for _, l := range lines {
+		topics = append(topics, l.topic)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("listing the topics' end offsets: %w", err)
+	}
+	schema := pgx.Identifier{cfg.Postgres.Schema}.Sanitize()
+	applied := map[string]int64{}
+	if rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT topic, sum(next_offset) FROM %s.scd2sink_offsets WHERE consumer_group = $1 GROUP BY topic`, schema), cfg.Kafka.GroupID); err == nil {
+		for rows.Next() {
+			var topic string
+			var n int64
+			if rows.Scan(&topic, &n) == nil {
+				applied[topic] = n
+			}
+		}
+		rows.Close()
+	}
+	marks := map[string]time.Time{}
+	if rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT target, complete_through FROM %s.scd2sink_watermarks WHERE complete_through IS NOT NULL`, schema)); err == nil {
+		for rows.Next() {
+			var target string
+			var at time.Time
+			if rows.Scan(&target, &at) == nil {
+				marks[target] = at
+			}
+		}
+		rows.Close()
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "topic\ttarget\tkeys\ttracked\tversions\tlag\tcomplete_through")
+	for _, l := range lines {
+		if l.err != nil {
+			fmt.Fprintf(tw, "%s\t-\t\t\t\t\tskipped: %v\n", l.topic, l.err)
+			continue
+		}
+		keys := strings.Join(l.t.Keys, ",")
+		versions := "-"
+		if cols, err := sink.KeyColumns(ctx, pool, cfg.Postgres.Schema, l.t.Target); err == nil && len(cols) > 0 {
+			if keys == "" {
+				keys = strings.Join(cols, ",")
+			}
+			var n int64
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s`, pgx.Identifier{cfg.Postgres.Schema, l.t.Target}.Sanitize())).Scan(&n); err == nil {
+				versions = fmt.Sprint(n)
+			}
+		}
+		if keys == "" {
+			keys = "(message key)"
+		}
+		tracked := strings.Join(l.t.TrackHistory, ",")
+		if tracked == "" {
+			tracked = "(all)"
+		}
+		var end int64
+		ends.Each(func(o kadm.ListedOffset) {
+			if o.Topic == l.topic && o.Err == nil {
+				end += o.Offset
+			}
+		})
+		lag := "-"
+		if a, ok := applied[l.topic]; ok {
+			lag = fmt.Sprint(max(end-a, 0))
+		} else if end == 0 {
+			lag = "0"
+		}
+		mark := "-"
+		if at, ok := marks[l.t.Target]; ok {
+			mark = at.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.topic, l.t.Target, keys, tracked, versions, lag, mark)
+	}
+	return tw.Flush()
 }
