@@ -196,9 +196,12 @@ func (c *Consumer) targetsOf(offsets map[change.Partition]int64) map[string]stri
 	return out
 }
 
-// lastValid is, per partition of offsets, the valid time of the batch's
-// event with the highest offset below the partition's offset: everything
-// below it is applied once the batch is (the watermark, watermark.go).
+// lastValid is, per partition of offsets, just before the valid time of
+// the batch's event with the highest offset below the partition's offset:
+// everything below that offset is applied once the batch is, and the
+// events after it are not earlier; one of them may have the same valid
+// time (another row of its transaction), hence a microsecond less (the
+// watermark, watermark.go).
 func lastValid(evs []*change.Event, offsets map[change.Partition]int64) map[change.Partition]time.Time {
 	at := map[change.Partition]int64{}
 	out := map[change.Partition]time.Time{}
@@ -208,7 +211,7 @@ func lastValid(evs []*change.Event, offsets map[change.Partition]int64) map[chan
 			continue
 		}
 		if best, seen := at[p]; !seen || o > best {
-			at[p], out[p] = o, ev.ValidFrom
+			at[p], out[p] = o, ev.ValidFrom.Add(-time.Microsecond)
 		}
 	}
 	return out

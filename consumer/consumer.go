@@ -173,6 +173,10 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// published is, per connector (a topic's first dot-separated part, the
+	// topic prefix), the newest valid time read from its topics (mu): what
+	// it had written to Kafka by then (watermark.go).
+	published map[string]time.Time
 	// assigned are the partitions assigned, whether or not their reading
 	// position is known yet (mu).
 	assigned map[change.Partition]bool
@@ -549,6 +553,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.seq.Skip(o)
 		default:
 			ev.Received = received
+			c.noteValid(r.Topic, ev.ValidFrom)
 			if it.snap != nil {
 				c.noteSnapshot(ev, *it.snap)
 			}

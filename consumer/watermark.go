@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -13,7 +14,15 @@ import (
 // The completeness watermark (sink/watermark.go) needs, besides the valid
 // time of what each batch applied, looks at the logs' ends: a partition
 // whose recorded offset had reached the end at a look is complete through
-// that look's time, less the reorder window, even when nothing new comes.
+// the time of that look, less the reorder window, even when nothing new
+// comes. Not the look's clock time, though: a connector writes to Kafka a
+// moment after its source committed (seconds, when a new table's topic is
+// created), so a log's end says nothing of changes it has not written
+// yet. The time taken is the newest valid time read from any topic of the
+// same connector (its topics share the prefix before the first dot):
+// Debezium writes in commit order, so changes committed before it are in
+// Kafka, up to what the reorder window covers. A connector with nothing
+// read yet counts at the look's time.
 // watchWatermarks takes such a look every watermarkEvery, beside the poll
 // loop (it never holds the consumer's lock while asking Kafka or
 // PostgreSQL), and sets scd2sink_watermark_lag_seconds per target. A
@@ -66,6 +75,14 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
 	defer cancel()
+	// Before asking for the ends: what was read by now was in Kafka below
+	// them.
+	c.mu.Lock()
+	published := make(map[string]time.Time, len(c.published))
+	for k, v := range c.published {
+		published[k] = v
+	}
+	c.mu.Unlock()
 	at := time.Now() // before asking: the end seen is at least the end at this time
 	ends, err := adm.ListEndOffsets(lctx, topics...)
 	if err != nil {
@@ -91,7 +108,11 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 			}
 			o = e.Offset
 		}
-		looks[p] = sink.Look{Target: c.target(p.Topic), From: o, End: e.Offset, At: at}
+		seen := at
+		if v, ok := published[connectorOf(p.Topic)]; ok && v.Before(at) {
+			seen = v
+		}
+		looks[p] = sink.Look{Target: c.target(p.Topic), From: o, End: e.Offset, At: seen}
 	}
 	if err := c.sink.Watermark(lctx, looks); err != nil {
 		return err
@@ -105,4 +126,26 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 		c.m.WatermarkLag.WithLabelValues(target).Set(now.Sub(t).Seconds())
 	}
 	return nil
+}
+
+// connectorOf names the connector that writes topic: the prefix before
+// its first dot.
+func connectorOf(topic string) string {
+	prefix, _, _ := strings.Cut(topic, ".")
+	return prefix
+}
+
+// noteValid remembers the newest valid time read from a connector's
+// topics. Called with mu held.
+func (c *Consumer) noteValid(topic string, v time.Time) {
+	if v.IsZero() {
+		return
+	}
+	if c.published == nil {
+		c.published = map[string]time.Time{}
+	}
+	k := connectorOf(topic)
+	if v.After(c.published[k]) {
+		c.published[k] = v
+	}
 }

@@ -46,7 +46,7 @@ func TestApicurioAvro(t *testing.T) {
 %[1]s.converter.apicurio.registry.find-latest=true
 `, side, api)
 	}
-	st := newStackWith(t, ctx, 1, converters, func(st *stack) { reg = startApicurio(t, st.dir, port) })
+	st := newStackWith(t, ctx, stackOpts{partitions: 1, converters: converters, before: func(st *stack) { reg = startApicurio(t, st.dir, port) }})
 	sinkProc := runSinkWith(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN, fmt.Sprintf(`defaults:
   format: debezium-avro
 schema_registry:

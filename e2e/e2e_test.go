@@ -103,11 +103,19 @@ func runSinkWith(t *testing.T, dir, name, bootstrap, targetDSN, extra string, en
 	if i < 0 {
 		t.Fatal("deploy/scd2sink.yaml has no tables section")
 	}
+	return runSinkTables(t, dir, name, bootstrap, targetDSN, extra+string(deployed[i+1:]), env...)
+}
+
+// runSinkTables is runSink with the given configuration after the stack's
+// (a tables section, and anything before it).
+func runSinkTables(t *testing.T, dir, name, bootstrap, targetDSN, rest string, env ...string) *proc {
+	t.Helper()
 	brokers, _ := json.Marshal([]string{bootstrap})
 	cfg := filepath.Join(dir, name+".yaml")
 	yaml := fmt.Sprintf(`kafka:
   brokers: %s
   session_timeout: 10s
+  metadata_max_age: 2s
 postgres:
   dsn: %q
 http:
@@ -117,7 +125,7 @@ sequencer:
 sink:
   batch_max_wait: 100ms
 shutdown_timeout: 3s
-`, brokers, targetDSN, freePort(t)) + extra + string(deployed[i+1:])
+`, brokers, targetDSN, freePort(t)) + rest
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -142,13 +150,24 @@ func newStack(t *testing.T, ctx context.Context, partitions int32) *stack {
 	if composeTarget() {
 		return composeStack(t, ctx)
 	}
-	return newStackWith(t, ctx, partitions, "", nil)
+	return newStackWith(t, ctx, stackOpts{partitions: partitions})
 }
 
-// newStackWith is newStack with Connect's converter properties (see
-// startConnect); before, if not nil, runs once the broker is up.
-func newStackWith(t *testing.T, ctx context.Context, partitions int32, converters string, before func(st *stack)) *stack {
+// stackOpts vary the stack: the customers topic's partitions, Connect's
+// converter properties and what the connector captures (see
+// startConnect), and a function run once the broker is up.
+type stackOpts struct {
+	partitions int32
+	converters string
+	capture    string // table.include.list; default the sample's two tables
+	connector  string // more connector properties (they win)
+	before     func(st *stack)
+}
+
+// newStackWith is newStack with options.
+func newStackWith(t *testing.T, ctx context.Context, o stackOpts) *stack {
 	t.Helper()
+	partitions, before := o.partitions, o.before
 	st := &stack{dir: t.TempDir()}
 	writeLog4j(t, cache)
 	st.src = startSource(t, ctx)
@@ -176,7 +195,10 @@ func newStackWith(t *testing.T, ctx context.Context, partitions int32, converter
 	if before != nil {
 		before(st)
 	}
-	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, "public.customers,public.accounts", converters)
+	if o.capture == "" {
+		o.capture = "public.customers,public.accounts"
+	}
+	st.conn = startConnect(t, cache, st.dir, st.kafka.addr(), st.src, o.capture, o.converters, o.connector)
 	// Debezium streams once its slot is active.
 	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
 		var active bool

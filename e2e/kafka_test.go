@@ -117,7 +117,7 @@ value.converter.schemas.enable=true
 // startConnect starts Connect with Debezium capturing tables of the source
 // database into topics prefixed "shop", with the given converter
 // properties ("": jsonConverters).
-func startConnect(t *testing.T, cache, dir, bootstrap string, source sourceDB, tables, converters string) *connect {
+func startConnect(t *testing.T, cache, dir, bootstrap string, source sourceDB, tables, converters, extra string) *connect {
 	t.Helper()
 	c := &connect{worker: filepath.Join(dir, "worker.properties"), connector: filepath.Join(dir, "connector.properties"), rest: freePort(t)}
 	// Apicurio's converter jars carry no service manifest: the worker must
@@ -151,7 +151,7 @@ publication.name=scd2sink_e2e
 publication.autocreate.mode=filtered
 snapshot.mode=initial
 poll.interval.ms=100
-`, source.port, source.db, tables)
+`, source.port, source.db, tables) + extra
 	if err := os.WriteFile(c.worker, []byte(worker), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,11 @@ import (
 // been applied. Per partition that is the valid time of its last applied
 // event (last_valid_from, written with the offsets in the batch's
 // transaction), or, when the partition was fully applied at the last look
-// at the log's end (caught_up_at, written by Watermark), that look's time
-// less the reorder window, whichever is later; a target's is the minimum
-// over its partitions, NULL while any of them has neither.
+// at the log's end (caught_up_at, written by Watermark: the newest valid
+// time its connector had written by then, see consumer/watermark.go) less
+// the reorder window, whichever is later; a target's is the minimum over
+// its partitions, NULL while any of them has neither. Rebuild groups'
+// offsets are left out.
 
 const watermarkView = "scd2sink_watermarks"
 
