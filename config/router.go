@@ -17,8 +17,9 @@ import (
 //     at both ends); two is an error naming both.
 //   - Debezium's and Kafka's own topics never match a pattern: names
 //     starting with "__" (heartbeats, __consumer_offsets), transaction
-//     metadata ("<prefix>.transaction"), Kafka Connect's default internal
-//     topics and the Schema Registry's.
+//     metadata ("<prefix>.transaction"), schema changes ("<prefix>", no
+//     dot), Kafka Connect's default internal topics and the Schema
+//     Registry's.
 //   - A pattern's target is its template with {topic} (the whole name),
 //     {table} (its last dot-separated part) and {schema} (the part before
 //     it); it must be a valid target, and no two topics may write one
@@ -28,9 +29,12 @@ import (
 var ErrNoMatch = errors.New("no tables entry matches it")
 
 // Internal are regular expressions of the topics no pattern ever matches.
-var Internal = []string{`^__.*`, `.*\.transaction$`, `^connect-(offsets|configs|status)$`, `^_schemas$`}
+// Kafka's and Kafka Connect's own, which are never consumed; Debezium's
+// transaction metadata (<prefix>.transaction) and schema changes
+// (<prefix>, no dot) are matched by no pattern either (internal).
+var Internal = []string{`^__.*`, `^connect-(offsets|configs|status)$`, `^_schemas$`}
 
-var internal = regexp.MustCompile("(" + strings.Join(Internal, ")|(") + ")")
+var internal = regexp.MustCompile("(" + strings.Join(append([]string{`^[^.]+\.transaction$`, `^[^.]+$`}, Internal...), ")|(") + ")")
 
 // templateVar is a placeholder of a target template.
 var templateVar = regexp.MustCompile(`\{(table|schema|topic)\}`)

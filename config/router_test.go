@@ -40,9 +40,10 @@ func TestRouter(t *testing.T) {
 		{topic: "shop.sales.invoices", target: "sales_invoices"},
 		{topic: "shop.sales.payments", err: "matches both tables[2].topic_pattern and tables[3].topic_pattern"},
 		{topic: "shop.hr.payroll", target: "hr_payroll_hist"},
-		{topic: "shop.public", err: ErrNoMatch.Error()},                    // a pattern matches the whole name only
-		{topic: "xshop.public.orders", err: ErrNoMatch.Error()},            // anchored at the start
-		{topic: "shop.public.orders.transaction", err: ErrNoMatch.Error()}, // Debezium's transaction metadata
+		{topic: "shop.public", err: ErrNoMatch.Error()},                       // a pattern matches the whole name only
+		{topic: "xshop.public.orders", err: ErrNoMatch.Error()},               // anchored at the start
+		{topic: "crm.transaction", err: ErrNoMatch.Error()},                   // Debezium's transaction metadata
+		{topic: "crm.sales.transaction", target: "crm_crm.sales.transaction"}, // a table named transaction
 		{topic: "__debezium-heartbeat.shop", err: ErrNoMatch.Error()},
 		{topic: "crm.a", target: "crm_crm.a"},
 		{topic: "crm." + strings.Repeat("x", 60), err: "bytes"}, // a target too long

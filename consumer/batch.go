@@ -201,13 +201,14 @@ func (c *Consumer) targetsOf(offsets map[change.Partition]int64) map[string]stri
 // everything below that offset is applied once the batch is, and the
 // events after it are not earlier; one of them may have the same valid
 // time (another row of its transaction), hence a microsecond less (the
-// watermark, watermark.go).
+// watermark, watermark.go). Snapshot reads do not count: their time is
+// when they were read, and changes streamed after them may be older.
 func lastValid(evs []*change.Event, offsets map[change.Partition]int64) map[change.Partition]time.Time {
 	at := map[change.Partition]int64{}
 	out := map[change.Partition]time.Time{}
 	for _, ev := range evs {
 		p, o := ev.Origin.Partition, ev.Origin.Offset
-		if next, ok := offsets[p]; !ok || o >= next || ev.ValidFrom.IsZero() {
+		if next, ok := offsets[p]; !ok || o >= next || ev.ValidFrom.IsZero() || ev.Op == change.OpRead {
 			continue
 		}
 		if best, seen := at[p]; !seen || o > best {

@@ -108,7 +108,8 @@ type Config struct {
 	// MetadataMaxAge is how often the topic list is refreshed (default
 	// franz-go's, 5m).
 	MetadataMaxAge time.Duration
-	// Route reports why a topic cannot be applied (nil: it can): a topic
+	// Route reports why a topic cannot be applied (nil: it can; ErrIgnored:
+	// one of Debezium's own, paused quietly): a topic
 	// matched by two patterns, or whose target another topic writes. Its
 	// partitions are paused, never committed past what was applied.
 	Route func(topic string) error
@@ -553,7 +554,11 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			c.seq.Skip(o)
 		default:
 			ev.Received = received
-			c.noteValid(r.Topic, ev.ValidFrom)
+			if ev.Op != change.OpRead {
+				// A snapshot read's time is when it was read, not when
+				// its row changed: it says nothing of the stream's progress.
+				c.noteValid(r.Topic, ev.ValidFrom)
+			}
 			if it.snap != nil {
 				c.noteSnapshot(ev, *it.snap)
 			}

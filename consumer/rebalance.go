@@ -41,6 +41,11 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 	c.skipUnroutable(assigned)
 }
 
+// ErrIgnored is what Config.Route returns for a topic that is nobody's
+// data (Debezium's transaction metadata or schema changes that a
+// pattern's regular expression took): paused without an error.
+var ErrIgnored = errors.New("not a table's topic")
+
 // skipUnroutable pauses the assigned topics that cannot be applied (two
 // patterns match, or their target is another topic's): logged once and
 // counted; their offsets stay where they were, so that a corrected
@@ -58,6 +63,11 @@ func (c *Consumer) skipUnroutable(assigned map[string][]int32) {
 			c.skipped = map[string]bool{}
 		}
 		c.client.PauseFetchTopics(topic)
+		if !c.skipped[topic] && errors.Is(err, ErrIgnored) {
+			c.skipped[topic] = true
+			c.log.Info("topic paused: Debezium's or Kafka's own, never applied", zap.String("topic", topic))
+			continue
+		}
 		if !c.skipped[topic] {
 			c.skipped[topic] = true
 			c.m.TopicsSkipped.WithLabelValues(topic).Inc()

@@ -51,69 +51,52 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 }
 
 func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
+	// Before asking for the ends: what was read by now was in Kafka below
+	// them.
 	c.mu.Lock()
-	from := make(map[change.Partition]int64, len(c.assigned))
-	unknown := false
-	for p := range c.assigned {
-		o, ok := c.origin[p]
-		if !ok {
-			o, unknown = -1, true // a new group's partition not read yet
-		}
-		from[p] = o
-	}
-	c.mu.Unlock()
-	if len(from) == 0 {
-		return nil
-	}
-	var topics []string
 	seen := map[string]bool{}
-	for p := range from {
-		if !seen[p.Topic] {
+	var topics []string
+	for p := range c.assigned {
+		if !seen[p.Topic] && !c.skipped[p.Topic] {
 			seen[p.Topic] = true
 			topics = append(topics, p.Topic)
 		}
 	}
-	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
-	defer cancel()
-	// Before asking for the ends: what was read by now was in Kafka below
-	// them.
-	c.mu.Lock()
 	published := make(map[string]time.Time, len(c.published))
 	for k, v := range c.published {
 		published[k] = v
 	}
 	c.mu.Unlock()
+	if len(topics) == 0 {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
+	defer cancel()
 	at := time.Now() // before asking: the end seen is at least the end at this time
+	starts, err := adm.ListStartOffsets(lctx, topics...)
+	if err != nil {
+		return err
+	}
 	ends, err := adm.ListEndOffsets(lctx, topics...)
 	if err != nil {
 		return err
 	}
-	var starts kadm.ListedOffsets
-	if unknown {
-		if starts, err = adm.ListStartOffsets(lctx, topics...); err != nil {
-			return err
+	// Every partition of the topics, this member's or not: one that nobody
+	// has applied yet holds its target's watermark back.
+	looks := map[change.Partition]sink.Look{}
+	ends.Each(func(e kadm.ListedOffset) {
+		st, ok := starts.Lookup(e.Topic, e.Partition)
+		if e.Err != nil || !ok || st.Err != nil {
+			return
 		}
-	}
-	looks := make(map[change.Partition]sink.Look, len(from))
-	for p, o := range from {
-		e, ok := ends.Lookup(p.Topic, p.Partition)
-		if !ok || e.Err != nil {
-			continue
+		when := at
+		if v, ok := published[connectorOf(e.Topic)]; ok && v.Before(at) {
+			when = v
 		}
-		if o < 0 {
-			// Not read yet: an empty log has nothing to apply; any other
-			// waits for its first records to place it.
-			if s, ok := starts.Lookup(p.Topic, p.Partition); !ok || s.Err != nil || s.Offset != e.Offset {
-				continue
-			}
-			o = e.Offset
+		if target := c.target(e.Topic); target != "" {
+			looks[change.Partition{Topic: e.Topic, Partition: e.Partition}] = sink.Look{Target: target, Start: st.Offset, End: e.Offset, At: when}
 		}
-		seen := at
-		if v, ok := published[connectorOf(p.Topic)]; ok && v.Before(at) {
-			seen = v
-		}
-		looks[p] = sink.Look{Target: c.target(p.Topic), From: o, End: e.Offset, At: seen}
-	}
+	})
 	if err := c.sink.Watermark(lctx, looks); err != nil {
 		return err
 	}

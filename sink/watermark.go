@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -14,74 +15,102 @@ import (
 // gives, per target, the time through which every event of its topic has
 // been applied. Per partition that is the valid time of its last applied
 // event (last_valid_from, written with the offsets in the batch's
-// transaction), or, when the partition was fully applied at the last look
-// at the log's end (caught_up_at, written by Watermark: the newest valid
-// time its connector had written by then, see consumer/watermark.go) less
-// the reorder window, whichever is later; a target's is the minimum over
-// its partitions, NULL while any of them has neither. Rebuild groups'
-// offsets are left out.
+// transaction; snapshot reads excluded, a microsecond less), or, when the
+// partition was fully applied at the last look
+// at the log's end (scd2sink_progress.caught_up_at, written by Watermark:
+// the newest valid time its connector had written by then, see
+// consumer/watermark.go) less the reorder window, whichever is later; a
+// target's is the minimum over every partition of its topic, NULL while
+// any of them has neither. Rebuild groups are left out.
 
 const watermarkView = "scd2sink_watermarks"
 
 // watermarkNote marks the view's definition: it is replaced only when the
 // window changes, so that a restart runs no DDL.
 func watermarkNote(cfg *Config) string {
-	return fmt.Sprintf("scd2sink watermarks v1: window %s", cfg.ReorderWindow)
+	return fmt.Sprintf("scd2sink watermarks v2: window %s", cfg.ReorderWindow)
 }
 
-// watermarkDDL creates or replaces the view when it is missing or stale.
+// watermarkDDL creates scd2sink_progress, and creates or replaces the view
+// when it is missing or stale. scd2sink_progress has a row for every
+// partition of every topic a member reads (all partitions, not only its
+// own: one never applied holds its target's watermark at NULL), with the
+// target and the last look that found it fully applied; the looks never
+// write scd2sink_offsets.
 func watermarkDDL(cat *catalog, cfg *Config) []string {
+	s := pgx.Identifier{cfg.Schema}.Sanitize()
+	var out []string
+	if !cat.has(progressTable) {
+		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, target text NOT NULL,
+			caught_up_at timestamptz, PRIMARY KEY (consumer_group, topic, partition))`, s, progressTable))
+	}
 	note := watermarkNote(cfg)
 	if cat.has(watermarkView) && cat.notes[watermarkView] == note {
-		return nil
+		return out
 	}
-	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
-	return []string{
+	return append(out,
 		fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
 			SELECT target, CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END AS complete_through
-			FROM (SELECT target, greatest(last_valid_from, caught_up_at - interval %[3]s) AS w
-				FROM %[1]s.scd2sink_offsets WHERE target IS NOT NULL AND consumer_group NOT LIKE %[4]s) AS p
-			GROUP BY target`, s, watermarkView, lit(fmt.Sprintf("%d microseconds", cfg.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`)),
-		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, watermarkView, lit(note)),
-	}
+			FROM (SELECT p.target, greatest(o.last_valid_from, p.caught_up_at - interval %[3]s) AS w
+				FROM %[1]s.%[5]s AS p LEFT JOIN %[1]s.scd2sink_offsets AS o
+					ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
+				WHERE p.consumer_group NOT LIKE %[4]s) AS q
+			GROUP BY target`, s, watermarkView, lit(fmt.Sprintf("%d microseconds", cfg.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`), progressTable),
+		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, watermarkView, lit(note)))
 }
 
-// Look is what the consumer saw of one assigned partition: the target its
-// topic writes, the offset its reading began at, and the log's end offset
-// at a time.
+const progressTable = "scd2sink_progress"
+
+// Look is what the consumer saw of one partition of a topic it reads: the
+// target the topic writes, the log's first and end offsets, and the time
+// through which its connector had written everything (see
+// consumer/watermark.go).
 type Look struct {
-	Target string
-	From   int64
-	End    int64
-	At     time.Time
+	Target     string
+	Start, End int64
+	At         time.Time
 }
 
-// Watermark records looks at the logs' ends: a partition whose recorded
-// offset had reached the end is complete through the look's time (less
-// the window); a partition with no row yet gets one at the offset its
-// reading began (nothing applied: the target's watermark stays NULL until
-// it is). It never moves an offset.
+// Watermark records looks at the logs' ends in scd2sink_progress: a
+// partition whose recorded offset had reached the end (or whose log is
+// empty and nothing recorded) is complete through the look's time, less
+// the window in the view. Rows are written in key order (members looking
+// at the same topics never deadlock) and only when they change.
 func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) error {
 	if len(looks) == 0 {
 		return nil
 	}
+	keys := make([]change.Partition, 0, len(looks))
+	for p := range looks {
+		keys = append(keys, p)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Topic != keys[j].Topic {
+			return keys[i].Topic < keys[j].Topic
+		}
+		return keys[i].Partition < keys[j].Partition
+	})
 	var topics, targets []string
 	var parts []int32
-	var from, end []int64
+	var start, end []int64
 	var at []time.Time
-	for p, l := range looks {
+	for _, p := range keys {
+		l := looks[p]
 		topics, parts, targets = append(topics, p.Topic), append(parts, p.Partition), append(targets, l.Target)
-		from, end, at = append(from, l.From), append(end, l.End), append(at, l.At)
+		start, end, at = append(start, l.Start), append(end, l.End), append(at, l.At)
 	}
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH x AS (
-			SELECT * FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[]) AS x(t, p, g, f, e, a)),
-		ins AS (INSERT INTO %[1]s.scd2sink_offsets (consumer_group, topic, partition, next_offset, target)
-			SELECT $1, t, p, f, nullif(g, '') FROM x WHERE f >= 0 AND NOT EXISTS (SELECT FROM %[1]s.scd2sink_offsets AS o
-				WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p) ON CONFLICT DO NOTHING)
-		UPDATE %[1]s.scd2sink_offsets AS o SET caught_up_at = greatest(o.caught_up_at, x.a), target = coalesce(o.target, nullif(x.g, ''))
-		FROM x WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p AND o.next_offset >= x.e`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, parts, targets, from, end, at)
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at)
+		SELECT $1, x.t, x.p, x.g, CASE WHEN coalesce(o.next_offset >= x.e, x.s >= x.e) THEN x.a END
+		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[]) WITH ORDINALITY AS x(t, p, g, s, e, a, i)
+		LEFT JOIN %[1]s.scd2sink_offsets AS o ON o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p
+		ORDER BY x.i
+		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET target = excluded.target,
+			caught_up_at = greatest(g.caught_up_at, excluded.caught_up_at)
+		WHERE g.target IS DISTINCT FROM excluded.target OR excluded.caught_up_at > g.caught_up_at
+			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at)
 	if err != nil {
 		return fmt.Errorf("recording the watermark: %w", err)
 	}

@@ -144,6 +144,13 @@ tables:
 	if !skipped {
 		t.Error("the topic matched by two patterns was not counted as skipped")
 	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM scd2sink_watermarks WHERE complete_through IS NOT NULL`).Scan(&n)
+		if n == 3 {
+			break
+		}
+	}
 	if code, body := getReadyz(addr); code != http.StatusOK {
 		t.Errorf("/readyz %d: %s", code, body)
 	}
