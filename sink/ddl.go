@@ -120,11 +120,11 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
 			next_offset bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
-			anchor_seq bytea, topic_id text, target text, last_valid_from timestamptz, caught_up_at timestamptz,
+			anchor_seq bytea, topic_id text, target text, last_valid_from timestamptz,
 			PRIMARY KEY (consumer_group, topic, partition))`, s))
 	} else {
 		// What the completeness watermark is built from (watermark.go).
-		for _, col := range []string{"target text", "last_valid_from timestamptz", "caught_up_at timestamptz"} {
+		for _, col := range []string{"target text", "last_valid_from timestamptz"} {
 			if name, _, _ := strings.Cut(col, " "); !cat.hasCol("scd2sink_offsets", name) {
 				stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_offsets ADD COLUMN IF NOT EXISTS %s`, s, col))
 			}
