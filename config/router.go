@@ -50,6 +50,8 @@ type Router struct {
 	mu       sync.Mutex
 	routes   map[string]route  // by topic
 	owners   map[string]string // target → topic
+	// exactTargets are the exact entries' targets (target → topic).
+	exactTargets map[string]string
 }
 
 type pattern struct {
@@ -65,11 +67,12 @@ type route struct {
 
 // NewRouter returns the router of a validated configuration.
 func NewRouter(c *Config) *Router {
-	r := &Router{exact: map[string]Table{}, routes: map[string]route{}, owners: map[string]string{}}
+	r := &Router{exact: map[string]Table{}, routes: map[string]route{}, owners: map[string]string{}, exactTargets: map[string]string{}}
 	for i, t := range c.Tables {
 		if t.TopicPattern == "" {
 			r.exact[t.Topic] = t
 			r.owners[t.Target] = t.Topic
+			r.exactTargets[t.Target] = t.Topic
 			continue
 		}
 		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(anchored(t.TopicPattern)), index: i, table: t})
@@ -93,7 +96,7 @@ func (r *Router) HasPatterns() bool { return len(r.patterns) > 0 }
 // Resolve returns the tables entry of topic, with Topic and Target filled
 // in. The error says why the topic is skipped: ErrNoMatch, two patterns,
 // a target that is not valid or that another topic writes already. The
-// answer for a topic never changes.
+// answer for a topic changes only when Own hands its target to another.
 func (r *Router) Resolve(topic string) (Table, error) {
 	if t, ok := r.exact[topic]; ok {
 		return t, nil
@@ -157,6 +160,41 @@ func Target(template, topic string) string {
 		}
 		return topic
 	})
+}
+
+// Match resolves topic as Resolve does, except that the topic a pattern
+// resolves may write a target another pattern-matched topic writes: for
+// whoever settles that elsewhere (the claims in PostgreSQL) and tells Own.
+// A target of an exact entry stays that entry's.
+func (r *Router) Match(topic string) (Table, error) {
+	if t, ok := r.exact[topic]; ok {
+		return t, nil
+	}
+	t, err := r.resolve(topic)
+	if err != nil {
+		return t, err
+	}
+	if other, ok := r.exactTargets[t.Target]; ok {
+		return Table{}, fmt.Errorf("topic %s would write target %s, which topic %s writes already", topic, t.Target, other)
+	}
+	return t, nil
+}
+
+// Own records that topic, matched by a pattern, writes target: from now
+// on Resolve refuses other topics on target, even one it had accepted.
+func (r *Router) Own(target, topic string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.exactTargets[target]; ok || r.owners[target] == topic {
+		return
+	}
+	r.owners[target] = topic
+	for other, rt := range r.routes {
+		if other != topic && rt.err == nil && rt.table.Target == target {
+			r.routes[other] = route{table: rt.table, err: fmt.Errorf("topic %s would write target %s, which topic %s writes already", other, target, topic)}
+		}
+	}
+	delete(r.routes, topic)
 }
 
 // ByTarget returns the tables entry that writes target: an exact entry,

@@ -123,3 +123,44 @@ func TestPatternConfigErrors(t *testing.T) {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
 }
+
+// TestRouterOwn: Match leaves a contested target to whoever settles it
+// (the claims in PostgreSQL); Own hands it over, after which Resolve
+// refuses the other topic even though it had accepted it; an exact
+// entry's target is never handed over.
+func TestRouterOwn(t *testing.T) {
+	c, err := Parse([]byte(patterned), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRouter(c)
+	if _, err := r.Resolve("crm.a.orders"); err != nil { // crm_{topic}: its own target
+		t.Fatal(err)
+	}
+	first, err := r.Resolve("shop.public.invoices")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Resolve("shop.public.x.invoices"); err == nil {
+		t.Fatal("Resolve gave a second topic the target invoices_history")
+	}
+	m, err := r.Match("shop.public.x.invoices")
+	if err != nil || m.Target != first.Target {
+		t.Fatalf("Match: %v, %v", m, err)
+	}
+	r.Own(first.Target, "shop.public.x.invoices")
+	if _, err := r.Resolve("shop.public.invoices"); err == nil || !strings.Contains(err.Error(), "shop.public.x.invoices writes already") {
+		t.Errorf("after Own, Resolve of the former owner: %v", err)
+	}
+	if got, err := r.Resolve("shop.public.x.invoices"); err != nil || got.Target != first.Target {
+		t.Errorf("after Own, Resolve of the new owner: %v, %v", got, err)
+	}
+	if got, ok := r.ByTarget(first.Target); !ok || got.Topic != "shop.public.x.invoices" {
+		t.Errorf("ByTarget after Own: %v %v", got, ok)
+	}
+	// customers_scd is the exact entry's: Own ignores it.
+	r.Own("customers_scd", "shop.sales.customers_scd")
+	if got, ok := r.ByTarget("customers_scd"); !ok || got.Topic != "shop.public.customers" {
+		t.Errorf("an exact entry's target was handed over: %v %v", got, ok)
+	}
+}

@@ -109,10 +109,12 @@ type Config struct {
 	// franz-go's, 5m).
 	MetadataMaxAge time.Duration
 	// Route reports why a topic cannot be applied (nil: it can; ErrIgnored:
-	// one of Debezium's own, paused quietly): a topic
-	// matched by two patterns, or whose target another topic writes. Its
-	// partitions are paused, never committed past what was applied.
-	Route func(topic string) error
+	// one of Debezium's own, paused quietly; ErrUnsettled: not known yet,
+	// paused and asked again every second): a topic matched by two
+	// patterns, or whose target another topic writes. Its partitions are
+	// paused, never committed past what was applied. It is called with
+	// the consumer's lock held and must answer within a few seconds.
+	Route func(ctx context.Context, topic string) error
 	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
 	Decoder Decoder
 
@@ -174,15 +176,19 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
-	// published is, per connector (a topic's first dot-separated part, the
-	// topic prefix), the newest valid time read from its topics (mu): what
-	// it had written to Kafka by then (watermark.go).
+	// published is, per connector (connectorOf), the newest valid time
+	// read from its topics (mu): what it had written to Kafka by then
+	// (watermark.go).
 	published map[string]time.Time
+	// sources are the connectors' names (source.name) by topic (mu).
+	sources map[string]string
 	// assigned are the partitions assigned, whether or not their reading
 	// position is known yet (mu).
 	assigned map[change.Partition]bool
 	// skipped are the topics paused because they cannot be applied (mu).
 	skipped map[string]bool
+	// unsettled are the topics paused until Route can answer (mu).
+	unsettled map[string]bool
 	// dataLoss holds partitions the broker truncated under the reader
 	// (kgo.ErrDataLoss), with the offset franz-go went on from.
 	dataLoss map[change.Partition]int64
@@ -279,6 +285,12 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.IsolationLevel != "read_uncommitted" {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
+	// A transaction's commit or abort marker takes an offset of its own,
+	// the log's last after a transactional producer's write (Debezium's
+	// exactly-once source mode). Kept, it is skipped like a tombstone, so
+	// the offset recorded passes it and a partition read to its end is
+	// seen as caught up (the completeness watermark) and never re-read.
+	opts = append(opts, kgo.KeepControlRecords())
 	if cfg.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
 	}
@@ -496,6 +508,11 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			hdrs = append(hdrs, debezium.Header{Key: h.Key, Value: h.Value})
 		}
 		it := decoded{o: o, rec: r}
+		if r.Attrs.IsControl() {
+			it.err = errControl
+			items = append(items, it)
+			return
+		}
 		it.ev, it.err = c.dec.Decode(dctx, o, r.Key, r.Value, hdrs...)
 		if errors.Is(it.err, debezium.ErrRetry) {
 			held[o.Partition] = heldBack{offset: o.Offset, why: it.err.Error()}
@@ -539,6 +556,10 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	c.commitMu.Unlock()
 	for _, it := range items {
 		o, r, ev := it.o, it.rec, it.ev
+		if it.err == errControl {
+			c.seq.Skip(o)
+			continue
+		}
 		c.m.Consumed.WithLabelValues(r.Topic).Inc()
 		switch {
 		case errors.Is(it.err, debezium.ErrSkip):
@@ -557,7 +578,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 			if ev.Op != change.OpRead {
 				// A snapshot read's time is when it was read, not when
 				// its row changed: it says nothing of the stream's progress.
-				c.noteValid(r.Topic, ev.ValidFrom)
+				c.noteValid(r.Topic, ev.Source, ev.ValidFrom)
 			}
 			if it.snap != nil {
 				c.noteSnapshot(ev, *it.snap)
@@ -572,6 +593,9 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	}
 	c.noteBuffer()
 }
+
+// errControl marks a transaction marker: skipped, never decoded or counted.
+var errControl = errors.New("a transaction marker")
 
 // decoded is one polled record, decoded outside the lock.
 type decoded struct {

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,7 +39,7 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 	c.sink.Forget()
 	c.health.Joined.Store(true)
 	c.log.Info("partitions assigned", zap.Any("partitions", assigned))
-	c.skipUnroutable(assigned)
+	c.skipUnroutable(ctx, assigned)
 }
 
 // ErrIgnored is what Config.Route returns for a topic that is nobody's
@@ -46,34 +47,99 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 // pattern's regular expression took): paused without an error.
 var ErrIgnored = errors.New("not a table's topic")
 
+// ErrUnsettled is what Config.Route returns when it cannot answer yet
+// (PostgreSQL, which records which topic writes a target, is away): the
+// topic is paused and asked about again every second.
+var ErrUnsettled = errors.New("cannot tell yet whether the topic can be applied")
+
+// routeBudget bounds one Config.Route call.
+const routeBudget = 5 * time.Second
+
 // skipUnroutable pauses the assigned topics that cannot be applied (two
 // patterns match, or their target is another topic's): logged once and
 // counted; their offsets stay where they were, so that a corrected
-// configuration reads them from there.
-func (c *Consumer) skipUnroutable(assigned map[string][]int32) {
+// configuration reads them from there. Called with mu held.
+func (c *Consumer) skipUnroutable(ctx context.Context, assigned map[string][]int32) {
 	if c.cfg.Route == nil {
 		return
 	}
 	for topic := range assigned {
-		err := c.cfg.Route(topic)
-		if err == nil {
-			continue
+		c.routed(topic, c.askRoute(ctx, topic))
+	}
+}
+
+func (c *Consumer) askRoute(ctx context.Context, topic string) error {
+	rctx, cancel := context.WithTimeout(ctx, routeBudget)
+	defer cancel()
+	return c.cfg.Route(rctx, topic)
+}
+
+// routed pauses topic unless Route's answer err lets it be applied, and
+// reports whether the answer is settled. Called with mu held.
+func (c *Consumer) routed(topic string, err error) bool {
+	if err == nil {
+		if c.unsettled[topic] {
+			delete(c.unsettled, topic)
+			c.client.ResumeFetchTopics(topic)
+			c.log.Info("topic resumed: it can be applied", zap.String("topic", topic))
 		}
-		if c.skipped == nil {
-			c.skipped = map[string]bool{}
+		return true
+	}
+	c.client.PauseFetchTopics(topic)
+	switch {
+	case errors.Is(err, ErrUnsettled):
+		if c.unsettled == nil {
+			c.unsettled = map[string]bool{}
 		}
-		c.client.PauseFetchTopics(topic)
-		if !c.skipped[topic] && errors.Is(err, ErrIgnored) {
-			c.skipped[topic] = true
-			c.log.Info("topic paused: Debezium's or Kafka's own, never applied", zap.String("topic", topic))
-			continue
+		if !c.unsettled[topic] {
+			c.unsettled[topic] = true
+			c.log.Warn("topic paused until it is known whether it can be applied", zap.String("topic", topic), zap.Error(err))
 		}
-		if !c.skipped[topic] {
-			c.skipped[topic] = true
-			c.m.TopicsSkipped.WithLabelValues(topic).Inc()
-			c.log.Error("topic skipped: it cannot be applied; its partitions are paused and nothing of it is committed",
-				zap.String("topic", topic), zap.Error(err))
+		return false
+	case c.skipped[topic]:
+	case errors.Is(err, ErrIgnored):
+		c.log.Info("topic paused: Debezium's or Kafka's own, never applied", zap.String("topic", topic))
+	default:
+		c.m.TopicsSkipped.WithLabelValues(topic).Inc()
+		c.log.Error("topic skipped: it cannot be applied; its partitions are paused and nothing of it is committed",
+			zap.String("topic", topic), zap.Error(err))
+	}
+	if c.skipped == nil {
+		c.skipped = map[string]bool{}
+	}
+	c.skipped[topic] = true
+	return true
+}
+
+// settle asks again about the unsettled topics still assigned (without
+// holding mu while asking), resuming those that can be applied now.
+func (c *Consumer) settle(ctx context.Context) {
+	c.mu.Lock()
+	var topics []string
+	for topic := range c.unsettled {
+		topics = append(topics, topic)
+	}
+	c.mu.Unlock()
+	for _, topic := range topics {
+		err := c.askRoute(ctx, topic)
+		c.mu.Lock()
+		assigned := false
+		for p := range c.assigned {
+			if p.Topic == topic {
+				assigned = true
+				break
+			}
 		}
+		switch {
+		case !c.unsettled[topic]:
+		case !assigned:
+			delete(c.unsettled, topic)
+		default:
+			if c.routed(topic, err) {
+				delete(c.unsettled, topic)
+			}
+		}
+		c.mu.Unlock()
 	}
 }
 

@@ -81,6 +81,17 @@ func TestAbortedTransactions(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
+			// Each transaction ends in a marker taking an offset: 20
+			// aborted records, a marker, 5 committed, a marker. The offset
+			// recorded passes the last marker, or the partition would
+			// never count as read to its end (the watermark) and the
+			// marker would be fetched again after every restart.
+			for count(`SELECT next_offset FROM scd2sink_offsets`) != 27 {
+				if time.Now().After(deadline) {
+					t.Fatalf("offset recorded %d, want 27 (past the commit marker)", count(`SELECT next_offset FROM scd2sink_offsets`))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
 			time.Sleep(300 * time.Millisecond) // room for anything still to come
 			r.stop(t)
 			if got := count(`SELECT count(*) FROM acct_history WHERE acct_id LIKE 'aborted-%'`); got != tc.wantAborted {

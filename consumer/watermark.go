@@ -19,10 +19,12 @@ import (
 // moment after its source committed (seconds, when a new table's topic is
 // created), so a log's end says nothing of changes it has not written
 // yet. The time taken is the newest valid time read from any topic of the
-// same connector (its topics share the prefix before the first dot):
-// Debezium writes in commit order, so changes committed before it are in
-// Kafka, up to what the reorder window covers. A connector with nothing
-// read yet counts at the look's time.
+// same connector (source.name; before an event names it, the topic's
+// prefix before the first dot): Debezium writes in commit order, so
+// changes committed before it are in Kafka, up to what the reorder window
+// covers. A connector with nothing read since this member started gives
+// no time (a stalled connector must not let the watermark run on with
+// the clock): its partitions count through their last applied event.
 // watchWatermarks takes such a look every watermarkEvery, beside the poll
 // loop (it never holds the consumer's lock while asking Kafka or
 // PostgreSQL), and sets scd2sink_watermark_lag_seconds per target. A
@@ -43,6 +45,7 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		c.settle(ctx)
 		if err := c.lookAtEnds(ctx, adm); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
 			warned = time.Now()
 			c.log.Warn("looking at the logs' ends for the completeness watermark failed; it lags meanwhile", zap.Error(err))
@@ -57,14 +60,18 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	seen := map[string]bool{}
 	var topics []string
 	for p := range c.assigned {
-		if !seen[p.Topic] && !c.skipped[p.Topic] {
+		if !seen[p.Topic] && !c.skipped[p.Topic] && !c.unsettled[p.Topic] {
 			seen[p.Topic] = true
 			topics = append(topics, p.Topic)
 		}
 	}
-	published := make(map[string]time.Time, len(c.published))
-	for k, v := range c.published {
-		published[k] = v
+	// The time through which each topic's connector had written by now
+	// (absent: nothing of it read since this member started).
+	published := make(map[string]time.Time, len(topics))
+	for _, topic := range topics {
+		if v, ok := c.published[c.connectorOf(topic)]; ok {
+			published[topic] = v
+		}
 	}
 	c.mu.Unlock()
 	if len(topics) == 0 {
@@ -89,9 +96,12 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 		if e.Err != nil || !ok || st.Err != nil {
 			return
 		}
-		when := at
-		if v, ok := published[connectorOf(e.Topic)]; ok && v.Before(at) {
-			when = v
+		var when *time.Time
+		if v, ok := published[e.Topic]; ok {
+			if v.After(at) {
+				v = at
+			}
+			when = &v
 		}
 		if target := c.target(e.Topic); target != "" {
 			looks[change.Partition{Topic: e.Topic, Partition: e.Partition}] = sink.Look{Target: target, Start: st.Offset, End: e.Offset, At: when}
@@ -111,23 +121,44 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	return nil
 }
 
-// connectorOf names the connector that writes topic: the prefix before
-// its first dot.
-func connectorOf(topic string) string {
+// connectorOf names the connector that writes topic: the source.name its
+// events carry; before one was read, the longest connector name known that
+// is the topic's prefix (Debezium names topics <topic.prefix>.<schema>.<table>,
+// and a prefix may hold dots); else the topic's part before its first dot.
+// Called with mu held.
+func (c *Consumer) connectorOf(topic string) string {
+	if name, ok := c.sources[topic]; ok {
+		return name
+	}
+	best := ""
+	for name := range c.published {
+		if len(name) > len(best) && strings.HasPrefix(topic, name+".") {
+			best = name
+		}
+	}
+	if best != "" {
+		return best
+	}
 	prefix, _, _ := strings.Cut(topic, ".")
 	return prefix
 }
 
 // noteValid remembers the newest valid time read from a connector's
-// topics. Called with mu held.
-func (c *Consumer) noteValid(topic string, v time.Time) {
+// topics, and which connector writes topic. Called with mu held.
+func (c *Consumer) noteValid(topic, source string, v time.Time) {
+	if source != "" && c.sources[topic] != source {
+		if c.sources == nil {
+			c.sources = map[string]string{}
+		}
+		c.sources[topic] = source
+	}
 	if v.IsZero() {
 		return
 	}
 	if c.published == nil {
 		c.published = map[string]time.Time{}
 	}
-	k := connectorOf(topic)
+	k := c.connectorOf(topic)
 	if v.After(c.published[k]) {
 		c.published[k] = v
 	}

@@ -273,6 +273,11 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		return nil, err
 	}
 	ev := &change.Event{Table: r.Target, Op: op, Origin: o}
+	ev.Source = r.connector(func() string {
+		v, _ := avroPath(s.root, rec, sourceName)
+		name, _ := v.(string)
+		return name
+	})
 	if s.row != nil {
 		ev.Row = s.row
 	}

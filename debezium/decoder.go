@@ -32,6 +32,25 @@ type rule struct {
 	// The schemas of the topic's last message (value and key): the
 	// JsonConverter repeats them, so a message is first tried against them.
 	lastValue, lastKey, lastHeader atomic.Pointer[cached]
+	// source is the connector that writes the topic (source.name, read
+	// from its first event that has one): every event shares the string.
+	source atomic.Pointer[string]
+}
+
+// sourceName is the envelope path of the connector's logical name.
+var sourceName = []string{"source", "name"}
+
+// connector returns the topic's connector name, remembering name (read
+// by lookup only while none is known).
+func (r *rule) connector(lookup func() string) string {
+	if p := r.source.Load(); p != nil {
+		return *p
+	}
+	name := strings.Clone(lookup())
+	if name != "" {
+		r.source.Store(&name)
+	}
+	return name
 }
 
 // ErrSkip marks a record that needs no apply: a tombstone or a heartbeat.

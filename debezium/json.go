@@ -294,6 +294,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		return nil, err
 	}
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
+	ev.Source = r.connector(func() string { return env.get(sourceName).Str })
 	seq := make([]byte, 0, 12*len(r.seqPaths))
 	for i, p := range r.seqPaths {
 		if seq, err = appendSeq(seq, env.get(p)); err != nil {

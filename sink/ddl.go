@@ -108,7 +108,7 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable}, "", "")
 	if err != nil {
 		return err
 	}
@@ -165,6 +165,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS headers jsonb`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
 	}
 	stmts = append(stmts, watermarkDDL(cat, cfg)...)
+	stmts = append(stmts, claimsDDL(cat, cfg)...)
 	if len(stmts) == 0 {
 		return nil
 	}

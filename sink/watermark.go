@@ -70,7 +70,7 @@ const progressTable = "scd2sink_progress"
 type Look struct {
 	Target     string
 	Start, End int64
-	At         time.Time
+	At         *time.Time // nil: not known; the partition is not counted as read to its end
 }
 
 // Watermark records looks at the logs' ends in scd2sink_progress: a
@@ -95,7 +95,7 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 	var topics, targets []string
 	var parts []int32
 	var start, end []int64
-	var at []time.Time
+	var at []*time.Time
 	for _, p := range keys {
 		l := looks[p]
 		topics, parts, targets = append(topics, p.Topic), append(parts, p.Partition), append(targets, l.Target)

@@ -262,13 +262,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
 			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: opts.LeaveGroup, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			Patterns: router.Patterns(), Exclude: config.Internal, MetadataMaxAge: cfg.Kafka.MetadataMaxAge,
-			Route: func(topic string) error {
-				_, err := router.Resolve(topic)
-				if errors.Is(err, config.ErrNoMatch) {
-					return consumer.ErrIgnored
-				}
-				return err
-			},
+			Route:         routeFunc(router, s),
 			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,

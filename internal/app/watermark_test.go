@@ -82,7 +82,7 @@ tables:
 				t.Error(err)
 				return
 			}
-			time.Sleep(3 * time.Millisecond)
+			time.Sleep(8 * time.Millisecond)
 		}
 	}()
 	checks, ahead := 0, 0
@@ -142,4 +142,103 @@ tables:
 			t.Logf("%s: idle, complete through %v", target, got.Format(time.RFC3339Nano))
 		}
 	}
+}
+
+// TestWatermarkConnectors: two connectors whose topic prefixes share their
+// first part (prod.shop and prod.billing). billing wrote one change three
+// hours ago and stalled; shop goes on writing. billing's target is never
+// complete past its own last change: not on shop's progress (the
+// connector is source.name, not the topic's first part), and not on the
+// clock after a restart that has read nothing of billing since.
+func TestWatermarkConnectors(t *testing.T) {
+	shop, billing := patternSource("public", "orders"), patternSource("public", "invoices")
+	shop.Server, billing.Server = "prod.shop", "prod.billing"
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, shop.Topic(), billing.Topic()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kafka.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	dsn := pgtest.NewDatabase(t)
+	brokers, _ := json.Marshal(kafka.ListenAddrs())
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+kafka: {brokers: %s, metadata_max_age: 500ms}
+postgres: {dsn: %q}
+http: {addr: ""}
+sequencer: {reorder_window: 100ms}
+sink: {batch_max_wait: 20ms}
+tables:
+  - topic_pattern: 'prod\.[a-z]+\.public\.[a-z]+'
+`, brokers, dsn)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	run := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Run(ctx, cfg, Options{Logger: zaptest.NewLogger(t)}) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	}
+	stalled := time.Now().Add(-3 * time.Hour).Truncate(time.Second)
+	write := func(src *scdtest.Source, id int, at time.Time) {
+		t.Helper()
+		k, v := src.Envelope(scdtest.Change{Op: "c", After: scdtest.Row{"id": id, "plan": "pro"}, LSN: int64(1000 + id), Commit: at})
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: src.Topic(), Key: k, Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(billing, 0, stalled)
+	shopAt := time.Now().Add(-time.Hour).Truncate(time.Second)
+	complete := func(target string) *time.Time {
+		var got *time.Time
+		_ = pool.QueryRow(context.Background(), `SELECT complete_through FROM scd2sink_watermarks WHERE target = $1`, target).Scan(&got)
+		return got
+	}
+	// watch reads both watermarks for d: billing's never passes its last
+	// change; shop's reaches its last change (a microsecond less: what its
+	// last batch applied).
+	watch := func(d time.Duration, shopLast time.Time) {
+		t.Helper()
+		var shopGot *time.Time
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if got := complete("invoices_history"); got != nil && got.After(stalled) {
+				t.Fatalf("invoices_history complete through %v, past billing's last change at %v", got, stalled)
+			}
+			shopGot = complete("orders_history")
+		}
+		if want := shopLast.Add(-time.Microsecond); shopGot == nil || !shopGot.Equal(want) {
+			t.Errorf("orders_history complete through %v, want %v", shopGot, want)
+		}
+	}
+	stop := run()
+	for i := 0; i < 20; i++ {
+		write(shop, i, shopAt.Add(time.Duration(i)*time.Second))
+	}
+	watch(4*time.Second, shopAt.Add(19*time.Second))
+	if got := complete("invoices_history"); got == nil {
+		t.Error("invoices_history has no watermark at all")
+	}
+	stop()
+
+	// Restarted: nothing of billing is read again; shop writes on.
+	stop = run()
+	defer stop()
+	for i := 20; i < 30; i++ {
+		write(shop, i, shopAt.Add(time.Duration(i)*time.Second))
+	}
+	watch(4*time.Second, shopAt.Add(29*time.Second))
 }

@@ -102,6 +102,9 @@ type Event struct {
 	// Received is when the consumer fetched the event (unix nanoseconds;
 	// 0 if unknown): a batch's age counts from its oldest event's.
 	Received int64
+	// Source names the connector that wrote the event (Debezium's
+	// source.name, its topic.prefix; "" if the envelope has none).
+	Source string
 
 	keyID string
 	hash  [16]byte

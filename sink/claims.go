@@ -1,0 +1,53 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claims make the members of a group agree on which topic writes a target
+// that topic_pattern entries give to more than one topic: each member
+// resolves topics as its own metadata shows them, in its own order, so
+// "the first topic keeps the target" must be decided in one place.
+// scd2sink_targets holds, per consumer group, a target's topic; the first
+// claim stays (until its row is deleted by hand, to hand the target over).
+
+const claimsTable = "scd2sink_targets"
+
+func claimsDDL(cat *catalog, cfg *Config) []string {
+	if cat.has(claimsTable) {
+		return nil
+	}
+	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+		consumer_group text NOT NULL, target text NOT NULL, topic text NOT NULL,
+		claimed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer_group, target))`,
+		pgx.Identifier{cfg.Schema}.Sanitize(), claimsTable)}
+}
+
+// Claim records topic as the writer of target unless another topic holds
+// it, and returns the topic that holds it.
+func (s *Sink) Claim(ctx context.Context, target, topic string) (string, error) {
+	q := fmt.Sprintf(`WITH ins AS (
+			INSERT INTO %[1]s.%[2]s (consumer_group, target, topic) VALUES ($1, $2, $3)
+			ON CONFLICT (consumer_group, target) DO NOTHING RETURNING topic)
+		SELECT topic FROM ins UNION ALL
+		SELECT topic FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2
+		LIMIT 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable)
+	// A claim committed by another member after this statement's snapshot
+	// was taken conflicts with the insert yet is not seen by the select:
+	// the next try sees it.
+	for try := 0; try < 3; try++ {
+		var owner string
+		err := s.pool.QueryRow(ctx, q, s.cfg.ConsumerGroup, target, topic).Scan(&owner)
+		if err == nil {
+			return owner, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return "", fmt.Errorf("claiming target %s for topic %s: %w", target, topic, err)
+		}
+	}
+	return "", fmt.Errorf("claiming target %s for topic %s: no answer after 3 tries", target, topic)
+}
