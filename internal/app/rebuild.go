@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sort"
 	"strings"
 	"time"
 
@@ -93,11 +94,6 @@ func (o Options) kafkaAdmin(cfg *config.Config) (*kadm.Client, *kgo.Client, erro
 // With follow it then carries on as Run. The live group must have no
 // members (stop `scd2sink run` first).
 func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool) error {
-	for i, t := range cfg.Tables {
-		if t.TopicPattern != "" {
-			return &config.Error{Key: fmt.Sprintf("tables[%d].topic_pattern", i), Msg: "rebuild needs exact topics (not yet built for topic_pattern entries)"}
-		}
-	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -107,6 +103,10 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 		return err
 	}
 	defer cl.Close()
+	live := cfg
+	if cfg, err = expandPatterns(ctx, cfg, adm); err != nil {
+		return err
+	}
 	groups, err := adm.DescribeGroups(ctx, cfg.Kafka.GroupID)
 	if err != nil {
 		return fmt.Errorf("describing group %s: %w", cfg.Kafka.GroupID, err)
@@ -200,9 +200,43 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 	}
 	log.Info("rebuild swapped in", zap.Int64("events", total), zap.Duration("took", time.Since(start).Round(time.Millisecond)))
 	if follow {
-		return Run(ctx, cfg, opts)
+		return Run(ctx, live, opts)
 	}
 	return nil
+}
+
+// expandPatterns turns every topic_pattern entry into exact entries for
+// the topics it matches in Kafka now (those a pattern takes later are
+// `run`'s, as always); conflicts among them are a configuration error,
+// as at run's start.
+func expandPatterns(ctx context.Context, cfg *config.Config, adm *kadm.Client) (*config.Config, error) {
+	router := config.NewRouter(cfg)
+	if !router.HasPatterns() {
+		return cfg, nil
+	}
+	listed, err := adm.ListTopics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing Kafka's topics for the topic patterns: %w", err)
+	}
+	topics := listed.Names()
+	if err := router.Check(topics); err != nil {
+		return nil, err
+	}
+	out := *cfg
+	out.Tables = nil
+	for _, t := range cfg.Tables {
+		if t.TopicPattern == "" {
+			out.Tables = append(out.Tables, t)
+		}
+	}
+	sort.Strings(topics)
+	for _, topic := range topics {
+		if t, err := router.Resolve(topic); err == nil && t.TopicPattern != "" {
+			t.TopicPattern = ""
+			out.Tables = append(out.Tables, t)
+		}
+	}
+	return &out, nil
 }
 
 // resetRebuild removes what an interrupted earlier rebuild left, so the new

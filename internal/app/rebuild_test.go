@@ -20,8 +20,19 @@ import (
 
 // TestRebuild: run consumes a history; rebuild replays it into fresh
 // tables and swaps them in. The rebuilt history equals run's and the fold,
-// and queries running through the swap always find a table.
+// and queries running through the swap always find a table. The item
+// table comes once from an exact entry, once from a topic_pattern entry
+// (rebuild takes the topics it matches in Kafka).
 func TestRebuild(t *testing.T) {
+	for _, tc := range []struct{ name, item string }{
+		{"exact", "topic: src.item, target: item_history"},
+		{"pattern", `topic_pattern: 'src\.i[a-z]+'`},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testRebuild(t, tc.item) })
+	}
+}
+
+func testRebuild(t *testing.T, itemEntry string) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(4, 4))
 	sc := scdtest.BigScenario(rng, "public", 30)
@@ -72,8 +83,8 @@ sink: {batch_max_events: 300, batch_max_wait: 10ms}
 tables:
   - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s, snapshot_deletes: close,
      views: [{name: dim_acct, grain: day, end: inclusive, current_end: "9999-12-31", columns: {scd_id: acct_key}}]}
-  - {topic: src.item, target: item_history, keys: [shop, sku], type1_scope: %s, deletes: %s}
-`, brokers, dsn, a.Type1Scope, a.Deletes, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })
+  - {%s, keys: [shop, sku], type1_scope: %s, deletes: %s}
+`, brokers, dsn, a.Type1Scope, a.Deletes, itemEntry, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatal(err)
 	}
