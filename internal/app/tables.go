@@ -135,10 +135,7 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 			if keys == "" {
 				keys = strings.Join(cols, ",")
 			}
-			var n int64
-			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s`, pgx.Identifier{cfg.Postgres.Schema, l.t.Target}.Sanitize())).Scan(&n); err == nil {
-				versions = fmt.Sprint(n)
-			}
+			versions = countVersions(ctx, pool, pgx.Identifier{cfg.Postgres.Schema, l.t.Target}.Sanitize())
 		}
 		if keys == "" {
 			keys = "(message key)"
@@ -166,4 +163,25 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.topic, l.t.Target, keys, tracked, versions, lag, mark)
 	}
 	return tw.Flush()
+}
+
+// exactBelow is the size under which versions are counted exactly; a
+// larger table shows PostgreSQL's estimate (pg_class.reltuples), marked
+// "~", so that listing hundreds of big tables stays quick.
+const exactBelow = 1_000_000
+
+// countVersions returns a table's number of rows: counted (within 10 s,
+// else "?") below exactBelow, estimated above.
+func countVersions(ctx context.Context, pool *pgxpool.Pool, table string) string {
+	var est float64
+	if err := pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`, table).Scan(&est); err == nil && est >= exactBelow {
+		return fmt.Sprintf("~%d", int64(est))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var n int64
+	if err := pool.QueryRow(cctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+		return "?"
+	}
+	return fmt.Sprint(n)
 }
