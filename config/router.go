@@ -28,6 +28,11 @@ import (
 // ErrNoMatch is returned for a topic that no tables entry names.
 var ErrNoMatch = errors.New("no tables entry matches it")
 
+// ErrBadTarget marks a topic whose pattern's template gives a target that
+// cannot be one (too long): the topic is skipped, at start too (DESIGN.md
+// section 4), never truncated into a collision.
+var ErrBadTarget = errors.New("the topic is skipped")
+
 // Internal are regular expressions of the topics no pattern ever matches.
 // Kafka's and Kafka Connect's own, which are never consumed; Debezium's
 // transaction metadata (<prefix>.transaction) and schema changes
@@ -139,7 +144,7 @@ func (r *Router) resolve(topic string) (Table, error) {
 	t.Topic = topic
 	t.Target = Target(t.Target, topic)
 	if err := validName(fmt.Sprintf("tables[%d].target", hits[0].index), t.Target, MaxTargetBytes, ""); err != nil {
-		return Table{}, fmt.Errorf("topic %s: %w", topic, err)
+		return Table{}, fmt.Errorf("topic %s: %w (%w)", topic, err, ErrBadTarget)
 	}
 	return t, nil
 }
@@ -212,12 +217,13 @@ func (r *Router) ByTarget(target string) (Table, bool) {
 
 // Check resolves the given topics (those in Kafka at start) and returns
 // every conflict among them as one configuration error (exit 2); topics no
-// entry matches are not errors.
+// entry matches, and topics whose target would be too long (skipped,
+// logged and counted once consumed), are not errors.
 func (r *Router) Check(topics []string) error {
 	sort.Strings(topics)
 	var msgs []string
 	for _, topic := range topics {
-		if _, err := r.Resolve(topic); err != nil && !errors.Is(err, ErrNoMatch) {
+		if _, err := r.Resolve(topic); err != nil && !errors.Is(err, ErrNoMatch) && !errors.Is(err, ErrBadTarget) {
 			msgs = append(msgs, err.Error())
 		}
 	}

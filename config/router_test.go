@@ -82,11 +82,17 @@ func TestRouter(t *testing.T) {
 			t.Errorf("ByTarget: %+v %v", tb, ok)
 		}
 		// At start the conflicts among the topics in Kafka are one error.
-		err = NewRouter(c).Check([]string{"shop.sales.invoices", "shop.public.invoices", "shop.sales.payments", "other"})
+		err = NewRouter(c).Check([]string{"shop.sales.invoices", "shop.public.invoices", "shop.sales.payments", "other", "crm." + strings.Repeat("x", 60)})
 		var ce *Error
 		if !errors.As(err, &ce) || ce.Key != "tables" || !strings.Contains(err.Error(), "shop.sales.invoices would write target invoices_history") ||
 			!strings.Contains(err.Error(), "shop.sales.payments matches both") {
 			t.Fatalf("Check: %v", err)
+		}
+		if strings.Contains(err.Error(), "crm.xxx") {
+			t.Errorf("Check: a target too long is skipped, not a configuration error: %v", err)
+		}
+		if err := NewRouter(c).Check([]string{"crm." + strings.Repeat("x", 60)}); err != nil {
+			t.Errorf("Check with a target too long alone: %v, want the topic skipped", err)
 		}
 	})
 	t.Run("an exact entry's target is taken", func(t *testing.T) {

@@ -56,6 +56,9 @@ type Sink interface {
 	// completeness watermark per target (watermark.go).
 	Watermark(ctx context.Context, looks map[change.Partition]sink.Look) error
 	Watermarks(ctx context.Context) (map[string]time.Time, error)
+	// Connectors returns the connector stream of each topic the looks
+	// recorded (sink.Look.Connector).
+	Connectors(ctx context.Context) (map[string]string, error)
 	Forget()
 }
 

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -63,8 +64,20 @@ func (c *Consumer) skipUnroutable(ctx context.Context, assigned map[string][]int
 	if c.cfg.Route == nil {
 		return
 	}
+	// One budget for all the topics: a PostgreSQL that does not answer
+	// must not hold the rebalance for a budget per topic. Once one topic
+	// could not be settled, the rest wait for settle unasked.
+	rctx, cancel := context.WithTimeout(ctx, routeBudget)
+	defer cancel()
+	unsure := false
 	for topic := range assigned {
-		c.routed(topic, c.askRoute(ctx, topic))
+		if unsure {
+			c.routed(topic, fmt.Errorf("%w: an earlier topic's answer did not come in time", ErrUnsettled))
+			continue
+		}
+		if !c.routed(topic, c.cfg.Route(rctx, topic)) {
+			unsure = true
+		}
 	}
 }
 
@@ -78,8 +91,12 @@ func (c *Consumer) askRoute(ctx context.Context, topic string) error {
 // reports whether the answer is settled. Called with mu held.
 func (c *Consumer) routed(topic string, err error) bool {
 	if err == nil {
-		if c.unsettled[topic] {
+		// A pause outlives the assignment (franz-go keeps paused topics
+		// until resumed): a topic paused before, as unsettled or
+		// skipped, is resumed now that it can be applied.
+		if c.unsettled[topic] || c.skipped[topic] {
 			delete(c.unsettled, topic)
+			delete(c.skipped, topic)
 			c.client.ResumeFetchTopics(topic)
 			c.log.Info("topic resumed: it can be applied", zap.String("topic", topic))
 		}
@@ -117,30 +134,32 @@ func (c *Consumer) settle(ctx context.Context) {
 	c.mu.Lock()
 	var topics []string
 	for topic := range c.unsettled {
-		topics = append(topics, topic)
+		if c.holds(topic) {
+			topics = append(topics, topic)
+		}
 	}
 	c.mu.Unlock()
 	for _, topic := range topics {
 		err := c.askRoute(ctx, topic)
 		c.mu.Lock()
-		assigned := false
-		for p := range c.assigned {
-			if p.Topic == topic {
-				assigned = true
-				break
-			}
-		}
-		switch {
-		case !c.unsettled[topic]:
-		case !assigned:
+		// A topic no longer assigned stays unsettled (and paused) until
+		// it is assigned again and Route answers.
+		if c.unsettled[topic] && c.holds(topic) && c.routed(topic, err) {
 			delete(c.unsettled, topic)
-		default:
-			if c.routed(topic, err) {
-				delete(c.unsettled, topic)
-			}
 		}
 		c.mu.Unlock()
 	}
+}
+
+// holds reports whether a partition of topic is assigned. Called with mu
+// held.
+func (c *Consumer) holds(topic string) bool {
+	for p := range c.assigned {
+		if p.Topic == topic {
+			return true
+		}
+	}
+	return false
 }
 
 // adjustOffsets resumes each assigned partition from scd2sink_offsets when

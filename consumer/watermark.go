@@ -19,12 +19,11 @@ import (
 // moment after its source committed (seconds, when a new table's topic is
 // created), so a log's end says nothing of changes it has not written
 // yet. The time taken is the newest valid time read from any topic of the
-// same connector (source.name; before an event names it, the topic's
-// prefix before the first dot): Debezium writes in commit order, so
-// changes committed before it are in Kafka, up to what the reorder window
-// covers. A connector with nothing read since this member started gives
-// no time (a stalled connector must not let the watermark run on with
-// the clock): its partitions count through their last applied event.
+// same connector stream (publishedFor): Debezium writes in commit order,
+// so changes committed before it are in Kafka, up to what the reorder
+// window covers. A stream nothing was read from since this member started
+// gives no time (a stalled connector must not let the watermark run on
+// with the clock): its partitions count through their last applied event.
 // watchWatermarks takes such a look every watermarkEvery, beside the poll
 // loop (it never holds the consumer's lock while asking Kafka or
 // PostgreSQL), and sets scd2sink_watermark_lag_seconds per target. A
@@ -39,6 +38,7 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 	defer tick.Stop()
 	adm := kadm.NewClient(c.client)
 	var warned time.Time
+	loaded := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -46,6 +46,9 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 		case <-tick.C:
 		}
 		c.settle(ctx)
+		if !loaded {
+			loaded = c.loadConnectors(ctx)
+		}
 		if err := c.lookAtEnds(ctx, adm); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
 			warned = time.Now()
 			c.log.Warn("looking at the logs' ends for the completeness watermark failed; it lags meanwhile", zap.Error(err))
@@ -68,10 +71,12 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	// The time through which each topic's connector had written by now
 	// (absent: nothing of it read since this member started).
 	published := make(map[string]time.Time, len(topics))
+	ids, conns := make(map[string]string, len(topics)), make(map[string]string, len(topics))
 	for _, topic := range topics {
-		if v, ok := c.published[c.connectorOf(topic)]; ok {
+		if v, ok := c.publishedFor(topic); ok {
 			published[topic] = v
 		}
+		ids[topic], conns[topic] = c.topicIDs[topic], c.sources[topic]
 	}
 	c.mu.Unlock()
 	if len(topics) == 0 {
@@ -91,9 +96,23 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	// Every partition of the topics, this member's or not: one that nobody
 	// has applied yet holds its target's watermark back.
 	looks := map[change.Partition]sink.Look{}
+	// A topic with a partition not listed is left out whole: a target's
+	// watermark is the minimum over every partition, and a partition
+	// missing from it (offline, its leader away) must not leave a hole.
+	failed := map[string]bool{}
 	ends.Each(func(e kadm.ListedOffset) {
-		st, ok := starts.Lookup(e.Topic, e.Partition)
-		if e.Err != nil || !ok || st.Err != nil {
+		if st, ok := starts.Lookup(e.Topic, e.Partition); e.Err != nil || !ok || st.Err != nil {
+			failed[e.Topic] = true
+		}
+	})
+	for _, topic := range topics {
+		if _, ok := ends[topic]; !ok {
+			failed[topic] = true
+		}
+	}
+	ends.Each(func(e kadm.ListedOffset) {
+		st, _ := starts.Lookup(e.Topic, e.Partition)
+		if failed[e.Topic] {
 			return
 		}
 		var when *time.Time
@@ -104,7 +123,8 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 			when = &v
 		}
 		if target := c.target(e.Topic); target != "" {
-			looks[change.Partition{Topic: e.Topic, Partition: e.Partition}] = sink.Look{Target: target, Start: st.Offset, End: e.Offset, At: when}
+			looks[change.Partition{Topic: e.Topic, Partition: e.Partition}] = sink.Look{Target: target, Start: st.Offset, End: e.Offset, At: when,
+				TopicID: ids[e.Topic], Connector: conns[e.Topic]}
 		}
 	})
 	if err := c.sink.Watermark(lctx, looks); err != nil {
@@ -121,32 +141,41 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	return nil
 }
 
-// connectorOf names the connector that writes topic: the source.name its
-// events carry; before one was read, the longest connector name known that
-// is the topic's prefix (Debezium names topics <topic.prefix>.<schema>.<table>,
-// and a prefix may hold dots); else the topic's part before its first dot.
-// Called with mu held.
-func (c *Consumer) connectorOf(topic string) string {
-	if name, ok := c.sources[topic]; ok {
-		return name
+// publishedFor returns the time through which topic's connector had
+// written by the last event read from it: the stream its events name
+// (source.name and source.db, recorded in scd2sink_progress so that a
+// restart knows it); for a topic nothing was read from yet, the streams
+// of the longest connector name that prefixes the topic (Debezium names
+// topics <topic.prefix>.<schema>.<table>, and a prefix may hold dots),
+// the earliest of them. Unknown (false) when none of its streams was read
+// since this member started. Called with mu held.
+func (c *Consumer) publishedFor(topic string) (time.Time, bool) {
+	if key, ok := c.sources[topic]; ok {
+		v, ok := c.published[key]
+		return v, ok
 	}
-	best := ""
-	for name := range c.published {
-		if len(name) > len(best) && strings.HasPrefix(topic, name+".") {
-			best = name
+	var best string
+	var at time.Time
+	found := false
+	for key, v := range c.published {
+		name, _, _ := strings.Cut(key, "/")
+		if !strings.HasPrefix(topic, name+".") || len(name) < len(best) {
+			continue
+		}
+		if len(name) > len(best) || !found || v.Before(at) {
+			best, at, found = name, v, true
 		}
 	}
-	if best != "" {
-		return best
-	}
-	prefix, _, _ := strings.Cut(topic, ".")
-	return prefix
+	return at, found
 }
 
 // noteValid remembers the newest valid time read from a connector's
-// topics, and which connector writes topic. Called with mu held.
+// stream, and which stream topic belongs to. Called with mu held.
 func (c *Consumer) noteValid(topic, source string, v time.Time) {
-	if source != "" && c.sources[topic] != source {
+	if source == "" {
+		source, _, _ = strings.Cut(topic, ".") // not Debezium's envelope: its prefix
+	}
+	if c.sources[topic] != source {
 		if c.sources == nil {
 			c.sources = map[string]string{}
 		}
@@ -158,8 +187,30 @@ func (c *Consumer) noteValid(topic, source string, v time.Time) {
 	if c.published == nil {
 		c.published = map[string]time.Time{}
 	}
-	k := c.connectorOf(topic)
-	if v.After(c.published[k]) {
-		c.published[k] = v
+	if v.After(c.published[source]) {
+		c.published[source] = v
 	}
+}
+
+// loadConnectors learns which connector stream writes each topic from
+// what earlier looks recorded, so that a restart tells a topic's
+// connector before reading anything of it. It reports success.
+func (c *Consumer) loadConnectors(ctx context.Context) bool {
+	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
+	defer cancel()
+	known, err := c.sink.Connectors(lctx)
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sources == nil {
+		c.sources = map[string]string{}
+	}
+	for topic, conn := range known {
+		if _, ok := c.sources[topic]; !ok {
+			c.sources[topic] = conn
+		}
+	}
+	return true
 }

@@ -261,6 +261,12 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		if s.root.field("op") == nil && s.root.field("ts_ms") != nil {
 			return nil, ErrSkip // a heartbeat
 		}
+		if st, _ := avroPath(s.root, rec, []string{"status"}); (st == "BEGIN" || st == "END") && s.root.field("id") != nil {
+			return nil, ErrSkip // transaction metadata, from a topic a pattern took
+		}
+		if s.root.field("tableChanges") != nil || s.root.field("ddl") != nil {
+			return nil, ErrSkip // a schema change, from a topic a pattern took
+		}
 		if d.wire != ConfluentIDs {
 			// Ids of the wrong kind name other schemas (a key's, another
 			// table's): the likeliest cause under Apicurio.
@@ -276,7 +282,9 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	ev.Source = r.connector(func() string {
 		v, _ := avroPath(s.root, rec, sourceName)
 		name, _ := v.(string)
-		return name
+		v, _ = avroPath(s.root, rec, sourceDB)
+		db, _ := v.(string)
+		return sourceKey(name, db)
 	})
 	if s.row != nil {
 		ev.Row = s.row

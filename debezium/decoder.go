@@ -32,13 +32,29 @@ type rule struct {
 	// The schemas of the topic's last message (value and key): the
 	// JsonConverter repeats them, so a message is first tried against them.
 	lastValue, lastKey, lastHeader atomic.Pointer[cached]
-	// source is the connector that writes the topic (source.name, read
-	// from its first event that has one): every event shares the string.
+	// source is the connector that writes the topic (source.name and
+	// source.db, read from its first event that has a name): every event
+	// shares the string.
 	source atomic.Pointer[string]
 }
 
-// sourceName is the envelope path of the connector's logical name.
-var sourceName = []string{"source", "name"}
+// sourceName and sourceDB are the envelope paths of the connector's
+// logical name and of the database the event comes from.
+var (
+	sourceName = []string{"source", "name"}
+	sourceDB   = []string{"source", "db"}
+)
+
+// sourceKey names the stream a connector writes an event in: its name,
+// and the database when there is one (a connector capturing several
+// databases, as SQL Server's may with a task each, writes a stream per
+// database, and one may stall while another goes on).
+func sourceKey(name, db string) string {
+	if name == "" || db == "" {
+		return name
+	}
+	return name + "/" + db
+}
 
 // connector returns the topic's connector name, remembering name (read
 // by lookup only while none is known).

@@ -284,6 +284,12 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		if env.field("ts_ms").Exists() && env.n <= 2 {
 			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
 		}
+		if st := env.field("status").Str; (st == "BEGIN" || st == "END") && env.field("id").Exists() {
+			return nil, ErrSkip // transaction metadata, from a topic a pattern took
+		}
+		if env.field("tableChanges").Exists() || env.field("ddl").Exists() {
+			return nil, ErrSkip // a schema change, from a topic a pattern took
+		}
 		return nil, errors.New("envelope has no op field")
 	}
 	if op.Type != gjson.String {
@@ -294,7 +300,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		return nil, err
 	}
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
-	ev.Source = r.connector(func() string { return env.get(sourceName).Str })
+	ev.Source = r.connector(func() string { return sourceKey(env.get(sourceName).Str, env.get(sourceDB).Str) })
 	seq := make([]byte, 0, 12*len(r.seqPaths))
 	for i, p := range r.seqPaths {
 		if seq, err = appendSeq(seq, env.get(p)); err != nil {

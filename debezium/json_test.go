@@ -108,6 +108,13 @@ func TestDecodeSkipsAndRejects(t *testing.T) {
 		{"tombstone", "shop.public.customers", key, nil, true, ""},
 		{"null payload", "shop.public.customers", key, []byte(`{"schema":{},"payload":null}`), true, ""},
 		{"heartbeat", "shop.public.customers", key, []byte(`{"ts_ms":1767225600000}`), true, ""},
+		// <prefix>.transaction and <prefix> of a dotted topic.prefix, taken by a pattern.
+		{"transaction begin", "shop.public.customers", []byte(`{"id":"571:53195832"}`),
+			[]byte(`{"status":"BEGIN","id":"571:53195832","ts_ms":1767225600000,"event_count":null,"data_collections":null}`), true, ""},
+		{"transaction end", "shop.public.customers", []byte(`{"id":"571:53195832"}`),
+			[]byte(`{"status":"END","id":"571:53195832","ts_ms":1767225600000,"event_count":2,"data_collections":[{"data_collection":"public.customers","event_count":2}]}`), true, ""},
+		{"schema change", "shop.public.customers", []byte(`{"databaseName":"inventory"}`),
+			[]byte(`{"source":{"ts_ms":1},"ts_ms":1,"databaseName":"inventory","schemaName":null,"ddl":"ALTER TABLE customers ADD COLUMN x int","tableChanges":[]}`), true, ""},
 		{"malformed JSON", "shop.public.customers", key, []byte(`{"op":`), false, "not Debezium JSON"},
 		{"binary garbage", "shop.public.customers", key, []byte{0xff, 0xfe, 0x00, 0x01}, false, "not Debezium JSON"},
 		{"missing op", "shop.public.customers", key, []byte(`{` + ok + `}`), false, "no op"},

@@ -610,11 +610,13 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.P
 		}
 	}
 	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, target, last_valid_from, updated_at)
-		SELECT $1, t, p, n, a, nullif(i, ''), nullif(g, ''), v, now()
+		SELECT $1, t, p, n, a, nullif(i, ''), nullif(g, ''), CASE WHEN v IS NOT NULL THEN least(v, now()) END, now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::timestamptz[]) AS x(t, p, n, a, i, g, v)
 		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET
 			target = coalesce(excluded.target, o.target),
-			last_valid_from = CASE WHEN o.last_valid_from IS NULL OR excluded.last_valid_from > o.last_valid_from
+			last_valid_from = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
+				THEN excluded.last_valid_from
+				WHEN o.last_valid_from IS NULL OR excluded.last_valid_from > o.last_valid_from
 				THEN coalesce(excluded.last_valid_from, o.last_valid_from) ELSE o.last_valid_from END,
 			next_offset = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
 				THEN excluded.next_offset ELSE greatest(o.next_offset, excluded.next_offset) END,

@@ -13,14 +13,15 @@ import (
 
 // The completeness watermark (DESIGN.md section 4): scd2sink_watermarks
 // gives, per target, the time through which every event of its topic has
-// been applied. Per partition that is the valid time of its last applied
-// event (last_valid_from, written with the offsets in the batch's
-// transaction; snapshot reads excluded, a microsecond less), or, when the
-// partition was fully applied at the last look
-// at the log's end (scd2sink_progress.caught_up_at, written by Watermark:
-// the newest valid time its connector had written by then, see
-// consumer/watermark.go) less the reorder window, whichever is later; a
-// target's is the minimum over every partition of its topic, NULL while
+// been applied. Per partition that is the later of the valid time of its
+// last applied event (last_valid_from, written with the offsets in the
+// batch's transaction; snapshot reads excluded, a microsecond less, never
+// past the clock, reset when the topic is re-created) and, when the
+// partition was fully applied at the last look at the log's end
+// (scd2sink_progress.caught_up_at, written by Watermark: the newest valid
+// time its connector had written by then, see consumer/watermark.go),
+// less the reorder window (events within it may still come out of order);
+// a target's is the minimum over every partition of its topic, NULL while
 // any of them has neither. Rebuild groups are left out.
 
 const watermarkView = "scd2sink_watermarks"
@@ -28,7 +29,7 @@ const watermarkView = "scd2sink_watermarks"
 // watermarkNote marks the view's definition: it is replaced only when the
 // window changes, so that a restart runs no DDL.
 func watermarkNote(cfg *Config) string {
-	return fmt.Sprintf("scd2sink watermarks v2: window %s", cfg.ReorderWindow)
+	return fmt.Sprintf("scd2sink watermarks v3: window %s", cfg.ReorderWindow)
 }
 
 // watermarkDDL creates scd2sink_progress, and creates or replaces the view
@@ -43,7 +44,9 @@ func watermarkDDL(cat *catalog, cfg *Config) []string {
 	if !cat.has(progressTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, target text NOT NULL,
-			caught_up_at timestamptz, PRIMARY KEY (consumer_group, topic, partition))`, s, progressTable))
+			caught_up_at timestamptz, connector text, PRIMARY KEY (consumer_group, topic, partition))`, s, progressTable))
+	} else if !cat.hasCol(progressTable, "connector") {
+		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS connector text`, s, progressTable))
 	}
 	note := watermarkNote(cfg)
 	if cat.has(watermarkView) && cat.notes[watermarkView] == note {
@@ -53,7 +56,7 @@ func watermarkDDL(cat *catalog, cfg *Config) []string {
 	return append(out,
 		fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
 			SELECT target, CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END AS complete_through
-			FROM (SELECT p.target, greatest(o.last_valid_from, p.caught_up_at - interval %[3]s) AS w
+			FROM (SELECT p.target, greatest(o.last_valid_from, p.caught_up_at) - interval %[3]s AS w
 				FROM %[1]s.%[5]s AS p LEFT JOIN %[1]s.scd2sink_offsets AS o
 					ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
 				WHERE p.consumer_group NOT LIKE %[4]s) AS q
@@ -71,6 +74,12 @@ type Look struct {
 	Target     string
 	Start, End int64
 	At         *time.Time // nil: not known; the partition is not counted as read to its end
+	// TopicID is the topic's Kafka ID ("" unknown): offsets recorded for
+	// another (a topic deleted and re-created) never count as its end.
+	TopicID string
+	// Connector names the connector that writes the topic ("" unknown),
+	// kept so that a restart knows it before reading anything.
+	Connector string
 }
 
 // Watermark records looks at the logs' ends in scd2sink_progress: a
@@ -96,21 +105,26 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 	var parts []int32
 	var start, end []int64
 	var at []*time.Time
+	var ids, conns []string
 	for _, p := range keys {
 		l := looks[p]
 		topics, parts, targets = append(topics, p.Topic), append(parts, p.Partition), append(targets, l.Target)
 		start, end, at = append(start, l.Start), append(end, l.End), append(at, l.At)
+		ids, conns = append(ids, l.TopicID), append(conns, l.Connector)
 	}
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at)
-		SELECT $1, x.t, x.p, x.g, CASE WHEN coalesce(o.next_offset >= x.e, x.s >= x.e) THEN x.a END
-		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[]) WITH ORDINALITY AS x(t, p, g, s, e, a, i)
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at, connector)
+		SELECT $1, x.t, x.p, x.g, CASE WHEN coalesce(o.next_offset >= x.e AND (o.topic_id IS NULL OR x.id = '' OR o.topic_id = x.id), x.s >= x.e) THEN x.a END,
+			nullif(x.c, '')
+		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[], $8::text[], $9::text[])
+			WITH ORDINALITY AS x(t, p, g, s, e, a, id, c, i)
 		LEFT JOIN %[1]s.scd2sink_offsets AS o ON o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p
 		ORDER BY x.i
 		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET target = excluded.target,
-			caught_up_at = greatest(g.caught_up_at, excluded.caught_up_at)
+			caught_up_at = greatest(g.caught_up_at, excluded.caught_up_at), connector = coalesce(excluded.connector, g.connector)
 		WHERE g.target IS DISTINCT FROM excluded.target OR excluded.caught_up_at > g.caught_up_at
-			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at)
+			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)
+			OR (excluded.connector IS NOT NULL AND g.connector IS DISTINCT FROM excluded.connector)`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at, ids, conns)
 	if err != nil {
 		return fmt.Errorf("recording the watermark: %w", err)
 	}
@@ -134,6 +148,26 @@ func (s *Sink) Watermarks(ctx context.Context) (map[string]time.Time, error) {
 			return nil, err
 		}
 		out[target] = t
+	}
+	return out, rows.Err()
+}
+
+// Connectors returns, per topic, the connector recorded by the looks
+// (Look.Connector).
+func (s *Sink) Connectors(ctx context.Context) (map[string]string, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, connector FROM %s.%s WHERE consumer_group = $1 AND connector IS NOT NULL`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, fmt.Errorf("reading the connectors from %s: %w", progressTable, err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var topic, conn string
+		if err := rows.Scan(&topic, &conn); err != nil {
+			return nil, err
+		}
+		out[topic] = conn
 	}
 	return out, rows.Err()
 }

@@ -102,8 +102,9 @@ type Event struct {
 	// Received is when the consumer fetched the event (unix nanoseconds;
 	// 0 if unknown): a batch's age counts from its oldest event's.
 	Received int64
-	// Source names the connector that wrote the event (Debezium's
-	// source.name, its topic.prefix; "" if the envelope has none).
+	// Source names the connector's stream that wrote the event (Debezium's
+	// source.name, its topic.prefix, and source.db: "name/db"; "" if the
+	// envelope has no name).
 	Source string
 
 	keyID string
