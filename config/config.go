@@ -196,7 +196,11 @@ type Table struct {
 	// SnapshotDeletes is ignore (default) or close: a completed full
 	// snapshot closes the keys it did not read.
 	SnapshotDeletes string `yaml:"snapshot_deletes"`
-	Views           []View `yaml:"views"`
+	// SnapshotDeletesMaxFraction guards reconciliation: one that would
+	// close more than this fraction of the table's live keys is held
+	// until confirmed (default 0.5; 1 disables the guard).
+	SnapshotDeletesMaxFraction *float64 `yaml:"snapshot_deletes_max_fraction"`
+	Views                      []View   `yaml:"views"`
 }
 
 // View is one views: entry of a table: the history in another convention
@@ -434,6 +438,10 @@ func (c *Config) applyEnv(env func(string) (string, bool)) error {
 
 // DefaultHTTPAddr is where /metrics, /healthz and /readyz are served by default.
 const DefaultHTTPAddr = "127.0.0.1:9464"
+
+// DefaultSnapshotDeletesMaxFraction is snapshot_deletes_max_fraction's
+// default: a reconciliation closing more than half the live keys is held.
+const DefaultSnapshotDeletesMaxFraction = 0.5
 
 func (c *Config) applyDefaults() {
 	or := func(dst *string, def string) {

@@ -175,6 +175,8 @@ func TestBadValues(t *testing.T) {
 		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
 		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
 		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
+		{"guard zero", minimal + "    snapshot_deletes_max_fraction: 0\n", "tables[0].snapshot_deletes_max_fraction"},
+		{"guard above one", minimal + "    snapshot_deletes_max_fraction: 1.5\n", "tables[0].snapshot_deletes_max_fraction"},
 		{"duplicate key", minimal + "    keys: [a, a]\n", "tables[0].keys"},
 		{"tracked key", minimal + "    keys: [a]\n    track_history: [a]\n", "tables[0].track_history"},
 		{"tracked and ignored", minimal + "    track_history: [b]\n    ignore_columns: [b]\n", "tables[0].track_history"},

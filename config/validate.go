@@ -335,6 +335,12 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		} else if err := oneOf(key("snapshot_deletes"), t.SnapshotDeletes, "ignore", "close"); err != nil {
 			return err
 		}
+		if f := t.SnapshotDeletesMaxFraction; f == nil {
+			half := DefaultSnapshotDeletesMaxFraction
+			c.Tables[i].SnapshotDeletesMaxFraction = &half
+		} else if !(*f > 0 && *f <= 1) {
+			return errf(key("snapshot_deletes_max_fraction"), "is %v: a fraction of the live keys above 0 and at most 1 (1 disables the guard)", *f)
+		}
 		if err := distinct(key("keys"), t.Keys); err != nil {
 			return err
 		}

@@ -152,7 +152,14 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 			consumer_group text NOT NULL, target text NOT NULL, scd_seq bytea NOT NULL,
 			valid_from timestamptz NOT NULL, topic text NOT NULL, until jsonb NOT NULL,
 			recorded_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
+			held_at timestamptz, held_keys bigint, live_keys bigint, confirmed_at timestamptz,
 			PRIMARY KEY (consumer_group, target, scd_seq))`, s))
+	} else if !cat.hasCol("scd2sink_snapshots", "confirmed_at") {
+		// The reconciliation guard (reconcile.go): a held one, what it
+		// would close, and its confirmation.
+		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.scd2sink_snapshots ADD COLUMN IF NOT EXISTS held_at timestamptz,
+			ADD COLUMN IF NOT EXISTS held_keys bigint, ADD COLUMN IF NOT EXISTS live_keys bigint,
+			ADD COLUMN IF NOT EXISTS confirmed_at timestamptz`, s))
 	}
 	if !cat.has(cfg.DeadLetterTable) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (

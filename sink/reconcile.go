@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -61,25 +62,25 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 // the same snapshot makes this one skip it.
 func (s *Sink) reconcile(ctx context.Context) error {
 	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at IS NOT NULL,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
 		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
 		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
-		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL
-		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
+		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL AND (sn.held_at IS NULL OR sn.confirmed_at IS NOT NULL)
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
 	type pending struct {
-		sn    Snapshot
-		ready bool
+		sn               Snapshot
+		confirmed, ready bool
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
 		var p pending
 		var seq []byte
 		var until map[string]int64
-		if err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &until, &p.ready); err != nil {
+		if err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &until, &p.confirmed, &p.ready); err != nil {
 			return p, err
 		}
 		p.sn.Seq, p.sn.Until = seq, map[int32]int64{}
@@ -101,7 +102,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 			waiting = true
 			continue
 		}
-		if err := s.reconcileOne(ctx, p.sn); err != nil {
+		if err := s.reconcileOne(ctx, p.sn, p.confirmed); err != nil {
 			return err
 		}
 	}
@@ -109,8 +110,9 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	return nil
 }
 
-// reconcileOne reconciles one snapshot under a row lock on its record.
-func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot) error {
+// reconcileOne reconciles one snapshot under a row lock on its record;
+// unless confirmed, the guard may hold it instead.
+func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) error {
 	s.mu.Lock() // Prepare, on another goroutine, adds tables
 	t := s.tables[sn.Target]
 	spec, ok := s.spec(sn.Target)
@@ -156,11 +158,18 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot) error {
 			match[i] = fmt.Sprintf("x.%s = h.%s", id, id)
 		}
 		m := strings.Join(match, " AND ")
-		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s h
-			WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1)
-			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
-			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`,
-			strings.Join(sel, ", "), t.hist.Sanitize(), t.hist.Sanitize(), m, t.side.Sanitize(), m), []byte(sn.Seq))
+		live := `h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1)`
+		unread := fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
+			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`, t.hist.Sanitize(), m, t.side.Sanitize(), m)
+		if f := spec.MaxCloseFraction; !confirmed && f > 0 && f < 1 {
+			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h WHERE %s`,
+				unread, t.hist.Sanitize(), live))
+			if err != nil || held {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s h WHERE %s AND %s`,
+			strings.Join(sel, ", "), t.hist.Sanitize(), live, unread), []byte(sn.Seq))
 		if err != nil {
 			return fmt.Errorf("finding the keys the snapshot of %s did not read: %w", sn.Target, err)
 		}
@@ -228,4 +237,73 @@ func (s *Sink) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
 		return fmt.Errorf("marking the snapshot of %s reconciled: %w", sn.Target, err)
 	}
 	return nil
+}
+
+// guard counts the keys a snapshot would close and the keys live at it
+// (count, one query); more than fraction of them closed holds the
+// reconciliation: recorded in scd2sink_snapshots (held_at, held_keys,
+// live_keys) and logged, until `scd2sink reconcile --confirm`. A snapshot
+// that read nothing or little (an empty table after a failed restore, a
+// filtering snapshot.select.statement.overrides) would otherwise close the
+// whole dimension in one step.
+func (s *Sink) guard(ctx context.Context, tx pgx.Tx, sn Snapshot, fraction float64, count string) (bool, error) {
+	var closing, live int64
+	if err := tx.QueryRow(ctx, count, []byte(sn.Seq)).Scan(&closing, &live); err != nil {
+		return false, fmt.Errorf("counting the keys the snapshot of %s did not read: %w", sn.Target, err)
+	}
+	if live == 0 || float64(closing) <= fraction*float64(live) {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET held_at = now(), held_keys = $4, live_keys = $5
+		WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
+		s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), closing, live); err != nil {
+		return false, fmt.Errorf("holding the reconciliation of %s: %w", sn.Target, err)
+	}
+	s.log.Warn("snapshot reconciliation held: it would close more of the table's live keys than snapshot_deletes_max_fraction allows; "+
+		"check the snapshot, then run `scd2sink reconcile --table "+sn.Target+" --confirm` to apply it",
+		zap.String("table", sn.Target), zap.Time("snapshot_at", sn.At), zap.Int64("would_close", closing),
+		zap.Int64("live_keys", live), zap.Float64("max_fraction", fraction))
+	return true, nil
+}
+
+// Held is a reconciliation the guard holds.
+type Held struct {
+	Target        string
+	At            time.Time // the snapshot's time
+	HeldAt        time.Time
+	Closing, Live int64
+}
+
+// HeldReconciliations lists the reconciliations the guard holds (target
+// "" for all).
+func (s *Sink) HeldReconciliations(ctx context.Context, target string) ([]Held, error) {
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target, valid_from, held_at, held_keys, live_keys FROM %s.scd2sink_snapshots
+		WHERE consumer_group = $1 AND ($2 = '' OR target = $2) AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL
+		ORDER BY target, scd_seq`, pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target)
+	if err != nil {
+		return nil, fmt.Errorf("reading the held reconciliations: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Held, error) {
+		var h Held
+		err := r.Scan(&h.Target, &h.At, &h.HeldAt, &h.Closing, &h.Live)
+		return h, err
+	})
+}
+
+// Confirm releases the reconciliations the guard holds for target and
+// applies them (with every other one that is ready), returning those it
+// released. It is for a Sink of its own (the reconcile command), not one
+// applying batches; an instance running meanwhile takes the deletes as
+// late events (they take the topic's partition locks, as batches do).
+func (s *Sink) Confirm(ctx context.Context, target string) ([]Held, error) {
+	held, err := s.HeldReconciliations(ctx, target)
+	if err != nil || len(held) == 0 {
+		return nil, err
+	}
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = now()
+		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target); err != nil {
+		return nil, fmt.Errorf("confirming the held reconciliation of %s: %w", target, err)
+	}
+	return held, s.reconcile(ctx)
 }

@@ -128,3 +128,94 @@ func TestReconciliationResetsOtherWritersCaches(t *testing.T) {
 	}
 	verifyClean(t, owner, spec.Target)
 }
+
+// TestReconciliationGuard: with MaxCloseFraction 0.5, a snapshot that
+// would close at most half the live keys is reconciled; one that would
+// close more is held (nothing closed, recorded with its counts, changes
+// after it applied as usual) until Confirm, from another Sink as the
+// reconcile command does, closes the keys as late deletes: the history
+// then equals the fold with the snapshot.
+func TestReconciliationGuard(t *testing.T) {
+	h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
+	p0 := change.Partition{Topic: "shop.public.customers", Partition: 0}
+	for _, tc := range []struct {
+		name string
+		read []string // the keys the snapshot reads, of A..D
+		held bool
+	}{
+		{"half closed: reconciled", []string{"A", "B"}, false},
+		{"three of four closed: held", []string{"A"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool(t)
+			ctx := context.Background()
+			spec := custSpec("public")
+			spec.SnapshotDeletes, spec.MaxCloseFraction = true, 0.5
+			s := newSink(t, pool, "public", spec)
+			var all []*change.Event
+			apply := func(b sink.Batch) {
+				t.Helper()
+				if _, err := s.Apply(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, b.Events...)
+			}
+			check := func(step string, evs []*change.Event) {
+				t.Helper()
+				want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, evs))
+				if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+					t.Fatalf("%s: history differs from the fold:\n%s", step, d)
+				}
+				verifyClean(t, s, spec.Target)
+			}
+			var creates []*change.Event
+			for i, id := range []string{"A", "B", "C", "D"} {
+				creates = append(creates, cust(change.OpCreate, int64(10+i), h(1), id, "name", id, "plan", "basic"))
+			}
+			apply(sink.Batch{Events: creates, Offsets: map[change.Partition]int64{p0: 4}})
+			var reads []*change.Event
+			for i, id := range tc.read {
+				e := cust(change.OpRead, 100, h(10), id, "name", id, "plan", "basic")
+				e.SnapshotEnd = i == len(tc.read)-1
+				reads = append(reads, e)
+			}
+			apply(sink.Batch{Events: reads, Offsets: map[change.Partition]int64{p0: 4 + int64(len(reads))},
+				Snapshots: []sink.Snapshot{{Target: spec.Target, Seq: change.MustSeq(100), At: h(10), Topic: p0.Topic, Until: map[int32]int64{0: 4 + int64(len(reads))}}}})
+			// D changes after the snapshot.
+			apply(sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 150, h(15), "D", "name", "D", "plan", "team")},
+				Offsets: map[change.Partition]int64{p0: 5 + int64(len(reads))}})
+			held, err := s.HeldReconciliations(ctx, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.held {
+				if len(held) != 0 {
+					t.Fatalf("held: %+v", held)
+				}
+				check("reconciled", all)
+				return
+			}
+			if len(held) != 1 || held[0].Closing != 3 || held[0].Live != 4 || held[0].Target != spec.Target {
+				t.Fatalf("held: %+v, want one closing 3 of 4 live keys", held)
+			}
+			check("held", withoutEnds(all))
+			confirmer := newSink(t, pool, "public", spec)
+			got, err := confirmer.Confirm(ctx, spec.Target)
+			if err != nil || len(got) != 1 {
+				t.Fatalf("Confirm: %v, %+v", err, got)
+			}
+			check("confirmed", all)
+			if left, err := s.HeldReconciliations(ctx, ""); err != nil || len(left) != 0 {
+				t.Fatalf("still held after Confirm: %+v (%v)", left, err)
+			}
+			var repairs int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM customers_history_scd_repairs`).Scan(&repairs); err != nil || repairs == 0 {
+				t.Errorf("%d repair rows (%v): D's delete at the snapshot, before its later change, is a repair", repairs, err)
+			}
+			// The instance that applied the batches goes on exactly.
+			apply(sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 160, h(16), "B", "name", "B", "plan", "pro")},
+				Offsets: map[change.Partition]int64{p0: 6 + int64(len(reads))}})
+			check("after", all)
+		})
+	}
+}

@@ -57,6 +57,10 @@ type TableSpec struct {
 	// SnapshotDeletes closes, when a full snapshot of the table completes,
 	// the keys it did not read (DESIGN.md section 5).
 	SnapshotDeletes bool
+	// MaxCloseFraction guards reconciliation: one that would close more
+	// than this fraction of the live keys is held until confirmed (0 or
+	// 1 or more: no guard).
+	MaxCloseFraction float64
 	// Views are presentations of the history in other conventions,
 	// created and replaced with the table.
 	Views []ViewSpec

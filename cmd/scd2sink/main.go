@@ -4,6 +4,8 @@
 //	scd2sink run      --config FILE
 //	scd2sink verify   --config FILE
 //	scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
+//	scd2sink reconcile --config FILE --table T --confirm
+//	scd2sink tables   --config FILE
 //	scd2sink demo
 //	scd2sink version
 package main
@@ -43,6 +45,10 @@ const usage = `usage:
                                     print a key's versions (T: a target or topic; V: the key
                                     values in key column order), or the version valid at TIME;
                                     exit 1 when there is none
+  scd2sink reconcile --config FILE --table T --confirm
+                                    apply the snapshot reconciliation of T that the guard
+                                    (snapshot_deletes_max_fraction) held; without --confirm,
+                                    print it and exit 2
   scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
                                     versions, lag, complete_through; straight from Kafka and PostgreSQL
   scd2sink demo                     play a scripted scenario in-process and print its history
@@ -81,7 +87,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file")
-	follow, leave := false, false
+	follow, leave, confirm := false, false, false
 	if cmd == "run" {
 		fs.BoolVar(&leave, "leave-group", false, "a static member leaves the group when it stops")
 	}
@@ -90,6 +96,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	var hq app.HistoryQuery
 	var keyList string
+	if cmd == "reconcile" {
+		fs.StringVar(&hq.Table, "table", "", "the target whose held reconciliation to apply")
+		fs.BoolVar(&confirm, "confirm", false, "apply it")
+	}
 	if cmd == "history" {
 		fs.StringVar(&hq.Table, "table", "", "a configured target, or its topic")
 		fs.StringVar(&keyList, "key", "", "the key values, comma-separated, in key column order")
@@ -108,7 +118,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
-	case "run", "verify", "rebuild", "history", "tables":
+	case "run", "verify", "rebuild", "history", "tables", "reconcile":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -138,6 +148,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return exitCode(stderr, err)
+	}
+	if cmd == "reconcile" {
+		if hq.Table == "" {
+			fmt.Fprintf(stderr, "scd2sink reconcile: --table is required\n%s", usage)
+			return 2
+		}
+		return exitCode(stderr, app.Reconcile(context.Background(), cfg, app.Options{Logger: log}, hq.Table, confirm, stdout))
 	}
 	if cmd == "tables" {
 		return exitCode(stderr, app.Tables(context.Background(), cfg, app.Options{Logger: log}, stdout))

@@ -63,7 +63,14 @@ func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
 	return sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
 		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
 		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
-		SnapshotDeletes: t.SnapshotDeletes == "close"}
+		SnapshotDeletes: t.SnapshotDeletes == "close", MaxCloseFraction: fraction(t.SnapshotDeletesMaxFraction)}
+}
+
+func fraction(f *float64) float64 {
+	if f == nil {
+		return config.DefaultSnapshotDeletesMaxFraction
+	}
+	return *f
 }
 
 // rule is the decoder's rule of one resolved tables entry.
@@ -242,6 +249,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if err != nil {
 		return &config.Error{Msg: err.Error()}
 	}
+	reg.MustRegister(heldGauge(s))
 	g, gctx := errgroup.WithContext(ctx)
 	if addr := cfg.HTTPAddr(); addr != "" {
 		srv, err := newHTTP(addr, reg, health)

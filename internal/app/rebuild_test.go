@@ -81,7 +81,7 @@ http: {addr: ""}
 sequencer: {reorder_window: 20ms}
 sink: {batch_max_events: 300, batch_max_wait: 10ms}
 tables:
-  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s, snapshot_deletes: close,
+  - {topic: src.acct, target: acct_history, keys: [acct_id], track_history: [plan, city], type1_scope: %s, deletes: %s, snapshot_deletes: close, snapshot_deletes_max_fraction: 1,
      views: [{name: dim_acct, grain: day, end: inclusive, current_end: "9999-12-31", columns: {scd_id: acct_key}}]}
   - {%s, keys: [shop, sku], type1_scope: %s, deletes: %s}
 `, brokers, dsn, a.Type1Scope, a.Deletes, itemEntry, i.Type1Scope, i.Deletes)), func(string) (string, bool) { return "", false })

@@ -122,11 +122,23 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 		}
 		rows.Close()
 	}
+	held := map[string]string{}
+	if rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT target, held_keys, live_keys FROM %s.scd2sink_snapshots
+		WHERE consumer_group = $1 AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL`, schema), cfg.Kafka.GroupID); err == nil {
+		for rows.Next() {
+			var target string
+			var closing, live int64
+			if rows.Scan(&target, &closing, &live) == nil {
+				held[target] = fmt.Sprintf("reconciliation held: would close %d of %d live keys (scd2sink reconcile --table %s --confirm)", closing, live, target)
+			}
+		}
+		rows.Close()
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "topic\ttarget\tkeys\ttracked\tversions\tlag\tcomplete_through")
+	fmt.Fprintln(tw, "topic\ttarget\tkeys\ttracked\tversions\tlag\tcomplete_through\tnote")
 	for _, l := range lines {
 		if l.err != nil {
-			fmt.Fprintf(tw, "%s\t-\t\t\t\t\tskipped: %v\n", l.topic, l.err)
+			fmt.Fprintf(tw, "%s\t-\t\t\t\t\t\tskipped: %v\n", l.topic, l.err)
 			continue
 		}
 		keys := strings.Join(l.t.Keys, ",")
@@ -160,7 +172,7 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 		if at, ok := marks[l.t.Target]; ok {
 			mark = at.UTC().Format(time.RFC3339Nano)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.topic, l.t.Target, keys, tracked, versions, lag, mark)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.topic, l.t.Target, keys, tracked, versions, lag, mark, held[l.t.Target])
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,93 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/sink"
+	"go.uber.org/zap"
+)
+
+// ErrNothingHeld is Reconcile's error when the guard holds no
+// reconciliation of the table.
+var ErrNothingHeld = fmt.Errorf("no reconciliation of the table is held")
+
+// Reconcile prints the snapshot reconciliations of target that the guard
+// (snapshot_deletes_max_fraction) holds and, with confirm, applies them:
+// the keys each snapshot did not read are closed as of the snapshot, as
+// late deletes (an instance running meanwhile is not disturbed). Without
+// confirm it is a configuration error (exit 2) naming --confirm.
+func Reconcile(ctx context.Context, cfg *config.Config, opts Options, target string, confirm bool, out io.Writer) error {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	router := config.NewRouter(cfg)
+	if _, err := resolvedTables(ctx, pool, cfg, router); err != nil {
+		return err
+	}
+	sc := SinkConfig(cfg, log.Named("sink"))
+	Route(cfg, router, debezium.New(nil, nil, nil), &sc)
+	s, err := sink.New(sc, pool)
+	if err != nil {
+		return &config.Error{Msg: err.Error()}
+	}
+	if err := s.Init(ctx); err != nil {
+		return err
+	}
+	held, err := s.HeldReconciliations(ctx, target)
+	if err != nil {
+		return err
+	}
+	if len(held) == 0 {
+		return fmt.Errorf("%s: %w", target, ErrNothingHeld)
+	}
+	for _, h := range held {
+		fmt.Fprintf(out, "%s: the snapshot of %s, held since %s, closes %d of %d live keys\n", h.Target,
+			h.At.UTC().Format(time.RFC3339Nano), h.HeldAt.UTC().Format(time.RFC3339), h.Closing, h.Live)
+	}
+	if !confirm {
+		return &config.Error{Key: "--confirm", Msg: "is required to apply the reconciliation"}
+	}
+	if _, err := s.Confirm(ctx, target); err != nil {
+		return err
+	}
+	left, err := s.HeldReconciliations(ctx, target)
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("%s: %d reconciliations still held after confirming", target, len(left))
+	}
+	fmt.Fprintf(out, "%s: applied\n", target)
+	return nil
+}
+
+// heldGauge is scd2sink_reconciliations_held: the snapshot
+// reconciliations the guard holds, read from scd2sink_snapshots at each
+// scrape (within 2 s; the last value when PostgreSQL does not answer).
+func heldGauge(s *sink.Sink) prometheus.Collector {
+	var last atomic.Int64
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "scd2sink_reconciliations_held",
+		Help: "Snapshot reconciliations held by snapshot_deletes_max_fraction until `scd2sink reconcile --confirm`."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if held, err := s.HeldReconciliations(ctx, ""); err == nil {
+				last.Store(int64(len(held)))
+			}
+			return float64(last.Load())
+		})
+}
