@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -121,6 +122,34 @@ tables:
 	for _, spec := range sc.Specs {
 		before[spec.Target] = scdtest.HistoryLines(t, pool, spec, sc.Cols[spec.Target])
 	}
+	// Facts point into the history by scd_id (a dimension's surrogate
+	// key): every version, by the key and the event that opened it.
+	idsOf := func(target string, keys []string) map[string]int64 {
+		t.Helper()
+		cols := make([]string, len(keys))
+		for i, k := range keys {
+			cols[i] = k + "::text"
+		}
+		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT concat_ws('|', %s, encode(scd_seq, 'hex')), scd_id FROM %s`, strings.Join(cols, ", "), target))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]int64{}
+		for rows.Next() {
+			var k string
+			var id int64
+			if err := rows.Scan(&k, &id); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = id
+		}
+		return out
+	}
+	facts := map[string]map[string]int64{}
+	for _, spec := range sc.Specs {
+		facts[spec.Target] = idsOf(spec.Target, spec.Keys)
+	}
 
 	var queries, failures atomic.Int64
 	var lastErr atomic.Value
@@ -158,6 +187,23 @@ tables:
 		}
 		if d := scdtest.DiffLines(scdtest.ModelLines(spec, cols, scdtest.Fold(spec, cols, sc.Events)), got); d != "" {
 			t.Errorf("%s rebuilt differs from the fold:\n%s", spec.Target, d)
+		}
+	}
+	// Every fact resolves to the same version: same key, same opening
+	// event; the sequence goes on above every id.
+	for _, spec := range sc.Specs {
+		after, moved := idsOf(spec.Target, spec.Keys), 0
+		for k, id := range facts[spec.Target] {
+			if after[k] != id {
+				moved++
+			}
+		}
+		if moved > 0 || len(after) != len(facts[spec.Target]) {
+			t.Errorf("%s: %d of %d versions have another scd_id after the rebuild (%d versions now)", spec.Target, moved, len(facts[spec.Target]), len(after))
+		}
+		var ahead bool
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT pg_sequence_last_value(pg_get_serial_sequence('%[1]s', 'scd_id')) >= (SELECT max(scd_id) FROM %[1]s)`, spec.Target)).Scan(&ahead); err != nil || !ahead {
+			t.Errorf("%s: the scd_id sequence is behind the ids carried over (%v)", spec.Target, err)
 		}
 	}
 	// The view reads the swapped-in table: every current version, by its key.
