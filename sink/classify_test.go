@@ -38,6 +38,8 @@ func TestClassify(t *testing.T) {
 		{"idle in transaction timeout", pg("25P03"), sink.Transient},
 		{"read-only (failover)", pg("25006"), sink.Transient},
 		{"system error", pg("58030"), sink.Transient},
+		{"a column's type changed under a cached plan", fmt.Errorf("reading: %w", &pgconn.PgError{Code: "0A000", Message: "cached plan must not change result type"}), sink.Transient},
+		{"another feature not supported", pg("0A000"), sink.Fatal},
 		{"string too long", pg("22001"), sink.Data},
 		{"check violation", pg("23514"), sink.Data},
 		{"undefined column", pg("42703"), sink.Blocked},

@@ -108,7 +108,7 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable}, "", "")
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
 			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now(), headers jsonb)`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
+			created_at timestamptz NOT NULL DEFAULT now(), headers jsonb, replayed_at timestamptz, decoded boolean)`, s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
 	} else if !cat.hasCol(cfg.DeadLetterTable, "headers") {
 		// The record's headers: without Apicurio's schema id header a
 		// dead letter's bare Avro could never be decoded again.
@@ -173,6 +173,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 	}
 	stmts = append(stmts, watermarkDDL(cat, cfg)...)
 	stmts = append(stmts, claimsDDL(cat, cfg)...)
+	stmts = append(stmts, replayDDL(cat, cfg)...)
 	if len(stmts) == 0 {
 		return nil
 	}

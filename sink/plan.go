@@ -237,5 +237,5 @@ func eventDeadLetter(ev *change.Event, err error) DeadLetter {
 	val, _ := json.Marshal(map[string]any{
 		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": after,
 	})
-	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error()}
+	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error(), Decoded: true}
 }

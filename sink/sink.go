@@ -329,6 +329,7 @@ type Prepared struct {
 	// without offsets (Batch.Snapshots, Batch.Lock).
 	snapshots []Snapshot
 	lock      []change.Partition
+	replay    map[change.Origin][]int64 // Batch.Replay
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
 }
@@ -356,7 +357,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
 	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
-		snapshots: b.Snapshots, lock: b.Lock,
+		snapshots: b.Snapshots, lock: b.Lock, replay: b.Replay,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -405,6 +406,9 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 					return fmt.Errorf("recording truncate of %s: %w", e.target, err)
 				}
 			}
+			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
+				return err
+			}
 			allDead := dead
 			for _, name := range targets {
 				apply := s.applyTable
@@ -418,7 +422,11 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 				res.add(r)
 				allDead = append(allDead, d...)
 			}
-			if err := s.writeDeadLetters(ctx, tx, allDead); err != nil {
+			newDead, err := s.failedAgain(ctx, tx, p.replay, allDead)
+			if err != nil {
+				return err
+			}
+			if err := s.writeDeadLetters(ctx, tx, newDead); err != nil {
 				return err
 			}
 			if err := s.recordSnapshots(ctx, tx, p.snapshots); err != nil {
@@ -526,7 +534,8 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	// With the offsets, the number of reconciled snapshots: a new one
 	// closed keys behind every writer's back (reconcile.go).
 	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
-		FROM (SELECT count(*) AS n FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL) g
+		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
+			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
 		LEFT JOIN (%[1]s.scd2sink_offsets o JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p)
 		ON o.consumer_group = $1`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
@@ -575,10 +584,10 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 			}
 			hdrs, _ = json.Marshal(hs) // strings and bytes: cannot fail
 		}
-		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, d.Err, now, hdrs}
+		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, cleanText(d.Err), now, hdrs, d.Decoded}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{s.cfg.Schema, s.cfg.DeadLetterTable},
-		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers"}, pgx.CopyFromRows(rows))
+		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers", "decoded"}, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("writing %d dead letters: %w", len(dead), err)
 	}

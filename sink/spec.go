@@ -112,6 +112,11 @@ type DeadLetter struct {
 	// Debezium's key-change headers are needed to decode it again.
 	Headers []Header
 	Err     string
+	// Decoded marks a dead letter of an event rejected after decoding (a
+	// value PostgreSQL refused, a conflict): Key and Value are then its
+	// decoded form (plan.go), not the record's bytes; a replay reads the
+	// record again from Kafka by its coordinates.
+	Decoded bool
 }
 
 // Header is a Kafka record header, kept with a dead letter (as JSON, the
@@ -159,8 +164,12 @@ type Batch struct {
 	// partition of their topic has been applied past Until.
 	Snapshots []Snapshot
 	// Lock names partitions whose writers the batch excludes without
-	// recording offsets for them (reconciliation's deletes).
+	// recording offsets for them (reconciliation's deletes, replays).
 	Lock []change.Partition
+	// Replay, for a replay of dead letters (replay.go), names the
+	// dead-letter rows of each event's origin: marked replayed in the
+	// batch's transaction, or given the new error if rejected again.
+	Replay map[change.Origin][]int64
 }
 
 // Snapshot is a completed full snapshot of a table.

@@ -4,6 +4,7 @@
 //	scd2sink run      --config FILE
 //	scd2sink verify   --config FILE
 //	scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
+//	scd2sink dead-letters list|replay --config FILE ...
 //	scd2sink reconcile --config FILE --table T --confirm
 //	scd2sink tables   --config FILE
 //	scd2sink demo
@@ -20,6 +21,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -45,6 +47,13 @@ const usage = `usage:
                                     print a key's versions (T: a target or topic; V: the key
                                     values in key column order), or the version valid at TIME;
                                     exit 1 when there is none
+  scd2sink dead-letters list   --config FILE [--table T] [--since TIME]
+                                    the dead letters not replayed: id, time, topic, partition,
+                                    offset, key, error
+  scd2sink dead-letters replay --config FILE (--id N[,N...] | --table T | --all)
+                                    apply dead letters again through the normal path, as late
+                                    events; prints what was applied and what failed again
+                                    (exit 1 if any did)
   scd2sink reconcile --config FILE --table T --confirm
                                     apply the snapshot reconciliation of T that the guard
                                     (snapshot_deletes_max_fraction) held; without --confirm,
@@ -83,6 +92,12 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
+	case "dead-letters":
+		if len(rest) == 0 || (rest[0] != "list" && rest[0] != "replay") {
+			fmt.Fprintf(stderr, "scd2sink dead-letters: list or replay?\n%s", usage)
+			return 2
+		}
+		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -99,6 +114,18 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	if cmd == "reconcile" {
 		fs.StringVar(&hq.Table, "table", "", "the target whose held reconciliation to apply")
 		fs.BoolVar(&confirm, "confirm", false, "apply it")
+	}
+	var dq app.DeadLetterQuery
+	var idList string
+	if strings.HasPrefix(cmd, "dead-letters ") {
+		fs.StringVar(&dq.Table, "table", "", "only the dead letters of this target (or topic)")
+	}
+	if cmd == "dead-letters list" {
+		fs.StringVar(&dq.Since, "since", "", "only those written at or after this time (RFC 3339 or YYYY-MM-DD)")
+	}
+	if cmd == "dead-letters replay" {
+		fs.StringVar(&idList, "id", "", "the dead letters' ids, comma-separated")
+		fs.BoolVar(&dq.All, "all", false, "every dead letter not replayed")
 	}
 	if cmd == "history" {
 		fs.StringVar(&hq.Table, "table", "", "a configured target, or its topic")
@@ -118,7 +145,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
-	case "run", "verify", "rebuild", "history", "tables", "reconcile":
+	case "run", "verify", "rebuild", "history", "tables", "reconcile", "dead-letters list", "dead-letters replay":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -148,6 +175,23 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return exitCode(stderr, err)
+	}
+	if cmd == "dead-letters list" {
+		return exitCode(stderr, app.ListDeadLetters(context.Background(), cfg, dq, stdout))
+	}
+	if cmd == "dead-letters replay" {
+		for _, v := range strings.Split(idList, ",") {
+			if v = strings.TrimSpace(v); v == "" {
+				continue
+			}
+			id, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				fmt.Fprintf(stderr, "scd2sink dead-letters replay: --id %q is not a number\n", v)
+				return 2
+			}
+			dq.IDs = append(dq.IDs, id)
+		}
+		return exitCode(stderr, app.ReplayDeadLetters(context.Background(), cfg, app.Options{Logger: log}, dq, stdout))
 	}
 	if cmd == "reconcile" {
 		if hq.Table == "" {

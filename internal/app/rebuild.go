@@ -68,9 +68,19 @@ func rebuildConfig(cfg *config.Config) *config.Config {
 }
 
 func (o Options) kafkaAdmin(cfg *config.Config) (*kadm.Client, *kgo.Client, error) {
-	tlsCfg, err := kafkaTLS(cfg)
+	cl, err := o.kafkaClient(cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl, nil
+}
+
+// kafkaClient is a client of the configured cluster (TLS, SASL), with
+// extra options.
+func (o Options) kafkaClient(cfg *config.Config, extra ...kgo.Opt) (*kgo.Client, error) {
+	tlsCfg, err := kafkaTLS(cfg)
+	if err != nil {
+		return nil, err
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.ClientID(cfg.Kafka.ClientID)}
 	if tlsCfg != nil {
@@ -79,11 +89,8 @@ func (o Options) kafkaAdmin(cfg *config.Config) (*kadm.Client, *kgo.Client, erro
 	if m := kafkaSASL(cfg); m != nil {
 		opts = append(opts, kgo.SASL(m))
 	}
-	cl, err := kgo.NewClient(append(opts, o.KafkaOpts...)...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return kadm.NewClient(cl), cl, nil
+	opts = append(opts, extra...)
+	return kgo.NewClient(append(opts, o.KafkaOpts...)...)
 }
 
 // Rebuild replays every configured topic from the earliest offset into fresh
