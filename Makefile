@@ -24,7 +24,7 @@ lint:
 # run, as a ratio. BenchmarkApply: the engine (sink) alone; BenchmarkPipeline:
 # the real binary from an in-process Kafka to the history table, with its peak RSS.
 bench:
-	$(GO) test -run '^$$' -bench BenchmarkApply -benchtime 1x -timeout 30m ./sink/
+	$(GO) test -run '^$$' -bench 'BenchmarkApply|BenchmarkGrowth' -benchtime 1x -timeout 30m ./sink/
 	$(GO) test -run '^$$' -bench 'BenchmarkPipeline|BenchmarkLatency|BenchmarkManyTables' -benchtime 1x -timeout 30m ./cmd/scd2sink/
 
 # The real stack (e2e/): Apache Kafka, Kafka Connect and Debezium from Maven
