@@ -36,8 +36,10 @@ func (c *Consumer) collect(out sequencer.Output) {
 
 func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 	ev := cf.Event
+	// Its Kafka bytes are not kept: the record is read again by its
+	// coordinates when the dead letter is replayed (Decoded).
 	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
-		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error()}
+		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error(), Decoded: true}
 }
 
 // maybeFlush takes what is due from the sequencer and applies the pending

@@ -162,8 +162,11 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 		unread := fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
 			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`, t.hist.Sanitize(), m, t.side.Sanitize(), m)
 		if f := spec.MaxCloseFraction; !confirmed && f > 0 && f < 1 {
-			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h WHERE %s`,
-				unread, t.hist.Sanitize(), live))
+			// Live at S counts the keys whose snapshot read changed them
+			// too (their version before S is closed at S).
+			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h
+				WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq >= $1)`,
+				unread, t.hist.Sanitize()))
 			if err != nil || held {
 				return err
 			}
@@ -275,10 +278,11 @@ type Held struct {
 }
 
 // HeldReconciliations lists the reconciliations the guard holds (target
-// "" for all).
+// "" for all), those confirmed but not applied yet too (a confirmation
+// cut short: confirm again).
 func (s *Sink) HeldReconciliations(ctx context.Context, target string) ([]Held, error) {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target, valid_from, held_at, held_keys, live_keys FROM %s.scd2sink_snapshots
-		WHERE consumer_group = $1 AND ($2 = '' OR target = $2) AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL
+		WHERE consumer_group = $1 AND ($2 = '' OR target = $2) AND held_at IS NOT NULL AND done_at IS NULL
 		ORDER BY target, scd_seq`, pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target)
 	if err != nil {
 		return nil, fmt.Errorf("reading the held reconciliations: %w", err)
@@ -300,8 +304,8 @@ func (s *Sink) Confirm(ctx context.Context, target string) ([]Held, error) {
 	if err != nil || len(held) == 0 {
 		return nil, err
 	}
-	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = now()
-		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL`,
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = coalesce(confirmed_at, now())
+		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND done_at IS NULL`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target); err != nil {
 		return nil, fmt.Errorf("confirming the held reconciliation of %s: %w", target, err)
 	}

@@ -173,9 +173,15 @@ func TestReconciliationGuard(t *testing.T) {
 				creates = append(creates, cust(change.OpCreate, int64(10+i), h(1), id, "name", id, "plan", "basic"))
 			}
 			apply(sink.Batch{Events: creates, Offsets: map[change.Partition]int64{p0: 4}})
+			// The snapshot reads its first key changed (plan pro): still a
+			// live key, its version before the snapshot closed by it.
 			var reads []*change.Event
 			for i, id := range tc.read {
-				e := cust(change.OpRead, 100, h(10), id, "name", id, "plan", "basic")
+				plan := "basic"
+				if i == 0 {
+					plan = "pro"
+				}
+				e := cust(change.OpRead, 100, h(10), id, "name", id, "plan", plan)
 				e.SnapshotEnd = i == len(tc.read)-1
 				reads = append(reads, e)
 			}

@@ -103,7 +103,7 @@ func Classify(err error) Class {
 			return Transient
 		case code == "3D000":
 			return Blocked
-		case code == "0A000" && strings.Contains(pgErr.Message, "cached plan must not change result type"):
+		case code == "0A000" && (pgErr.Routine == "RevalidateCachedQuery" || strings.Contains(pgErr.Message, "cached plan must not change result type")):
 			// A column's type changed under a prepared statement (altered
 			// by hand, or by another instance evolving the table): pgx
 			// dropped the statement, and the next try prepares it anew.

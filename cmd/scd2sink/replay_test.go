@@ -147,8 +147,21 @@ tables:
 	if err := pool.QueryRow(ctx, `SELECT count(*), max(error) FROM scd2sink_dead_letters WHERE replayed_at IS NULL`).Scan(&left, &msg); err != nil || left != 1 || !strings.Contains(msg, "character varying(12)") {
 		t.Errorf("%d dead letters left (%v), error %q", left, err, msg)
 	}
-	// Again: nothing applied twice, 2's still failing.
+	// Again: nothing applied twice (the replayed rows keep their
+	// replayed_at), 2's still failing.
+	replayedAt := func() string {
+		t.Helper()
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(id || ' ' || replayed_at, ', ' ORDER BY id), '') FROM scd2sink_dead_letters WHERE replayed_at IS NOT NULL`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := replayedAt()
 	code, got = replay()
+	if again := replayedAt(); again != first || strings.Count(first, ",") != 1 {
+		t.Errorf("replayed rows %q after the first replay, %q after the second", first, again)
+	}
 	if code != 1 || !strings.Contains(got, "0 replayed, 1 failed again") {
 		t.Errorf("second replay: exit %d\n%s", code, got)
 	}

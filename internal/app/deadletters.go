@@ -61,7 +61,7 @@ func selectDeadLetters(ctx context.Context, pool *pgxpool.Pool, cfg *config.Conf
 		ids = []int64{}
 	}
 	rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT id, created_at, coalesce(topic, ''), coalesce(partition, -1), coalesce("offset", -1),
-			coalesce(target, ''), key, value, headers::text::bytea, error, decoded
+			coalesce(target, ''), key, value, headers, error, decoded
 		FROM %s WHERE replayed_at IS NULL
 			AND (cardinality($1::bigint[]) = 0 OR id = ANY($1))
 			AND ($2 = '' OR target = $2 OR topic = $2)
@@ -141,6 +141,9 @@ func ReplayDeadLetters(ctx context.Context, cfg *config.Config, opts Options, q 
 	}
 	if len(q.IDs) == 0 && q.Table == "" && !q.All {
 		return &config.Error{Key: "--id", Msg: "name the dead letters to replay: --id N[,N...], --table TARGET or --all"}
+	}
+	if err := noRebuild(ctx, cfg, opts); err != nil {
+		return err
 	}
 	pool, err := Pool(ctx, cfg)
 	if err != nil {
@@ -272,6 +275,9 @@ func replay(ctx context.Context, dec *debezium.Decoder, s *sink.Sink, pool *pgxp
 			ev, err = dec.Decode(dctx, o, key, value, headers...)
 			cancel()
 		}
+		if err == nil && d.decoded && ev.Seq != nil && !sameEvent(d.value, ev) {
+			err = fmt.Errorf("the record now at %s/%d offset %d is another event (sequence %s): was the topic re-created?", d.topic, d.partition, d.offset, ev.Seq)
+		}
 		switch {
 		case errors.Is(err, debezium.ErrRetry):
 			return fmt.Errorf("dead letter %d: %w (try again when the registry answers)", d.id, err)
@@ -302,4 +308,26 @@ func replay(ctx context.Context, dec *debezium.Decoder, s *sink.Sink, pool *pgxp
 		}
 	}
 	return flush()
+}
+
+// noRebuild refuses while a rebuild runs (its group has members): what a
+// replay or a confirmation wrote into the live tables would be lost at
+// the swap. Kafka not answering within 10 s is no refusal.
+func noRebuild(ctx context.Context, cfg *config.Config, opts Options) error {
+	adm, cl, err := opts.kafkaAdmin(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	group := cfg.Kafka.GroupID + RebuildSuffix
+	groups, err := adm.DescribeGroups(dctx, group)
+	if err != nil {
+		return nil
+	}
+	if g, ok := groups[group]; ok && len(g.Members) > 0 {
+		return fmt.Errorf("a rebuild is running (group %s has %d members): its swap would drop what this writes into the live tables; run this after the rebuild", group, len(g.Members))
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/sink"
@@ -138,6 +139,9 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 	defer pool.Close()
 	rc := rebuildConfig(cfg)
 	if err := resetRebuild(ctx, pool, adm, cfg, rc); err != nil {
+		return err
+	}
+	if err := seedConfirmations(ctx, pool, cfg, rc); err != nil {
 		return err
 	}
 	log.Info("rebuild started", zap.Int64("events", total), zap.Strings("topics", topics))
@@ -380,6 +384,29 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 			}
 			return nil
 		}
+		// No statement of the swap may be cut by statement_timeout (the
+		// carry rewrites whole tables); the locks still wait at most
+		// lock_timeout.
+		if err := exec(`SET LOCAL statement_timeout = 0`); err != nil {
+			return err
+		}
+		// Surrogate keys first, for every table, before any live table is
+		// locked: readers wait only for the renames.
+		for i, t := range cfg.Tables {
+			live, rb := t.Target, rc.Tables[i].Target
+			var both bool
+			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", id(live), id(rb)).Scan(&both); err != nil {
+				return err
+			}
+			if !both {
+				continue
+			}
+			carried, fresh, err := carryIDs(ctx, tx, schema, live, rb)
+			if err != nil {
+				return fmt.Errorf("swap: carrying the surrogate keys of %s over: %w", live, err)
+			}
+			log.Info("surrogate keys carried over", zap.String("table", live), zap.Int64("kept", carried), zap.Int64("new", fresh))
+		}
 		for i, t := range cfg.Tables {
 			live, rb := t.Target, rc.Tables[i].Target
 			var exists bool
@@ -394,11 +421,6 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				continue // its topic was empty
 			}
 			if exists {
-				carried, fresh, err := carryIDs(ctx, tx, schema, live, rb)
-				if err != nil {
-					return fmt.Errorf("swap: carrying the surrogate keys of %s over: %w", live, err)
-				}
-				log.Info("surrogate keys carried over", zap.String("table", live), zap.Int64("kept", carried), zap.Int64("new", fresh))
 				old := ReplacedTarget(live, now)
 				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
 					return err
@@ -452,6 +474,28 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				return err
 			}
 			if err := exec(fmt.Sprintf("UPDATE %s SET target = $1 WHERE target = $2", id("scd2sink_truncates")), id(live), id(rb)); err != nil {
+				return err
+			}
+			// The snapshots the replay recorded, reconciled, held or
+			// confirmed are the rebuilt table's: they replace the live ones.
+			if err := exec(fmt.Sprintf("DELETE FROM %s WHERE consumer_group = $1 AND target = $2", id("scd2sink_snapshots")), cfg.Kafka.GroupID, live); err != nil {
+				return err
+			}
+			if err := exec(fmt.Sprintf("UPDATE %s SET consumer_group = $1, target = $2 WHERE consumer_group = $3 AND target = $4", id("scd2sink_snapshots")),
+				cfg.Kafka.GroupID, live, rc.Kafka.GroupID, rb); err != nil {
+				return err
+			}
+			// The replay's dead letters join the live ones (one already
+			// waiting there for the same record is not repeated): a dead
+			// letter replayed into the old table is pending again.
+			dl, rdl := id(cfg.Sink.DeadLetterTable), id(rc.Sink.DeadLetterTable)
+			if err := exec(fmt.Sprintf(`INSERT INTO %[1]s (topic, partition, "offset", target, key, value, error, created_at, headers, decoded)
+				SELECT d.topic, d.partition, d."offset", $1, d.key, d.value, d.error, d.created_at, d.headers, d.decoded FROM %[2]s d
+				WHERE d.target = $2 AND NOT EXISTS (SELECT 1 FROM %[1]s l WHERE l.topic = d.topic AND l.partition = d.partition
+					AND l."offset" = d."offset" AND l.replayed_at IS NULL)`, dl, rdl), live, rb); err != nil {
+				return err
+			}
+			if err := exec(fmt.Sprintf(`DELETE FROM %s WHERE target = $1`, rdl), rb); err != nil {
 				return err
 			}
 		}
@@ -513,7 +557,9 @@ func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, i
 	}
 	match := make([]string, len(keys))
 	for i, k := range keys {
-		match[i] = fmt.Sprintf("l.%[1]s = r.%[1]s", pgx.Identifier{k}.Sanitize())
+		// As text: a pre-created live table's key may have another type
+		// than the rebuilt one's.
+		match[i] = fmt.Sprintf("l.%[1]s::text = r.%[1]s::text", pgx.Identifier{k}.Sanitize())
 	}
 	var carried, fresh int64
 	steps := []string{
@@ -549,3 +595,24 @@ func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, i
 }
 
 func quoteLiteral(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+
+// seedConfirmations gives the replay the live group's confirmations of
+// reconciliations the guard held: the replay applies them as run did,
+// rather than hold them again (and a swap would carry the hold over).
+func seedConfirmations(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config) error {
+	q := fmt.Sprintf(`INSERT INTO %s AS sn (consumer_group, target, scd_seq, valid_from, topic, until, held_at, held_keys, live_keys, confirmed_at)
+		SELECT $1, $2, scd_seq, valid_from, topic, until, held_at, held_keys, live_keys, confirmed_at FROM %[1]s
+		WHERE consumer_group = $3 AND target = $4 AND confirmed_at IS NOT NULL
+		ON CONFLICT DO NOTHING`, pgx.Identifier{cfg.Postgres.Schema, "scd2sink_snapshots"}.Sanitize())
+	for i, t := range cfg.Tables {
+		_, err := pool.Exec(ctx, q, rc.Kafka.GroupID, rc.Tables[i].Target, cfg.Kafka.GroupID, t.Target)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
+			return nil // no snapshots recorded, or none ever held (an older installation)
+		}
+		if err != nil {
+			return fmt.Errorf("carrying the confirmed reconciliations of %s over to the rebuild: %w", t.Target, err)
+		}
+	}
+	return nil
+}

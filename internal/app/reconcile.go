@@ -29,6 +29,9 @@ func Reconcile(ctx context.Context, cfg *config.Config, opts Options, target str
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if err := noRebuild(ctx, cfg, opts); err != nil {
+		return err
+	}
 	pool, err := Pool(ctx, cfg)
 	if err != nil {
 		return err

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/scd2sink/scd2sink/config"
@@ -55,8 +57,16 @@ func refetch(ctx context.Context, cfg *config.Config, opts Options, want []chang
 	defer cancel()
 	for len(last) > 0 {
 		fetches := cl.PollFetches(fctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		if fctx.Err() != nil {
-			break // what is still missing is reported as gone
+			var parts []string
+			for p := range last {
+				parts = append(parts, fmt.Sprintf("%s/%d", p.Topic, p.Partition))
+			}
+			sort.Strings(parts)
+			return nil, fmt.Errorf("reading %v again took over %s: try again (fewer at a time, with --id)", parts, refetchBudget)
 		}
 		fetches.EachRecord(func(r *kgo.Record) {
 			p := change.Partition{Topic: r.Topic, Partition: r.Partition}
@@ -76,10 +86,29 @@ func refetch(ctx context.Context, cfg *config.Config, opts Options, want []chang
 			}
 		})
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
 	return out, nil
+}
+
+// sameEvent reports whether ev, decoded from the record read again at a
+// dead letter's coordinates, is the event the dead letter keeps in its
+// decoded form (the same sequence): a topic deleted and re-created holds
+// another record at the same offset.
+func sameEvent(value []byte, ev *change.Event) bool {
+	if decodedForm(value) {
+		var stored struct {
+			Seq json.RawMessage `json:"seq"`
+		}
+		if json.Unmarshal(value, &stored) != nil {
+			return false
+		}
+		var a, b any
+		got, _ := json.Marshal(ev.Seq.Parts())
+		return json.Unmarshal(stored.Seq, &a) == nil && json.Unmarshal(got, &b) == nil && reflect.DeepEqual(a, b)
+	}
+	if strings.HasPrefix(string(value), "op=") { // the sequencer's conflicts (consumer/batch.go)
+		return strings.Contains(string(value), " seq="+ev.Seq.String()+" ")
+	}
+	return true
 }
 
 // decodedForm reports whether a dead letter's value is the decoded form of

@@ -124,7 +124,7 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 	}
 	held := map[string]string{}
 	if rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT target, held_keys, live_keys FROM %s.scd2sink_snapshots
-		WHERE consumer_group = $1 AND held_at IS NOT NULL AND confirmed_at IS NULL AND done_at IS NULL`, schema), cfg.Kafka.GroupID); err == nil {
+		WHERE consumer_group = $1 AND held_at IS NOT NULL AND done_at IS NULL`, schema), cfg.Kafka.GroupID); err == nil {
 		for rows.Next() {
 			var target string
 			var closing, live int64
