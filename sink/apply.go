@@ -79,11 +79,17 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		states[i] = &loaded[j]
 	}
 	w := &writes{}
+	var repairFrom []change.Seq
+	partial := false
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
 		if max := states[i].maxSeq(); max != nil && evs[0].seq.Compare(max) <= 0 {
 			repair = append(repair, kp)
 			repairEvents = append(repairEvents, evs)
+			// A late event changes the history from the version live at
+			// its sequence on: that part is read and folded again, not
+			// the key's whole history (repairKey).
+			repairFrom, partial = append(repairFrom, evs[0].seq), true
 			continue
 		}
 		ops.set(cacheKey{t, kp.id}, s.appendKey(t, kp, evs, states[i], truncs, w, &res))
@@ -91,11 +97,15 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for _, kp := range forced {
 		repair = append(repair, kp)
 		repairEvents = append(repairEvents, batchEvents[kp])
+		repairFrom = append(repairFrom, nil)
 	}
 	for _, kp := range repair {
 		ops.drop = append(ops.drop, cacheKey{t, kp.id})
 	}
-	hists, err := t.loadHistory(ctx, tx, repair)
+	if !partial {
+		repairFrom = nil
+	}
+	hists, err := t.loadHistoryFrom(ctx, tx, repair, repairFrom)
 	if err != nil {
 		return res, nil, err
 	}
@@ -239,14 +249,23 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	var dead []DeadLetter
 	existing := map[string][]byte{}
 	var evs []fevent
+	// Read from h.from on, the first event starts the fold: its row is
+	// taken as resolved (its unavailable values were resolved from events
+	// not read), and what it opened is what the table holds.
+	placeholders := func(e fevent) fevent {
+		if h.from != nil && e.seq.Compare(h.from) == 0 {
+			return e
+		}
+		return t.withPlaceholders(e)
+	}
 	for _, e := range h.side {
 		existing[string(e.seq)] = e.hash
-		evs = append(evs, t.withPlaceholders(e))
+		evs = append(evs, placeholders(e))
 	}
 	for _, v := range h.versions {
 		if _, ok := existing[string(v.seq)]; !ok {
 			existing[string(v.seq)] = v.hash
-			evs = append(evs, t.withPlaceholders(fevent{seq: v.seq, op: v.op, t: v.from, row: v.row, hash: v.hash, unavail: v.unavail}))
+			evs = append(evs, placeholders(fevent{seq: v.seq, op: v.op, t: v.from, row: v.row, hash: v.hash, unavail: v.unavail}))
 		}
 	}
 	var fresh []fevent
@@ -267,7 +286,11 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	}
 	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
 	var touched []change.Seq
-	evs = append(evs, truncs...)
+	for _, tr := range truncs {
+		if h.from == nil || tr.seq.Compare(h.from) > 0 {
+			evs = append(evs, tr)
+		}
+	}
 	sortEvents(evs)
 	st := foldState{}
 	out := t.fold(&st, evs)
@@ -276,6 +299,13 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	}
 	if t.spec.Type1Scope == AllVersions {
 		t.spreadType1(out.versions, st.prevRow)
+		// Read from h.from on, the fold ends with the key's last row
+		// (every row-bearing event from there is read): when its Type 1
+		// values differ from those all versions hold, the versions not
+		// read get them too.
+		if h.from != nil && len(h.versions) > 0 && st.prevRow != nil && !rowsEqual(st.prevRow, h.versions[0].row, t.t1Idx) {
+			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: h.from})
+		}
 	}
 	want := out.side
 	if t.spec.Type1Scope == CurrentVersion {

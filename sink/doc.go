@@ -55,8 +55,12 @@
 // COPY inserts new versions, one COPY inserts side rows, and with
 // all_versions one UPDATE spreads changed Type 1 values to older versions.
 //
-// The repair path covers keys with a late or repeated event: their whole
-// history is read, the event list rebuilt, the new events added (an event
+// The repair path covers keys with a late or repeated event: their history
+// is read from the version before the one live at the earliest new event's
+// sequence (the whole of it for a truncate's re-fold, a key change or
+// fewer versions), the event list rebuilt, the first event taken as
+// resolved (it starts the fold, as the state before it would), the new
+// events added (an event
 // whose sequence is already there is a duplicate if its digest matches, else
 // a conflict for the dead-letter table), folded from scratch, and the
 // difference written: versions matched by opening sequence are updated in
@@ -107,6 +111,9 @@
 // Key columns must not be NULL (such events are dead-lettered). A truncate
 // re-folds every key live at its sequence in one transaction: bounded in
 // memory, but for very large tables slow (200,000 keys: about 17 s). A late
-// event reads its key's whole history into memory. The create of a primary-key change whose old key is
+// event reads its key's history from the version before it into memory:
+// one in the middle of a long history reads every version after it. With
+// all_versions, a late event whose Type 1 values become the key's last
+// gives them to the versions not read with one bulk update. The create of a primary-key change whose old key is
 // not in the table yet stores NULL for its placeholder columns.
 package sink

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
 
@@ -20,7 +21,8 @@ import (
 // middle of the key's history (one version split). Each is applied alone,
 // as a batch of one event, reps times on keys of the same length; it
 // reports milliseconds per event and, for all_versions, microseconds per
-// version rewritten.
+// version rewritten. Late changes come mid-history and near the end (a
+// late event's repair reads the key's history from the version before it).
 func BenchmarkGrowth(b *testing.B) {
 	pool := benchPool(b)
 	ctx := context.Background()
@@ -70,6 +72,7 @@ func BenchmarkGrowth(b *testing.B) {
 						{"tracked at the end", func(k int) *change.Event { return ev(k, end+1, "pro", "customer", -1) }},
 						{"type 1", func(k int) *change.Event { return ev(k, end+2, "pro", "renamed", -1) }},
 						{"late tracked", func(k int) *change.Event { return ev(k, 10*(versions/2)+5, "team", "customer", -2) }},
+						{"late tracked near the end", func(k int) *change.Event { return ev(k, 10*versions-5, "team", "customer", -3) }},
 					}
 					if scope == sink.CurrentVersion {
 						kinds = kinds[1:2]
@@ -89,7 +92,7 @@ func BenchmarkGrowth(b *testing.B) {
 							name = "type 1 " + string(scope)
 						}
 						unit := map[string]string{"tracked at the end": "tracked_ms", "type 1 all_versions": "type1_all_ms",
-							"type 1 current_version": "type1_current_ms", "late tracked": "late_ms"}[name]
+							"type 1 current_version": "type1_current_ms", "late tracked": "late_mid_ms", "late tracked near the end": "late_end_ms"}[name]
 						b.ReportMetric(float64(per.Microseconds())/1000, unit)
 						if name == "type 1 all_versions" {
 							b.ReportMetric(float64(per.Nanoseconds())/1000/float64(versions), "type1_all_us/version")
@@ -102,6 +105,45 @@ func BenchmarkGrowth(b *testing.B) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// TestLateEventReadsFromItsVersion: a late event's repair reads the key's
+// history from the version before the one live at its sequence, not the
+// whole of it, and stays exact: a late Type 1 change that is the key's
+// last row (a delete came after it) gives every version its name under
+// all_versions, those not read too; under current_version only the
+// versions it belongs to.
+func TestLateEventReadsFromItsVersion(t *testing.T) {
+	for _, scope := range []sink.Type1Scope{sink.AllVersions, sink.CurrentVersion} {
+		t.Run(string(scope), func(t *testing.T) {
+			pool := newPool(t)
+			ctx := context.Background()
+			spec := custSpec("public")
+			spec.Type1Scope = scope
+			s := newSink(t, pool, "public", spec)
+			h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
+			applied := []*change.Event{
+				cust(change.OpCreate, 10, h(1), "A", "name", "Ann", "plan", "basic"),
+				cust(change.OpUpdate, 20, h(2), "A", "name", "Ann", "plan", "pro"),
+				cust(change.OpUpdate, 30, h(3), "A", "name", "Ann", "plan", "team"),
+				cust(change.OpUpdate, 35, h(4), "A", "name", "Ann", "plan", "enterprise"),
+				cust(change.OpDelete, 50, h(6), "A"),
+			}
+			if _, err := s.Apply(ctx, sink.Batch{Events: applied}); err != nil {
+				t.Fatal(err)
+			}
+			late := cust(change.OpUpdate, 40, h(5), "A", "name", "Sarah", "plan", "enterprise")
+			if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{late}}); err != nil {
+				t.Fatal(err)
+			}
+			all := append(applied, late)
+			want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, all))
+			if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+				t.Fatalf("history differs from the fold:\n%s", d)
+			}
+			verifyClean(t, s, spec.Target)
 		})
 	}
 }

@@ -195,22 +195,73 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 	return out, rows2.Err()
 }
 
-// history is everything the table holds for one key.
+// history is what the table holds for one key: everything, or (from set)
+// its versions and side rows from sequence from on.
 type history struct {
 	versions []*version
 	side     []fevent
+	from     change.Seq
 }
 
 // loadHistory reads every version and side row of the keys.
 func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
+	return t.loadHistoryFrom(ctx, tx, keys, nil)
+}
+
+// loadHistoryFrom reads the history of each key from the version before
+// the latest one opened at or before after[i] (nil: all of it): what a
+// late event at after[i] may change, and one version before it, whose
+// resolved row is the fold's starting point (apply.go, repairKey). A key
+// with fewer versions up to there is read whole.
+func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq) ([]history, error) {
 	out := make([]history, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	n := len(t.cols)
 	src, args := t.keysSource(keys, 1)
-	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN %s h ON %s ORDER BY k.scd_ord, h.scd_seq`,
-		versionCols, t.colList("h."), src, t.hist.Sanitize(), t.keyJoin("h", "k"))
+	if after != nil {
+		from := make([][]byte, len(keys))
+		for i := range keys {
+			from[i] = after[i]
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %s h WHERE %s AND h.scd_seq <= f.s
+				ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 1)
+			FROM %s JOIN unnest($%d::bytea[]) WITH ORDINALITY AS f(s, ord) ON f.ord = k.scd_ord`,
+			t.hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1), append(args, from)...)
+		if err != nil {
+			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.hist.Sanitize(), err)
+		}
+		for rows.Next() {
+			var ord int64
+			var start []byte
+			if err := rows.Scan(&ord, &start); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			if start != nil {
+				out[ord-1].from = change.Seq(start)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.hist.Sanitize(), err)
+		}
+	}
+	// Whole histories (a truncate's re-fold, keys read from the start)
+	// need no lower bound: the planner then reads each key's rows alone.
+	histFrom, sideFrom := "", ""
+	if after != nil {
+		starts := make([][]byte, len(keys))
+		for i := range keys {
+			starts[i] = out[i].from
+		}
+		src = fmt.Sprintf(`%s JOIN unnest($%d::bytea[]) WITH ORDINALITY AS f(s, ord) ON f.ord = k.scd_ord`, src, len(args)+1)
+		args = append(args, starts)
+		histFrom, sideFrom = ` AND h.scd_seq >= coalesce(f.s, ''::bytea)`, ` AND e.scd_seq >= coalesce(f.s, ''::bytea)`
+	}
+	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN %s h ON %s%s ORDER BY k.scd_ord, h.scd_seq`,
+		versionCols, t.colList("h."), src, t.hist.Sanitize(), t.keyJoin("h", "k"), histFrom)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
@@ -235,8 +286,8 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
 	}
-	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, %s FROM %s JOIN %s e ON %s ORDER BY k.scd_ord, e.scd_seq`,
-		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"))
+	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, %s FROM %s JOIN %s e ON %s%s ORDER BY k.scd_ord, e.scd_seq`,
+		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading side rows of %s: %w", t.hist.Sanitize(), err)
