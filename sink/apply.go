@@ -305,6 +305,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		// read get them too.
 		if h.from != nil && len(h.versions) > 0 && st.prevRow != nil && !rowsEqual(st.prevRow, h.versions[0].row, t.t1Idx) {
 			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: h.from})
+			note.below = h.from // audited too: every version under it changes
 		}
 	}
 	want := out.side

@@ -56,11 +56,12 @@
 // all_versions one UPDATE spreads changed Type 1 values to older versions.
 //
 // The repair path covers keys with a late or repeated event: their history
-// is read from the version before the one live at the earliest new event's
-// sequence (the whole of it for a truncate's re-fold, a key change or
-// fewer versions), the event list rebuilt, the first event taken as
-// resolved (it starts the fold, as the state before it would), the new
-// events added (an event
+// is read from the version before the latest one opened at or before the
+// earliest new event's sequence (the whole of it for a truncate's re-fold,
+// or when fewer versions come before), the event list rebuilt, the first
+// event taken as resolved (it starts the fold, as the state before it
+// would; nothing before it can change but all_versions' Type 1 values,
+// given by one bulk update and audited), the new events added (an event
 // whose sequence is already there is a duplicate if its digest matches, else
 // a conflict for the dead-letter table), folded from scratch, and the
 // difference written: versions matched by opening sequence are updated in

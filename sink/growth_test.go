@@ -113,8 +113,8 @@ func BenchmarkGrowth(b *testing.B) {
 // history from the version before the one live at its sequence, not the
 // whole of it, and stays exact: a late Type 1 change that is the key's
 // last row (a delete came after it) gives every version its name under
-// all_versions, those not read too; under current_version only the
-// versions it belongs to.
+// all_versions, those not read too, and the repair audit lists them all;
+// under current_version only the versions it belongs to.
 func TestLateEventReadsFromItsVersion(t *testing.T) {
 	for _, scope := range []sink.Type1Scope{sink.AllVersions, sink.CurrentVersion} {
 		t.Run(string(scope), func(t *testing.T) {
@@ -144,6 +144,17 @@ func TestLateEventReadsFromItsVersion(t *testing.T) {
 				t.Fatalf("history differs from the fold:\n%s", d)
 			}
 			verifyClean(t, s, spec.Target)
+			// The audit lists every version the repair changed, those not
+			// read too: under all_versions all four get the new name.
+			if scope == sink.AllVersions {
+				var before, after, omitted int
+				if err := pool.QueryRow(ctx, `SELECT jsonb_array_length(before), jsonb_array_length(after), omitted FROM customers_history_scd_repairs`).Scan(&before, &after, &omitted); err != nil {
+					t.Fatal(err)
+				}
+				if before != 4 || after != 4 || omitted != 0 {
+					t.Errorf("audit: %d versions before, %d after, %d omitted; want 4, 4, 0", before, after, omitted)
+				}
+			}
 		})
 	}
 }

@@ -19,6 +19,10 @@ type repairNote struct {
 	cause   change.Seq
 	touched [][]byte
 	omitted int
+	// below, when set, says that every version under it, not read by the
+	// repair, gets the key's new Type 1 values (all_versions): they are
+	// touched too, and come first.
+	below change.Seq
 }
 
 // maxAudited bounds the versions an audit row holds on each side, so that
@@ -103,6 +107,9 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 	if len(w.repairs) == 0 {
 		return nil, nil
 	}
+	if err := w.noteBelow(ctx, tx, t); err != nil {
+		return nil, err
+	}
 	types, names, args := t.keySeqColumns(len(w.repairs),
 		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause })
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
@@ -132,4 +139,48 @@ func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *table, id
 		return nil
 	}
 	return w.fillVersions(ctx, tx, t, ids, "after")
+}
+
+// noteBelow adds to the repairs with below set the versions under it
+// (all_versions' Type 1 values given to the versions a repair did not
+// read), earliest first, within maxAudited.
+func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *table) error {
+	for i := range w.repairs {
+		r := &w.repairs[i]
+		if r.below == nil {
+			continue
+		}
+		conds, args := make([]string, len(t.keyIdx)), make([]any, 0, len(t.keyIdx)+2)
+		for j, ki := range t.keyIdx {
+			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.cols[ki].name}.Sanitize(), j+1, t.cols[ki].typeName)
+			args = append(args, r.key[j])
+		}
+		args = append(args, []byte(r.below), maxAudited)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, count(*) OVER () FROM %s WHERE %s AND scd_seq < $%d ORDER BY scd_seq LIMIT $%d`,
+			t.hist.Sanitize(), strings.Join(conds, " AND "), len(t.keyIdx)+1, len(t.keyIdx)+2), args...)
+		if err != nil {
+			return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+		}
+		var under [][]byte
+		total := 0
+		for rows.Next() {
+			var sq []byte
+			if err := rows.Scan(&sq, &total); err != nil {
+				rows.Close()
+				return err
+			}
+			under = append(under, sq)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+		}
+		all := len(r.touched) + r.omitted + total
+		r.touched = append(under, r.touched...)
+		if len(r.touched) > maxAudited {
+			r.touched = r.touched[:maxAudited]
+		}
+		r.omitted = all - len(r.touched)
+	}
+	return nil
 }
