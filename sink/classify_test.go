@@ -40,6 +40,8 @@ func TestClassify(t *testing.T) {
 		{"system error", pg("58030"), sink.Transient},
 		{"a column's type changed under a cached plan", fmt.Errorf("reading: %w", &pgconn.PgError{Code: "0A000", Message: "cached plan must not change result type"}), sink.Transient},
 		{"another feature not supported", pg("0A000"), sink.Fatal},
+		{"binary data of a column's old type", pg("22P03"), sink.Transient},
+		{"a value encoded for a column's old type", fmt.Errorf("inserting: %w", errors.New("COPY from stdin failed: unable to encode 5000000000 into binary format for int4 (OID 23)")), sink.Transient},
 		{"string too long", pg("22001"), sink.Data},
 		{"check violation", pg("23514"), sink.Data},
 		{"undefined column", pg("42703"), sink.Blocked},

@@ -93,6 +93,13 @@ func Classify(err error) Class {
 	if errors.As(err, &drift) {
 		return Blocked
 	}
+	if staleStatement(err) {
+		// A column's type changed under a prepared statement (altered by
+		// hand, or by another instance widening it): withRetry drops the
+		// pool's connections, and the next try prepares and describes
+		// anew.
+		return Transient
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
 		switch code := pgErr.Code; {
@@ -103,11 +110,6 @@ func Classify(err error) Class {
 			return Transient
 		case code == "3D000":
 			return Blocked
-		case code == "0A000" && (pgErr.Routine == "RevalidateCachedQuery" || strings.Contains(pgErr.Message, "cached plan must not change result type")):
-			// A column's type changed under a prepared statement (altered
-			// by hand, or by another instance evolving the table): pgx
-			// dropped the statement, and the next try prepares it anew.
-			return Transient
 		case code == "42501":
 			return Blocked
 		}
@@ -185,6 +187,11 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 		if err == nil {
 			return attempt, nil
 		}
+		if staleStatement(err) {
+			// Every connection may hold statements prepared, or COPY
+			// column types described, for the old type.
+			s.pool.Reset()
+		}
 		if !isTransient(err) || attempt >= s.cfg.MaxRetries || ctx.Err() != nil {
 			return attempt, err
 		}
@@ -205,4 +212,19 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 			backoff = s.cfg.MaxBackoff
 		}
 	}
+}
+
+// staleStatement reports whether err comes from a statement prepared, or a
+// COPY's column types described, before a column's type changed: the plan
+// PostgreSQL refuses (0A000 in RevalidateCachedQuery), binary data of the
+// old type (22P03), or a value pgx cannot encode in the old type. Not the
+// event's fault: never a dead letter.
+func staleStatement(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "22P03" || (pgErr.Code == "0A000" &&
+			(pgErr.Routine == "RevalidateCachedQuery" || strings.Contains(pgErr.Message, "cached plan must not change result type")))
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "unable to encode") && strings.Contains(msg, "into binary format")
 }

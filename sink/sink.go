@@ -198,6 +198,7 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 // order. DDL runs in its own transactions.
 func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]*newColumns{}
+	widen := map[string]map[string]string{} // table → column → wider type
 	// Events written with one schema share its RowDecoder: its columns
 	// are noted once per table and batch, not once per event.
 	type tableSchema struct {
@@ -235,7 +236,15 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		t := s.tables[ev.Table]
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
-				if _, ok := t.colIdx[pgIdent(name)]; ok {
+				if i, ok := t.colIdx[pgIdent(name)]; ok {
+					if !inferred && widens(t.cols[i].typeName, typ) {
+						if widen[ev.Table] == nil {
+							widen[ev.Table] = map[string]string{}
+						}
+						if prev, ok := widen[ev.Table][t.cols[i].name]; !ok || widens(canonicalType(prev), typ) {
+							widen[ev.Table][t.cols[i].name] = typ
+						}
+					}
 					return
 				}
 			}
@@ -271,6 +280,24 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			for _, name := range names {
 				note(name, "text", true)
 			}
+		}
+	}
+	targets := make([]string, 0, len(widen))
+	for target := range widen {
+		targets = append(targets, target)
+	}
+	sort.Strings(targets)
+	for _, target := range targets {
+		_, err := s.withRetry(ctx, "prepare", "widening columns of "+target, func(ctx context.Context) error {
+			t, err := widenColumns(ctx, s, s.tables[target], widen[target])
+			if err != nil {
+				return err
+			}
+			s.tables[target] = t
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	for _, target := range order {

@@ -1,0 +1,90 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// Widened source types (DESIGN.md section 11, schema_changes: evolve): when
+// an event's schema gives a column a type that holds every value of the
+// column's type and more (int16 to int32 to int64, float32 to float64,
+// date to timestamp), the history and side tables' column is altered to
+// it, in one transaction with the views that read it dropped and created
+// again (readers see the old or the new definition, never none), under
+// lock_timeout. Strings and decimals need none: they are text and
+// unconstrained numeric from the start. A change alone opens no version:
+// values compare equal across the two types. Other instances' statements
+// prepared for the old type are prepared again (Classify: 0A000).
+
+// wider lists, per column type, the types it widens to.
+var wider = map[string][]string{
+	"smallint": {"integer", "bigint", "numeric"},
+	"integer":  {"bigint", "numeric"},
+	"bigint":   {"numeric"},
+	"real":     {"double precision"},
+	"date":     {"timestamp without time zone", "timestamp with time zone"},
+}
+
+// canonicalType spells a schema's type as format_type does.
+func canonicalType(t string) string {
+	switch t {
+	case "timestamp":
+		return "timestamp without time zone"
+	case "timestamptz":
+		return "timestamp with time zone"
+	}
+	return t
+}
+
+// widens reports whether a column of type from takes type to without
+// losing a value.
+func widens(from, to string) bool {
+	to = canonicalType(to)
+	for _, w := range wider[from] {
+		if w == to {
+			return true
+		}
+	}
+	return false
+}
+
+// widenColumns alters t's columns named in to (name → new type) and
+// returns the table as it is afterwards.
+func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) (*table, error) {
+	names := make([]string, 0, len(to))
+	for n := range to {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var alters []string
+	for _, n := range names {
+		alters = append(alters, fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgx.Identifier{n}.Sanitize(), canonicalType(to[n])))
+	}
+	spec := t.spec
+	drops := []string{t.view.Sanitize()}
+	for _, v := range spec.Views {
+		drops = append(drops, pgx.Identifier{spec.Schema, v.Name}.Sanitize())
+	}
+	stmts := []string{
+		"DROP VIEW IF EXISTS " + strings.Join(drops, ", "),
+		fmt.Sprintf("ALTER TABLE %s %s", t.hist.Sanitize(), strings.Join(alters, ", ")),
+		fmt.Sprintf("ALTER TABLE %s %s", t.side.Sanitize(), strings.Join(alters, ", ")),
+		fmt.Sprintf("CREATE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), t.hist.Sanitize()),
+	}
+	stmts = append(stmts, t.viewStatements()...)
+	if err := inDDLTx(ctx, s.pool, "scd2sink table "+t.hist.Sanitize(), stmts); err != nil {
+		return nil, fmt.Errorf("widening %s of %s: %w", strings.Join(names, ", "), t.hist.Sanitize(), err)
+	}
+	var what []string
+	for _, n := range names {
+		what = append(what, n+" "+canonicalType(to[n]))
+	}
+	s.pool.Reset() // the connections' statements and COPY descriptions know the old types
+	s.log.Info("source column types widened: history table altered", zap.String("table", t.hist.Sanitize()), zap.Strings("columns", what))
+	return ensureTable(ctx, s.pool, spec, nil)
+}
