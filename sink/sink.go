@@ -185,8 +185,11 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 		return
 	}
 	// A schema's type beats an inferred one; an inferred text gives way
-	// to a more specific inference.
-	if (!inferred && n.guessed[name]) || (inferred && n.guessed[name] && n.cols[i].PGType == "text") {
+	// to a more specific inference; a schema's wider type (a table
+	// created from a batch whose source widened a column) beats a
+	// narrower one.
+	if (!inferred && n.guessed[name]) || (inferred && n.guessed[name] && n.cols[i].PGType == "text") ||
+		(!inferred && !n.guessed[name] && widens(canonicalType(n.cols[i].PGType), typ)) {
 		n.cols[i].PGType = typ
 		n.guessed[name] = inferred
 	}

@@ -2,11 +2,13 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -78,6 +80,15 @@ func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) 
 	}
 	stmts = append(stmts, t.viewStatements()...)
 	if err := inDDLTx(ctx, s.pool, "scd2sink table "+t.hist.Sanitize(), stmts); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "0A000" || pgErr.Code == "2BP01") {
+			// A view or rule of someone else's reads the column: the
+			// events wait (a slow retry) until it is dropped, or the
+			// column widened by hand.
+			return nil, &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf(
+				"the source widened %s to %s, but a view or rule not scd2sink's reads it (%v): drop it, or alter the column by hand",
+				strings.Join(names, ", "), canonicalType(to[names[0]]), pgErr.Message)}
+		}
 		return nil, fmt.Errorf("widening %s of %s: %w", strings.Join(names, ", "), t.hist.Sanitize(), err)
 	}
 	var what []string
