@@ -144,6 +144,8 @@ type Consumer struct {
 	cfg    Config
 	log    *zap.Logger
 	client *kgo.Client
+	// ready is closed once client is set (awaitClient).
+	ready  chan struct{}
 	sink   Sink
 	dec    Decoder
 	m      *Metrics
@@ -231,7 +233,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.Decoder == nil {
 		cfg.Decoder = debezium.New(cfg.Rules, nil, cfg.Logger)
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
+	c := &Consumer{ready: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
@@ -313,7 +315,20 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
 	c.client = client
+	close(c.ready)
 	return c, nil
+}
+
+// awaitClient waits until New has set c.client: franz-go joins the group,
+// and may call the rebalance callbacks, before NewClient returns. It
+// reports false when ctx ends first.
+func (c *Consumer) awaitClient(ctx context.Context) bool {
+	select {
+	case <-c.ready:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // Run polls, sequences and applies until ctx ends, then drains: it applies

@@ -24,6 +24,9 @@ func partitions(m map[string][]int32) []change.Partition {
 // onAssigned: the sink's memory of keys may be stale (another member may
 // have written them); the group is joined.
 func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	if !c.awaitClient(ctx) {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// The poll loop may have handed a batch over between allowing the
@@ -166,6 +169,9 @@ func (c *Consumer) holds(topic string) bool {
 // that is ahead of the group's committed offset (a crash between the
 // PostgreSQL commit and the Kafka commit).
 func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	if !c.awaitClient(ctx) {
+		return offsets, ctx.Err()
+	}
 	applied, err := c.sink.Offsets(ctx)
 	if err != nil {
 		c.log.Warn("reading scd2sink_offsets; resuming from Kafka's offsets", zap.Error(err))
@@ -224,6 +230,9 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 // revokeBudget: past it, what is in flight is abandoned and the revoked
 // partitions are left to their next owner (resync.go).
 func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	if !c.awaitClient(ctx) {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(revoked)
@@ -257,6 +266,9 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 // another member may already own them. What is in flight is abandoned (a
 // batch about to commit would also fail its membership check).
 func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+	if !c.awaitClient(ctx) {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(lost)
