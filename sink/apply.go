@@ -102,7 +102,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for _, kp := range repair {
 		ops.drop = append(ops.drop, cacheKey{t, kp.id})
 	}
-	if !partial {
+	if !partial || wholeRepairs {
 		repairFrom = nil
 	}
 	hists, err := t.loadHistoryFrom(ctx, tx, repair, repairFrom)
@@ -117,6 +117,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 	return res, dead, nil
 }
+
+// wholeRepairs makes every repair read its key's whole history (tests
+// compare the two ways).
+var wholeRepairs = false
 
 // dedupeBatch drops repeated events of one key inside a batch: the same
 // sequence with the same content is a duplicate, with other content a

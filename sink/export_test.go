@@ -7,3 +7,12 @@ func SetTruncateChunk(n int) (restore func()) {
 	truncateChunk = n
 	return func() { truncateChunk = old }
 }
+
+// SetWholeRepairs makes repairs read their keys' whole history (on) or
+// only from the version before a late event (off); it returns a function
+// that restores the default.
+func SetWholeRepairs(on bool) (restore func()) {
+	old := wholeRepairs
+	wholeRepairs = on
+	return func() { wholeRepairs = old }
+}
