@@ -126,3 +126,94 @@ tables:
 	waitQuery(history, "1 basic 5 3 01-04, 1 team 5 3 04-, 2 pro 5000000000 1 02-03, 2 pro 6000000000 1 03-, 3 basic 7 4 04-") // visits is Type 1 (all_versions)
 	waitQuery(`SELECT count(*)::text FROM scd2sink_dead_letters`, "0")
 }
+
+// TestWideningWaitsForAView: an analyst's view reads the column the
+// source widens, so PostgreSQL refuses to alter it. The change waits (no
+// dead letter, nothing of it applied, the service keeps running) until
+// the view is dropped, then the column is widened and the change applied.
+func TestWideningWaitsForAView(t *testing.T) {
+	ctx := context.Background()
+	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "ranks", Keys: []string{"id"}, Cols: []scdtest.Col{
+		{Name: "id", Schema: `{"type":"int32","optional":false}`},
+		{Name: "rank", Schema: `{"type":"int16","optional":true}`},
+	}}
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, src.Topic()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kafka.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	produce := func(op string, id, rank int, lsn int64) {
+		t.Helper()
+		k, v := src.Envelope(scdtest.Change{Op: op, After: scdtest.Row{"id": id, "rank": rank}, LSN: lsn, Commit: time.Date(2026, 3, 1, 0, 0, int(lsn), 0, time.UTC)})
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: src.Topic(), Key: k, Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dsn := pgtest.NewDatabase(t)
+	brokers, _ := json.Marshal(kafka.ListenAddrs())
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+kafka: {brokers: %s}
+postgres: {dsn: %q}
+http: {addr: ""}
+sequencer: {reorder_window: 10ms}
+sink: {batch_max_wait: 10ms}
+tables:
+  - {topic: %s, target: ranks_history}
+`, brokers, dsn, src.Topic())), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, cfg, Options{Logger: zaptest.NewLogger(t)}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	query := func(q string) string {
+		var s string
+		if err := pool.QueryRow(ctx, q).Scan(&s); err != nil {
+			return "error: " + err.Error()
+		}
+		return s
+	}
+	waitQuery := func(q, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); query(q) != want; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %q, want %q", q, query(q), want)
+			}
+		}
+	}
+	rows := `SELECT coalesce(string_agg(id || ':' || rank, ',' ORDER BY id), '') FROM ranks_history`
+	produce("c", 1, 7, 1)
+	waitQuery(rows, "1:7")
+	if _, err := pool.Exec(ctx, `CREATE VIEW analyst_ranks AS SELECT id, rank FROM ranks_history`); err != nil {
+		t.Fatal(err)
+	}
+	src.Cols[1].Schema = `{"type":"int32","optional":true}`
+	produce("c", 2, 40000, 2)
+	time.Sleep(2 * time.Second)
+	if got := query(rows); got != "1:7" {
+		t.Fatalf("while the view blocks the widening: %q, want 1:7 alone", got)
+	}
+	select {
+	case err := <-done:
+		done <- err // for the cleanup, which waits for it
+		t.Fatalf("Run ended while the widening waited: %v", err)
+	default:
+	}
+	if _, err := pool.Exec(ctx, `DROP VIEW analyst_ranks`); err != nil {
+		t.Fatal(err)
+	}
+	waitQuery(rows, "1:7,2:40000")
+	waitQuery(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'ranks_history'::regclass AND attname = 'rank'`, "integer")
+	waitQuery(`SELECT count(*)::text FROM scd2sink_dead_letters`, "0")
+}
