@@ -150,10 +150,16 @@ func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, erro
 	return KeyColumns(ctx, s.pool, spec.Schema, spec.Target)
 }
 
+// Querier is what reads the catalog: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // KeyColumns reads the key columns of the history table schema.target
 // from its (key columns, scd_seq) index, in order; none when it does not
 // exist.
-func KeyColumns(ctx context.Context, pool *pgxpool.Pool, schema, target string) ([]string, error) {
+func KeyColumns(ctx context.Context, pool Querier, schema, target string) ([]string, error) {
 	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)

@@ -154,17 +154,8 @@ func ReplayDeadLetters(ctx context.Context, cfg *config.Config, opts Options, q 
 	if err != nil {
 		return err
 	}
-	router := config.NewRouter(cfg)
-	if _, err := resolvedTables(ctx, pool, cfg, router); err != nil {
-		return err
-	}
-	sc := SinkConfig(cfg, log.Named("sink"))
-	Route(cfg, router, dec, &sc)
-	s, err := sink.New(sc, pool)
+	s, err := commandSink(ctx, cfg, pool, dec, log)
 	if err != nil {
-		return &config.Error{Msg: err.Error()}
-	}
-	if err := s.Init(ctx); err != nil {
 		return err
 	}
 	var list []deadLetter

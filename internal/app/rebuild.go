@@ -533,20 +533,12 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 // stopped during a rebuild), and returns how many ids were kept and given.
 func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, int64, error) {
 	id := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-	rows, err := tx.Query(ctx, `SELECT a.attname FROM pg_index i
-		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-		WHERE n.nspname = $1 AND c.relname = $2 AND a.attname <> 'scd_seq'
-		ORDER BY array_position(i.indkey::int2[], a.attnum)`, schema, live+sink.KeyIndexSuffix)
-	if err != nil {
-		return 0, 0, err
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	keys, err := sink.KeyColumns(ctx, tx, schema, live)
 	if err != nil {
 		return 0, 0, err
 	}
 	if len(keys) == 0 {
-		return 0, 0, fmt.Errorf("no key index %s", live+sink.KeyIndexSuffix)
+		return 0, 0, fmt.Errorf("%s has no key index %s", live, live+sink.KeyIndexSuffix)
 	}
 	var liveSeq, rbSeq *string
 	if err := tx.QueryRow(ctx, `SELECT pg_get_serial_sequence($1, 'scd_id'), pg_get_serial_sequence($2, 'scd_id')`, id(live), id(rb)).Scan(&liveSeq, &rbSeq); err != nil {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/scd2sink/scd2sink/config"
@@ -37,17 +38,8 @@ func Reconcile(ctx context.Context, cfg *config.Config, opts Options, target str
 		return err
 	}
 	defer pool.Close()
-	router := config.NewRouter(cfg)
-	if _, err := resolvedTables(ctx, pool, cfg, router); err != nil {
-		return err
-	}
-	sc := SinkConfig(cfg, log.Named("sink"))
-	Route(cfg, router, debezium.New(nil, nil, nil), &sc)
-	s, err := sink.New(sc, pool)
+	s, err := commandSink(ctx, cfg, pool, debezium.New(nil, nil, nil), log)
 	if err != nil {
-		return &config.Error{Msg: err.Error()}
-	}
-	if err := s.Init(ctx); err != nil {
 		return err
 	}
 	held, err := s.HeldReconciliations(ctx, target)
@@ -93,4 +85,24 @@ func heldGauge(s *sink.Sink) prometheus.Collector {
 			}
 			return float64(last.Load())
 		})
+}
+
+// commandSink is the sink of a command that writes beside run (reconcile,
+// dead-letters replay): every target the configuration resolved so far,
+// its tables brought up to date.
+func commandSink(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, dec *debezium.Decoder, log *zap.Logger) (*sink.Sink, error) {
+	router := config.NewRouter(cfg)
+	if _, err := resolvedTables(ctx, pool, cfg, router); err != nil {
+		return nil, err
+	}
+	sc := SinkConfig(cfg, log.Named("sink"))
+	Route(cfg, router, dec, &sc)
+	s, err := sink.New(sc, pool)
+	if err != nil {
+		return nil, &config.Error{Msg: err.Error()}
+	}
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
