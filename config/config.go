@@ -200,7 +200,10 @@ type Table struct {
 	// close more than this fraction of the table's live keys is held
 	// until confirmed (default 0.5; 1 disables the guard).
 	SnapshotDeletesMaxFraction *float64 `yaml:"snapshot_deletes_max_fraction"`
-	Views                      []View   `yaml:"views"`
+	// SchemaChanges is evolve (default) or fail: what a changed source
+	// schema does to the history table (DESIGN.md section 11).
+	SchemaChanges string `yaml:"schema_changes"`
+	Views         []View `yaml:"views"`
 }
 
 // View is one views: entry of a table: the history in another convention

@@ -335,6 +335,11 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		} else if err := oneOf(key("snapshot_deletes"), t.SnapshotDeletes, "ignore", "close"); err != nil {
 			return err
 		}
+		if t.SchemaChanges == "" {
+			c.Tables[i].SchemaChanges = "evolve"
+		} else if err := oneOf(key("schema_changes"), t.SchemaChanges, "evolve", "fail"); err != nil {
+			return err
+		}
 		if f := t.SnapshotDeletesMaxFraction; f == nil {
 			half := DefaultSnapshotDeletesMaxFraction
 			c.Tables[i].SnapshotDeletesMaxFraction = &half

@@ -181,6 +181,10 @@ type Consumer struct {
 	// poll; fatal is a stop decided in a callback (offsets.go).
 	lost  []change.Partition
 	fatal atomic.Pointer[error]
+	// draining is set once a drain starts: a batch blocked on the
+	// database (a table changed by hand, schema_changes: fail) is then
+	// left for the next start instead of waited on until the budget ends.
+	draining atomic.Bool
 	// published is, per connector (connectorOf), the newest valid time
 	// read from its topics (mu): what it had written to Kafka by then
 	// (watermark.go).
@@ -731,7 +735,7 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 			// blocked table instead of exiting into a crash loop.
 			class = sink.Blocked
 		}
-		if ctx.Err() != nil || (class != sink.Transient && class != sink.Blocked) {
+		if ctx.Err() != nil || (class != sink.Transient && class != sink.Blocked) || (class == sink.Blocked && c.draining.Load()) {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		state := sink.SQLState(err)
@@ -805,6 +809,7 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 // drain applies and commits everything held, then leaves the group.
 func (c *Consumer) drain(timeout time.Duration) error {
 	c.stopBy = time.Now().Add(timeout)
+	c.draining.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c.mu.Lock()

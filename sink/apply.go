@@ -208,8 +208,8 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		case v.closed:
 			w.closeOnly = append(w.closeOnly, v)
 		}
-		if t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx) && !(v.stored && l.openerSaved) {
-			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash, unavail: v.unavail}})
+		if t.openerDiffers(v) && !(v.stored && l.openerSaved) {
+			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: v.event(v.opener, v.openAbsent)})
 		}
 	}
 	for _, e := range out.side {
@@ -224,9 +224,9 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		last := out.versions[n-1]
 		next.v = last.clone()
 		next.v.stored = true
-		next.openerSaved = (last.stored && l.openerSaved) ||
-			(t.spec.Type1Scope == CurrentVersion && !rowsEqual(last.row, last.opener, t.t1Idx))
+		next.openerSaved = (last.stored && l.openerSaved) || t.openerDiffers(last)
 		next.v.opener = nil // appendKey takes the opener from the row (or the side table)
+		next.v.openAbsent = next.v.absent
 	} else if l.v != nil && t.spec.Type1Scope == AllVersions && st.prevRow != nil {
 		next.v = l.v.clone() // its Type 1 columns changed with the key's
 		t.spreadType1([]*version{next.v}, st.prevRow)
@@ -258,6 +258,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	// not read), and what it opened is what the table holds.
 	placeholders := func(e fevent) fevent {
 		if h.from != nil && e.seq.Compare(h.from) == 0 {
+			e.resolved = true // its clamped time too: the events before it are not read
 			return e
 		}
 		return t.withPlaceholders(e)
@@ -269,7 +270,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	for _, v := range h.versions {
 		if _, ok := existing[string(v.seq)]; !ok {
 			existing[string(v.seq)] = v.hash
-			evs = append(evs, placeholders(fevent{seq: v.seq, op: v.op, t: v.from, row: v.row, hash: v.hash, unavail: v.unavail}))
+			evs = append(evs, placeholders(v.event(v.row, v.absent)))
 		}
 	}
 	var fresh []fevent
@@ -313,11 +314,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		}
 	}
 	want := out.side
-	if t.spec.Type1Scope == CurrentVersion {
-		for _, v := range out.versions {
-			if !rowsEqual(v.row, v.opener, t.t1Idx) {
-				want = append(want, fevent{seq: v.seq, op: v.op, t: v.from, row: v.opener, hash: v.hash, unavail: v.unavail})
-			}
+	for _, v := range out.versions {
+		if t.openerDiffers(v) {
+			want = append(want, v.event(v.opener, v.openAbsent))
 		}
 	}
 	old := map[string]*version{}
@@ -386,7 +385,7 @@ func (t *table) withPlaceholders(e fevent) fevent {
 }
 
 func sameSide(a, b fevent) bool {
-	if a.op != b.op || !slices.Equal(a.unavail, b.unavail) || !a.t.Equal(b.t) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
+	if a.op != b.op || !slices.Equal(a.unavail, b.unavail) || !slices.Equal(a.absent, b.absent) || !a.t.Equal(b.t) || !a.raw.Equal(b.raw) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
 		return false
 	}
 	for i := range a.row {

@@ -274,7 +274,7 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
 			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
-			scd_unavailable text[]
+			scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint
 		) WITH (fillfactor = 70)`, hist, strings.Join(defs, ",\n")))
 		histCols = append(histCols, bookkeeping...)
 		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
@@ -286,6 +286,7 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			{"scd_id", "bigint GENERATED ALWAYS AS IDENTITY"}, {"valid_from", "timestamptz"}, {"valid_to", "timestamptz"},
 			{"is_current", "boolean"}, {"scd_seq", "bytea"}, {"scd_close_seq", "bytea"},
 			{"scd_op", "text NOT NULL DEFAULT 'u'"}, {"scd_hash", "bytea NOT NULL DEFAULT ''::bytea"}, {"scd_unavailable", "text[]"},
+			{"scd_absent", "text[]"}, {"scd_raw_t", "timestamptz"}, {"scd_attnum", "smallint"},
 		} {
 			if !slices.Contains(histCols, b.name) {
 				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+b.name+" "+b.def)
@@ -342,9 +343,14 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	stmts = nil
 	if !cat.has(n.side) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[])`, side))
+			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint)`, side))
 	}
 	var adds []string
+	for _, c := range []string{"scd_absent text[]", "scd_raw_t timestamptz", "scd_attnum smallint"} { // side tables of older versions
+		if name, _, _ := strings.Cut(c, " "); cat.has(n.side) && !cat.hasCol(n.side, name) {
+			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+c)
+		}
+	}
 	for _, c := range t.cols {
 		if !cat.hasCol(n.side, c.name) {
 			adds = append(adds, fmt.Sprintf("ADD COLUMN IF NOT EXISTS %s %s", pgx.Identifier{c.name}.Sanitize(), c.fullType))

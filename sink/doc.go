@@ -12,15 +12,20 @@
 //     sequence of the event that closed it), scd_op (the opening operation),
 //     scd_hash (a digest of the opening event's content) and scd_unavailable
 //     (the columns the opening event sent as Debezium's unavailable-value
-//     placeholder). A unique index covers (key columns, scd_seq); the table
+//     placeholder), scd_absent (the tracked columns whose value the version
+//     does not know: dropped at the source or not added yet when it opened,
+//     DESIGN.md section 11) and scd_raw_t (the opening event's own time
+//     where clamping raised it). A unique index covers (key columns, scd_seq); the table
 //     has fillfactor 70 and no index on the columns a close changes, so
 //     closing a version is a HOT update.
 //   - T_current, a view of the current versions.
 //   - T_scd_events, the side table: every event that opened no version
 //     (no-op and Type-1-only updates, deletes), with its sequence, operation,
-//     clamped time, content digest and row image; and, with type1_scope
-//     current_version, the opening event of a version whose Type 1 columns a
-//     later event overwrote. In a history of mostly tracked changes it stays
+//     clamped time (and raw time where clamping raised it), content digest,
+//     absent columns and row image; and the opening event of a version whose
+//     row is no longer its image: Type 1 columns overwritten under
+//     type1_scope current_version, or a column added at the source learned
+//     from a later event. In a history of mostly tracked changes it stays
 //     small: its size is the number of events that changed no tracked column.
 //   - scd2sink_truncates in the service schema: every truncate per target.
 //
@@ -35,10 +40,21 @@
 // last event anyway, and with current_version the opener's own image is
 // saved in the side table before its first overwrite.
 //
-// Times are stored clamped (t = max(valid_from, t of the previous event)).
-// Clamped times can stand in for the raw ones when folding again: inserting
-// a late event with time r changes every later event's time to
-// max(old t, r), which is what folding the clamped times with r gives.
+// Times are stored clamped (t = max(valid_from, t of the previous event)),
+// and where that raised an event's time its own time is kept too
+// (scd_raw_t): a re-fold starts from the raw times. Clamped times alone are
+// not enough, because a truncate moves a key's time only where it closes a
+// version: a late delete before the truncate gives the events after it
+// their own times back. (Rows written before scd_raw_t fold from their
+// clamped time, which is exact but for that case.)
+//
+// Tracking is by value over the columns both sides carry (DESIGN.md
+// section 11): an event compares with the live version over the tracked
+// columns it carries and the version knows. A column the version does not
+// know takes its value from the first later event that carries it (the
+// current version shows a column added at the source at once), and the
+// version's opener is then kept in the side table, so a re-fold starts from
+// the image it really had.
 //
 // # Applying a batch
 //

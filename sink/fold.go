@@ -8,20 +8,29 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// fevent is an event as the fold sees it: typed row, and a time that is the
-// raw valid-from for a new event or the clamped time for one rebuilt from
-// the table (see the package comment for why both fold alike).
+// fevent is an event as the fold sees it: typed row, and its time: t is
+// the raw valid-from of a new event and the clamped time of one the fold
+// produced or rebuilt from the table; raw is the raw valid-from of the
+// latter where clamping raised it (zero where it did not, or where the
+// table predates scd_raw_t). The fold starts from raw where it is set.
 type fevent struct {
-	seq  change.Seq
-	op   change.Op
-	t    time.Time
-	row  []any // typed after image; nil for deletes and truncates
-	hash []byte
+	seq change.Seq
+	op  change.Op
+	t   time.Time
+	raw time.Time
+	// resolved marks the first event of a partial history: it folds at
+	// its clamped time t, as the events before it (not read) gave it.
+	resolved bool
+	row      []any // typed after image; nil for deletes and truncates
+	hash     []byte
 	// unavail names the columns that held Debezium's unavailable-value
 	// placeholder; a rebuilt event gets the placeholder back, so a re-fold
 	// resolves it against the right previous image.
 	unavail []string
-	src     *change.Event // nil when rebuilt from the table
+	// absent names the columns the event did not carry (dropped at the
+	// source, or not added yet): stored NULL, never compared.
+	absent []string
+	src    *change.Event // nil when rebuilt from the table
 	// oldKey: a create of a primary-key change, whose placeholders take
 	// the old key's values (typed, in key column order).
 	oldKey []any
@@ -36,12 +45,26 @@ type version struct {
 	op       change.Op
 	hash     []byte
 	from     time.Time
+	raw      time.Time // the opening event's own time, when clamping raised it to from
 	to       time.Time
 	closed   bool
 	closeSeq change.Seq
 	row      []any
 	opener   []any // the opening event's own image, before Type 1 overwrites
 	unavail  []string
+	// absent names the tracked columns whose value the version does not
+	// know (stored as scd_absent): its opening event did not carry them
+	// and no later event of the version has. openAbsent is the opening
+	// event's own list: when the two differ the opener is kept in the
+	// side table, as its image is no longer the version's row.
+	absent     []string
+	openAbsent []string
+}
+
+// event returns the event that opened v, rebuilt from the table, with row
+// as its image and absent as the columns it lacked.
+func (v *version) event(row []any, absent []string) fevent {
+	return fevent{seq: v.seq, op: v.op, t: v.from, raw: v.raw, row: row, hash: v.hash, unavail: v.unavail, absent: absent}
 }
 
 func (v *version) clone() *version {
@@ -51,7 +74,7 @@ func (v *version) clone() *version {
 }
 
 func (v *version) sameAs(o *version) bool {
-	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !slices.Equal(v.unavail, o.unavail) || !v.from.Equal(o.from) || v.closed != o.closed ||
+	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !slices.Equal(v.unavail, o.unavail) || !slices.Equal(v.absent, o.absent) || !v.from.Equal(o.from) || !v.raw.Equal(o.raw) || v.closed != o.closed ||
 		!bytes.Equal(v.closeSeq, o.closeSeq) || len(v.row) != len(o.row) {
 		return false
 	}
@@ -105,9 +128,20 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 		out.closed++
 	}
 	for _, e := range evs {
-		at := e.t
+		in := e.t
+		if !e.raw.IsZero() && !e.resolved {
+			in = e.raw
+		}
+		at := in
 		if st.hasPrev && st.prevT.After(at) {
 			at = st.prevT
+		}
+		raw := e.raw // kept where clamping changed it: a later re-fold may not clamp
+		if !e.resolved {
+			raw = time.Time{}
+			if !in.Equal(at) {
+				raw = in
+			}
 		}
 		if e.op == change.OpTruncate {
 			// A truncate is no event of the key: it closes what is live and
@@ -123,11 +157,11 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 		case e.op.HasAfter():
 			row := resolvePlaceholders(e.row, st.prevRow)
 			st.prevRow = row
-			if st.live != nil && (e.op == change.OpCreate || !rowsEqual(row, st.live.row, t.trkIdx)) {
+			if st.live != nil && (e.op == change.OpCreate || !t.trackedEqual(row, e.absent, st.live)) {
 				closeLive(at, e.seq)
 			}
 			if st.live == nil {
-				v := &version{seq: e.seq, op: e.op, hash: e.hash, from: at, row: append([]any(nil), row...), opener: row, unavail: e.unavail}
+				v := &version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: append([]any(nil), row...), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent}
 				st.live = v
 				touch(v)
 				out.opened++
@@ -136,15 +170,65 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			for _, i := range t.t1Idx {
 				st.live.row[i] = row[i]
 			}
-			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, row: row, hash: e.hash, unavail: e.unavail, src: e.src})
+			if len(st.live.absent) > 0 {
+				t.learn(st.live, row, e.absent)
+			}
+			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, row: row, hash: e.hash, unavail: e.unavail, absent: e.absent, src: e.src})
 		case e.op == change.OpDelete:
 			if t.spec.Deletes == DeletesClose && st.live != nil {
 				closeLive(at, e.seq)
 			}
-			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, hash: e.hash, src: e.src})
+			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, hash: e.hash, src: e.src})
 		}
 	}
 	return out
+}
+
+// trackedEqual reports whether row, an event's image lacking the columns
+// absent, equals the live version's over the tracked columns both carry
+// (DESIGN.md section 11: a column dropped or added at the source opens no
+// version by itself; the next real change does).
+func (t *table) trackedEqual(row []any, absent []string, live *version) bool {
+	if len(absent) == 0 && len(live.absent) == 0 {
+		return rowsEqual(row, live.row, t.trkIdx)
+	}
+	for _, i := range t.trkIdx {
+		n := t.cols[i].name
+		if slices.Contains(absent, n) || slices.Contains(live.absent, n) {
+			continue
+		}
+		if !valuesEqual(row[i], live.row[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// learn gives the live version the values of the tracked columns it does
+// not know that row (lacking absent) carries: a column added at the source
+// shows in the current version from the first event that carries it, and
+// the next change of it opens a version.
+func (t *table) learn(live *version, row []any, absent []string) {
+	var left []string
+	for _, n := range live.absent {
+		i, ok := t.colIdx[n]
+		if !ok || !t.cols[i].tracked || slices.Contains(absent, n) {
+			left = append(left, n)
+			continue
+		}
+		live.row[i] = row[i]
+	}
+	if len(left) != len(live.absent) {
+		live.absent = left
+	}
+}
+
+// openerDiffers reports whether v's row is no longer its opening event's
+// image as a re-fold needs it (Type 1 values overwritten under
+// current_version, or columns learned): the opener is then kept in the
+// side table.
+func (t *table) openerDiffers(v *version) bool {
+	return (t.spec.Type1Scope == CurrentVersion && !rowsEqual(v.row, v.opener, t.t1Idx)) || len(v.absent) != len(v.openAbsent)
 }
 
 // resolvePlaceholders returns row with Debezium's unavailable-value

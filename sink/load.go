@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,11 +46,11 @@ func (t *table) colList(prefix string) string {
 	return strings.Join(parts, ", ")
 }
 
-const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.valid_to, h.scd_close_seq, h.scd_unavailable"
+const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.valid_to, h.scd_close_seq, h.scd_unavailable, h.scd_absent, h.scd_raw_t, h.scd_attnum"
 
 // rowAt is where the source columns start in a row read with versionCols
 // after the key ordinal.
-const rowAt = 9
+const rowAt = 12
 
 // latest is what the append path needs to know about a key.
 type latest struct {
@@ -74,7 +75,7 @@ func (l *latest) maxSeq() change.Seq {
 	return m
 }
 
-func scanVersion(vals []any, off int) (*version, error) {
+func (t *table) scanVersion(vals []any, off int) (*version, error) {
 	v := &version{stored: true}
 	var ok bool
 	if v.id, ok = vals[off].(int64); !ok {
@@ -95,7 +96,26 @@ func scanVersion(vals []any, off int) (*version, error) {
 		v.closeSeq = change.Seq(cs)
 	}
 	v.unavail = asStrings(vals[off+7])
+	v.absent = t.unknown(asStrings(vals[off+8]), vals[off+10])
+	v.openAbsent = v.absent
+	v.raw, _ = vals[off+9].(time.Time)
 	return v, nil
+}
+
+// unknown adds to absent the non-key columns added to the table after a
+// row was written (attnum above the row's scd_attnum; NULL in rows from
+// before scd_attnum, taken as knowing every column).
+func (t *table) unknown(absent []string, rowAttnum any) []string {
+	n, ok := rowAttnum.(int16)
+	if !ok || n >= t.attnum {
+		return absent
+	}
+	for _, c := range t.cols {
+		if c.attnum > n && !c.key && !slices.Contains(absent, c.name) {
+			absent = append(absent, c.name)
+		}
+	}
+	return absent
 }
 
 func asStrings(v any) []string {
@@ -142,7 +162,7 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 			return nil, err
 		}
 		ord := vals[0].(int64) - 1
-		v, err := scanVersion(vals, 1)
+		v, err := t.scanVersion(vals, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -272,7 +292,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			rows.Close()
 			return nil, err
 		}
-		v, err := scanVersion(vals, 1)
+		v, err := t.scanVersion(vals, 1)
 		if err != nil {
 			rows.Close()
 			return nil, err
@@ -286,7 +306,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
 	}
-	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, %s FROM %s JOIN %s e ON %s%s ORDER BY k.scd_ord, e.scd_seq`,
+	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN %s e ON %s%s ORDER BY k.scd_ord, e.scd_seq`,
 		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
@@ -302,10 +322,11 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		if _, err := change.ParseOp(op); err != nil {
 			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
-		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5])}
+		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5]), absent: t.unknown(asStrings(vals[6]), vals[8])}
 		fe.t, _ = vals[3].(time.Time)
+		fe.raw, _ = vals[7].(time.Time)
 		if fe.op.HasAfter() {
-			fe.row = vals[6 : 6+n]
+			fe.row = vals[9 : 9+n]
 			t.normalizeRow(fe.row)
 		}
 		h := &out[vals[0].(int64)-1]

@@ -149,6 +149,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
 		row := make([]any, len(t.cols))
+		carried := len(t.keyIdx)
 		for name, raw := range after {
 			if t.ignore[name] {
 				continue
@@ -165,6 +166,12 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 				return fe, nil, typeMismatch(ev, &t.cols[i], err)
 			}
 			row[i] = v
+			if !t.cols[i].key {
+				carried++
+			}
+		}
+		if carried < len(t.cols) {
+			fe.absent = t.absentFrom(after)
 		}
 		for i, ki := range t.keyIdx {
 			row[ki] = key[i]
@@ -187,6 +194,26 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		}
 	}
 	return fe, key, nil
+}
+
+// absentFrom lists, in column order, the table's columns other than the key
+// that the image after does not carry.
+func (t *table) absentFrom(after map[string]any) []string {
+	has := make([]bool, len(t.cols))
+	for name := range after {
+		if i, ok := t.colIdx[name]; ok {
+			has[i] = true
+		} else if i, ok := t.colIdx[pgIdent(name)]; ok {
+			has[i] = true
+		}
+	}
+	var out []string
+	for i, c := range t.cols {
+		if !has[i] && !c.key {
+			out = append(out, c.name)
+		}
+	}
+	return out
 }
 
 // pgIdent is name as PostgreSQL keeps it: at most 63 bytes, cut at a

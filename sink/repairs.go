@@ -80,7 +80,7 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] })
 	types, names, args = append(types, "bigint"), append(names, "id"), append(args, rid)
 	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
-			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' ORDER BY h.scd_seq) AS arr
+			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' - 'scd_absent' - 'scd_raw_t' - 'scd_attnum' ORDER BY h.scd_seq) AS arr
 			FROM %[3]s JOIN %[4]s h ON %[5]s AND h.scd_seq = x.seq GROUP BY x.id) a
 		WHERE r.id = a.id`, t.repairs.Sanitize(), col, unnest("x", 1, types, names), t.hist.Sanitize(), t.keyMatch("h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {

@@ -189,6 +189,57 @@ func TestFieldNotes(t *testing.T) {
 			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-02T00:00:00Z) current=false name=a plan=p city=x visits=1",
 			"K seq=200102 [2026-01-02T00:00:00Z, open) current=true name=a plan=q city=x visits=1",
 		}},
+		// DESIGN.md section 11: tracking is by value over the columns
+		// both events carry; a drop or an add alone opens no version.
+		{name: "a dropped column opens no version", evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 2, d(2, 0), "K", "name", "a", "plan", "p", "visits", 2),
+			cust(u, 3, d(3, 0), "K", "name", "a", "plan", "q", "visits", 3),
+			cust(u, 4, d(4, 0), "K", "name", "a", "plan", "q", "visits", 4),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=a plan=p city=x visits=4",
+			"K seq=200103 [2026-01-03T00:00:00Z, open) current=true name=a plan=q city=∅ visits=4",
+		}},
+		{name: "an added column opens no version", scope: sink.CurrentVersion, evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p"),
+			cust(u, 2, d(2, 0), "K", "name", "a", "plan", "p", "city", "y", "visits", 1),
+			cust(u, 3, d(3, 0), "K", "name", "b", "plan", "p", "city", "y", "visits", 2),
+			cust(u, 4, d(4, 0), "K", "name", "b", "plan", "p", "city", "z", "visits", 2),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-04T00:00:00Z) current=false name=b plan=p city=y visits=2",
+			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=b plan=p city=z visits=2",
+		}},
+		{name: "a Type 1 column dropped is NULL in every version", evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 2, d(2, 0), "K", "name", "a", "plan", "q", "city", "x"),
+			cust(del, 3, d(3, 0), "K"),
+			cust(c, 4, d(4, 0), "K", "name", "a", "plan", "q", "city", "x"),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-02T00:00:00Z) current=false name=a plan=p city=x visits=∅",
+			"K seq=200102 [2026-01-02T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=a plan=q city=x visits=∅",
+			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=a plan=q city=x visits=∅",
+		}},
+		{name: "a column added back compares with the version that carried it", evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 2, d(2, 0), "K", "name", "a", "plan", "p", "visits", 1),
+			cust(u, 3, d(3, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 4, d(4, 0), "K", "name", "a", "plan", "p", "city", "v", "visits", 1),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-04T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=a plan=p city=v visits=1",
+		}},
+		// A truncate moves a key's time only where it closes a version:
+		// a late delete before it gives a later create its own time back
+		// (kept in scd_raw_t when clamping raised it).
+		{name: "a late delete before a truncate unclamps a later create", evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(del, 2, d(2, 0), "K"),
+			{Table: "customers_history", Seq: change.MustSeq(3), Op: change.OpTruncate, ValidFrom: d(5, 0)},
+			cust(c, 4, d(4, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-02T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=a plan=p city=x visits=1",
+		}},
 		{name: "truncate closes, a late event before it is closed too", evs: []*change.Event{
 			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
 			{Table: "customers_history", Seq: change.MustSeq(3), Op: change.OpTruncate, ValidFrom: d(3, 0)},

@@ -11,7 +11,7 @@ import (
 )
 
 // Bookkeeping columns of a history table, after the source columns.
-var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
+var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum"}
 
 // Bookkeeping columns of the side table <target>_scd_events.
 type colInfo struct {
@@ -19,6 +19,7 @@ type colInfo struct {
 	oid      uint32
 	typeName string // format_type() without modifier, usable in array casts
 	fullType string // format_type() with modifier, for DDL
+	attnum   int16  // its position in the history table (pg_attribute.attnum)
 	key      bool
 	tracked  bool
 }
@@ -39,6 +40,11 @@ type table struct {
 	ignore  map[string]bool
 	// hasInfinity: a timestamp or date column may read back as infinity.
 	hasInfinity bool
+	// attnum is the highest attnum of the source columns: every row
+	// written records it (scd_attnum), so that a column added later is
+	// known to be absent from the rows written before (DESIGN.md section
+	// 11), not NULL in them.
+	attnum int16
 }
 
 func quoteIdents(names []string) string {
@@ -134,7 +140,7 @@ func keyType(inferred string) string {
 
 // load reads the table's source columns and classifies them.
 func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
-	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod)
+	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod), a.attnum
 		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY a.attnum`, t.hist.Sanitize())
 	if err != nil {
@@ -143,7 +149,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	var cols []colInfo
 	for rows.Next() {
 		var c colInfo
-		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType); err != nil {
+		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType, &c.attnum); err != nil {
 			return err
 		}
 		if c.name == "scd_seq" && c.typeName != "bytea" {
@@ -162,6 +168,10 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		tracked[pgIdent(c)] = true
 	}
 	t.cols, t.colIdx = cols, map[string]int{}
+	t.attnum = 0
+	for _, c := range cols {
+		t.attnum = max(t.attnum, c.attnum)
+	}
 	t.hasInfinity = false
 	for _, c := range cols {
 		switch c.oid {

@@ -208,6 +208,7 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]*newColumns{}
 	widen := map[string]map[string]string{} // table → column → wider type
+	failed := map[string]string{}           // table → the change schema_changes: fail stops at
 	// Events written with one schema share its RowDecoder: its columns
 	// are noted once per table and batch, not once per event.
 	type tableSchema struct {
@@ -215,6 +216,9 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		row   change.RowDecoder
 	}
 	noted := map[tableSchema]bool{}
+	if err := s.loadExisting(ctx, evs); err != nil {
+		return err
+	}
 	var order []string
 	for i, ev := range evs {
 		spec, ok := s.spec(ev.Table)
@@ -246,6 +250,9 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
 				if i, ok := t.colIdx[pgIdent(name)]; ok {
+					if !inferred && spec.FailOnSchemaChange && canonicalType(keyType(typ)) != t.cols[i].typeName && failed[ev.Table] == "" {
+						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.cols[i].typeName)
+					}
 					if !inferred && widens(t.cols[i].typeName, typ) {
 						if widen[ev.Table] == nil {
 							widen[ev.Table] = map[string]string{}
@@ -271,6 +278,11 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			for _, c := range ev.Row.Columns() {
 				note(c.Name, c.PGType, false)
 			}
+			if t != nil && spec.FailOnSchemaChange && failed[ev.Table] == "" {
+				if gone := t.dropped(ev.Row.Columns()); len(gone) > 0 {
+					failed[ev.Table] = fmt.Sprintf("the source no longer has column %s (dropped or renamed)", strings.Join(gone, ", "))
+				}
+			}
 		}
 		// Without a schema a column is text (DESIGN.md section 4): a value's
 		// JSON form does not say whether 1 is an integer column's or a
@@ -290,6 +302,11 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				note(name, "text", true)
 			}
 		}
+	}
+	for target, what := range failed {
+		err := &DriftError{Table: s.tables[target].hist.Sanitize(), What: what +
+			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}
+		return err
 	}
 	targets := make([]string, 0, len(widen))
 	for target := range widen {
@@ -318,6 +335,43 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				return err
 			}
 			s.tables[target] = t
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadExisting loads the tables of evs that exist but were not loaded yet
+// (their columns are not declared: they are met first in a batch), so that
+// the batch's schemas are compared with their columns: a type the source
+// widened while the service was stopped is widened, not dead-lettered.
+func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
+	seen := map[string]bool{}
+	for _, ev := range evs {
+		if s.tables[ev.Table] != nil || seen[ev.Table] {
+			continue
+		}
+		seen[ev.Table] = true
+		spec, ok := s.spec(ev.Table)
+		if !ok || len(spec.Keys) == 0 {
+			continue
+		}
+		_, err := s.withRetry(ctx, "prepare", "loading table "+ev.Table, func(ctx context.Context) error {
+			var exists bool
+			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
+			}
+			if !exists {
+				return nil
+			}
+			t, err := ensureTable(ctx, s.pool, spec, nil)
+			if err != nil {
+				return err
+			}
+			s.tables[ev.Table] = t
 			return nil
 		})
 		if err != nil {

@@ -61,6 +61,10 @@ type TableSpec struct {
 	// than this fraction of the live keys is held until confirmed (0 or
 	// 1 or more: no guard).
 	MaxCloseFraction float64
+	// FailOnSchemaChange (schema_changes: fail) stops the table's progress
+	// at any change of the source schema but an added column: a dropped
+	// column, or a changed type (DESIGN.md section 11).
+	FailOnSchemaChange bool
 	// Views are presentations of the history in other conventions,
 	// created and replaced with the table.
 	Views []ViewSpec

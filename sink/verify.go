@@ -116,7 +116,7 @@ func structure(hist string, spec TableSpec, cat *catalog) (out []Violation, colu
 		missing("side table " + n.side)
 	} else {
 		for _, c := range cat.cols[n.hist] {
-			if (!isBookkeeping(c) || c == "scd_seq" || c == "scd_op" || c == "scd_hash" || c == "scd_unavailable") && !cat.hasCol(n.side, c) {
+			if (!isBookkeeping(c) || c == "scd_seq" || c == "scd_op" || c == "scd_hash" || c == "scd_unavailable" || c == "scd_absent" || c == "scd_raw_t" || c == "scd_attnum") && !cat.hasCol(n.side, c) {
 				missing("column " + c + " of " + n.side)
 			}
 		}

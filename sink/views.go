@@ -95,9 +95,48 @@ func ViewStatements(ctx context.Context, tx pgx.Tx, spec TableSpec, target strin
 	}
 	var out []string
 	for _, v := range spec.Views {
-		out = append(out, viewSQL(spec.Schema, target, v, cols))
+		// CREATE OR REPLACE VIEW keeps the columns a view has, in their
+		// order: the rebuilt table may have met its source columns in
+		// another order than the live one.
+		rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+			pgx.Identifier{spec.Schema, v.Name}.Sanitize())
+		if err != nil {
+			return nil, fmt.Errorf("reading the columns of view %s: %w", v.Name, err)
+		}
+		had, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("reading the columns of view %s: %w", v.Name, err)
+		}
+		out = append(out, viewSQL(spec.Schema, target, v, orderLike(had, cols, v)))
 	}
 	return out, nil
+}
+
+// orderLike orders the source columns cols as the view v's existing
+// columns had (its output names) and the rest after them, in cols' order.
+func orderLike(had, cols []string, v ViewSpec) []string {
+	src := map[string]string{} // output name → source column
+	for _, c := range cols {
+		if to, ok := v.Columns[c]; ok {
+			src[to] = c
+		} else {
+			src[c] = c
+		}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range had {
+		if c, ok := src[h]; ok && !seen[c] {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	for _, c := range cols {
+		if !seen[c] {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // viewStatements renders the DDL of t's views from the columns it knows.

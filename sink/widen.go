@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/scd2sink/scd2sink/internal/change"
 	"go.uber.org/zap"
 )
 
@@ -34,13 +35,36 @@ var wider = map[string][]string{
 
 // canonicalType spells a schema's type as format_type does.
 func canonicalType(t string) string {
+	if base, ok := strings.CutSuffix(t, "[]"); ok {
+		return canonicalType(base) + "[]"
+	}
 	switch t {
 	case "timestamp":
 		return "timestamp without time zone"
 	case "timestamptz":
 		return "timestamp with time zone"
+	case "time":
+		return "time without time zone"
+	case "timetz":
+		return "time with time zone"
 	}
 	return t
+}
+
+// dropped lists the table's non-key source columns a schema's columns
+// lack.
+func (t *table) dropped(cols []change.Column) []string {
+	has := map[string]bool{}
+	for _, c := range cols {
+		has[pgIdent(c.Name)] = true
+	}
+	var out []string
+	for _, c := range t.cols {
+		if !c.key && !has[c.name] {
+			out = append(out, c.name)
+		}
+	}
+	return out
 }
 
 // widens reports whether a column of type from takes type to without

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -151,16 +152,16 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 		}
 	}
 	if len(w.insVersions) > 0 {
-		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
+		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 		rows := copyRows(len(w.insVersions), len(cols), func(i int, row []any) []any {
-			return appendBook(append(row, w.insVersions[i].row...), w.insVersions[i])
+			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i])
 		})
 		if _, err := tx.CopyFrom(ctx, t.hist, cols, rows); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
 	}
 	if len(w.insSide) > 0 {
-		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable")
+		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 		rows := copyRows(len(w.insSide), len(cols), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.row != nil {
@@ -172,7 +173,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 					row[ki] = sr.key[k]
 				}
 			}
-			return append(row, []byte(sr.ev.seq), opText[sr.ev.op], sr.ev.t, sr.ev.hash, sr.ev.unavail)
+			return append(row, []byte(sr.ev.seq), opText[sr.ev.op], sr.ev.t, sr.ev.hash, sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw), t.attnum)
 		})
 		if _, err := tx.CopyFrom(ctx, t.side, cols, rows); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
@@ -196,8 +197,11 @@ func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte) 
 	return types, names, args
 }
 
+// bookWidth is how many columns appendBook appends.
+const bookWidth = 11
+
 // appendBook appends a version's bookkeeping columns, in insert order.
-func appendBook(row []any, v *version) []any {
+func (t *table) appendBook(row []any, v *version) []any {
 	var to any
 	var cs any
 	if v.closed {
@@ -206,7 +210,15 @@ func appendBook(row []any, v *version) []any {
 	if v.closeSeq != nil {
 		cs = []byte(v.closeSeq)
 	}
-	return append(row, v.from, to, !v.closed, []byte(v.seq), cs, opText[v.op], v.hash, v.unavail)
+	return append(row, v.from, to, !v.closed, []byte(v.seq), cs, opText[v.op], v.hash, v.unavail, v.absent, timeOrNil(v.raw), t.attnum)
+}
+
+// timeOrNil is t, or NULL for the zero time.
+func timeOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
 }
 
 // opText holds each operation's text, boxed once.
@@ -255,29 +267,35 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	book := []struct{ col, typ string }{
 		{"valid_from", "timestamptz"}, {"valid_to", "timestamptz"}, {"is_current", "boolean"},
 		{"scd_seq", "bytea"}, {"scd_close_seq", "bytea"}, {"scd_op", "text"}, {"scd_hash", "bytea"},
+		{"scd_unavailable", ""}, {"scd_absent", ""}, {"scd_raw_t", "timestamptz"}, {"scd_attnum", "smallint"},
 	}
-	books := make([]any, 0, len(vs)*8)
+	books := make([]any, 0, len(vs)*bookWidth)
 	for _, v := range vs {
-		books = appendBook(books, v)
+		books = t.appendBook(books, v)
 	}
 	for bi, b := range book {
-		if b.col == "scd_seq" {
-			continue // matched on, not set
+		if b.col == "scd_seq" || b.typ == "" {
+			continue // matched on, or set below
 		}
 		types = append(types, b.typ)
 		names = append(names, "b_"+b.col)
-		args = append(args, column(len(vs), func(i int) any { return books[i*8+bi] }))
+		args = append(args, column(len(vs), func(i int) any { return books[i*bookWidth+bi] }))
 		sets = append(sets, fmt.Sprintf("%s = x.b_%s", b.col, b.col))
 	}
-	// unnest flattens arrays of arrays, so the column list travels joined.
-	types, names = append(types, "text"), append(names, "b_unavail")
-	args = append(args, column(len(vs), func(i int) any {
-		if len(vs[i].unavail) == 0 {
-			return nil
-		}
-		return strings.Join(vs[i].unavail, "\x1f")
-	}))
-	sets = append(sets, `scd_unavailable = string_to_array(x.b_unavail, E'\\x1f')`)
+	// unnest flattens arrays of arrays, so the column lists travel joined.
+	for _, l := range []struct {
+		col  string
+		list func(*version) []string
+	}{{"scd_unavailable", func(v *version) []string { return v.unavail }}, {"scd_absent", func(v *version) []string { return v.absent }}} {
+		types, names = append(types, "text"), append(names, "b_"+l.col)
+		args = append(args, column(len(vs), func(i int) any {
+			if len(l.list(vs[i])) == 0 {
+				return nil
+			}
+			return strings.Join(l.list(vs[i]), "\x1f")
+		}))
+		sets = append(sets, fmt.Sprintf(`%s = string_to_array(x.b_%s, chr(31))`, l.col, l.col))
+	}
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND h.scd_seq = x.seq", t.hist.Sanitize(), strings.Join(sets, ", "),
 		unnest("x", 1, types, names), t.keyMatch("h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {

@@ -122,7 +122,7 @@ func benchColumns(src *scdtest.Source) []string {
 	for _, c := range src.Cols {
 		cols = append(cols, c.Name)
 	}
-	return append(cols, "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable")
+	return append(cols, "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 }
 
 // freeAddr returns a local TCP address nothing listens on.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -218,7 +219,12 @@ func closed(c chan struct{}) bool {
 // must equal the fold and every offset must be committed.
 func TestCrashRecovery(t *testing.T) {
 	t0 := time.Now()
-	r := newCrashRig(t, 1, 120, 3)
+	seed := uint64(1)
+	if s := os.Getenv("CRASH_SEED"); s != "" {
+		n, _ := strconv.Atoi(s)
+		seed = uint64(n)
+	}
+	r := newCrashRig(t, seed, 120, 3)
 	t.Logf("rig ready after %s", time.Since(t0))
 	rng := rand.New(rand.NewPCG(2, 3))
 	produced := r.produce(t, 100, 400*time.Millisecond)

@@ -188,11 +188,15 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 		if err == nil {
 			break
 		}
-		if class := sink.Classify(err); (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
+		class := sink.Classify(err)
+		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
 			return err
 		}
-		log.Warn("the swap must wait (a reader holds the live table, or PostgreSQL is unavailable); trying again",
-			zap.Duration("wait", backoff), zap.Error(err))
+		what := "the swap must wait (a reader holds the live table, or PostgreSQL is unavailable); trying again"
+		if class == sink.Blocked {
+			what = "the swap is blocked by the database's objects or privileges (see the error); it goes on once that is put right, or stop it with SIGTERM"
+		}
+		log.Warn(what, zap.Duration("wait", backoff), zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("rebuild caught up but not swapped in (run it again): %w", ctx.Err())

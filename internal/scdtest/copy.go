@@ -13,7 +13,7 @@ import (
 
 // BenchColumns are the columns of the benchmark history tables (BenchEvents).
 var BenchColumns = []string{"id", "name", "plan", "city", "score", "valid_from", "valid_to", "is_current",
-	"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable"}
+	"scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum"}
 
 // CopyBaseline is the benchmarks' yardstick: it reads the rows of the
 // history table src, creates dst with the same shape and indexes (LIKE ...

@@ -19,6 +19,7 @@ type Version struct {
 	from    time.Time
 	to      *time.Time
 	current bool
+	carried map[string]bool // the columns the opening event carried
 }
 
 // Fold is the reference fold of DESIGN.md section 5, written as plainly
@@ -99,8 +100,10 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 			switch e.Op {
 			case change.OpCreate, change.OpRead, change.OpUpdate:
 				after := map[string]any{}
+				carried := map[string]bool{}
 				for _, c := range cols {
-					v := e.After[c]
+					v, ok := e.After[c]
+					carried[c] = ok || contains(spec.Keys, c)
 					if s, ok := v.(string); ok && s == change.Unavailable {
 						v = nil
 						if prevAfter != nil {
@@ -113,15 +116,24 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 					after[k] = key[i]
 				}
 				prevAfter, lastAfter = after, after
-				if live != nil && (e.Op == change.OpCreate || !sameValues(after, live.row, tracked)) {
+				if live != nil && (e.Op == change.OpCreate || !sameCarried(after, carried, live, tracked)) {
 					closeLive(t)
 				}
 				if live == nil {
-					live = &Version{key: change.KeyID(key), seq: string(e.Seq), row: CopyMap(after), from: t, current: true}
+					live = &Version{key: change.KeyID(key), seq: string(e.Seq), row: CopyMap(after), from: t, current: true, carried: CopyBools(carried)}
 					versions = append(versions, live)
 				} else {
 					for _, c := range type1 {
 						live.row[c] = after[c]
+					}
+					// A tracked column the version does not know (added
+					// at the source since it opened) takes the value of
+					// the first event that carries it; its next change
+					// opens a version.
+					for c, on := range tracked {
+						if on && carried[c] && !live.carried[c] {
+							live.row[c], live.carried[c] = after[c], true
+						}
 					}
 				}
 			case change.OpDelete:
@@ -194,13 +206,25 @@ func addSnapshotDeletes(spec sink.TableSpec, byKey map[string][]*change.Event, t
 	}
 }
 
-func sameValues(a, b map[string]any, cols map[string]bool) bool {
+// sameCarried compares an image with the live version's over the tracked
+// columns both carry (DESIGN.md section 11: tracking is by value; a column
+// dropped or added alone opens no version).
+func sameCarried(a map[string]any, carried map[string]bool, live *Version, cols map[string]bool) bool {
 	for c, on := range cols {
-		if on && change.Canon(a[c]) != change.Canon(b[c]) {
+		if on && carried[c] && live.carried[c] && change.Canon(a[c]) != change.Canon(live.row[c]) {
 			return false
 		}
 	}
 	return true
+}
+
+// CopyBools returns a copy of m.
+func CopyBools(m map[string]bool) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // CopyMap returns a shallow copy of m.
