@@ -31,7 +31,7 @@ func evoWork(ctx context.Context, src sourceDB, rng *rand.Rand, live map[int]boo
 		var q string
 		switch {
 		case !live[id]:
-			q, live[id] = `INSERT INTO evo (id, name) VALUES ($1, 'n' || $2::text)`, true
+			q, live[id] = `INSERT INTO evo (id, name) VALUES ($1, 'n' || $2::int::text)`, true
 		case rng.IntN(8) == 0:
 			q, live[id] = `DELETE FROM evo WHERE id = $1 AND $2::int IS NOT NULL`, false
 		case rng.IntN(5) == 0:
@@ -122,12 +122,12 @@ func TestSchemaEvolution(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 1))
 	live := map[int]bool{}
 	steps := []struct{ alter, set string }{
-		{"", `qty = $2, note = 'x' || ($2 % 2)::text, gone = 'g' || $2::text`},
-		{"ALTER TABLE evo ADD COLUMN extra text", `extra = 'e' || $2::text, qty = $2`},
-		{"ALTER TABLE evo DROP COLUMN gone", `note = 'y' || ($2 % 2)::text`},
-		{"ALTER TABLE evo ALTER COLUMN qty TYPE bigint", `qty = 3000000000 + $2`},
-		{"ALTER TABLE evo ALTER COLUMN name TYPE varchar(100)", `name = repeat('long name ', 2 + $2)`},
-		{"ALTER TABLE evo RENAME COLUMN note TO remark", `remark = 'z' || $2::text`},
+		{"", `qty = $2::int, note = 'x' || ($2::int % 2)::text, gone = 'g' || $2::int::text`},
+		{"ALTER TABLE evo ADD COLUMN extra text", `extra = 'e' || $2::int::text, qty = $2::int`},
+		{"ALTER TABLE evo DROP COLUMN gone", `note = 'y' || ($2::int % 2)::text`},
+		{"ALTER TABLE evo ALTER COLUMN qty TYPE bigint", `qty = 3000000000 + $2::int`},
+		{"ALTER TABLE evo ALTER COLUMN name TYPE varchar(100)", `name = repeat('long name ', 2 + $2::int)`},
+		{"ALTER TABLE evo RENAME COLUMN note TO remark", `remark = 'z' || $2::int::text`},
 	}
 	for _, s := range steps {
 		if s.alter != "" {
