@@ -184,7 +184,8 @@ type Consumer struct {
 	// draining is set once a drain starts: a batch blocked on the
 	// database (a table changed by hand, schema_changes: fail) is then
 	// left for the next start instead of waited on until the budget ends.
-	draining atomic.Bool
+	draining   atomic.Bool
+	drainStart chan struct{} // closed when the drain starts: wakes a blocked retry
 	// published is, per connector (connectorOf), the newest valid time
 	// read from its topics (mu): what it had written to Kafka by then
 	// (watermark.go).
@@ -237,7 +238,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.Decoder == nil {
 		cfg.Decoder = debezium.New(cfg.Rules, nil, cfg.Logger)
 	}
-	c := &Consumer{ready: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
+	c := &Consumer{ready: make(chan struct{}), drainStart: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
@@ -756,9 +757,15 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 					zap.Int("attempt", attempt+1), zap.Error(err))
 			}
 		}
+		var drainWake <-chan struct{}
+		if class == sink.Blocked {
+			drainWake = c.drainStart
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-drainWake:
+			return fmt.Errorf("%s (left for the next start): %w", what, err)
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, limit)
@@ -809,7 +816,9 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 // drain applies and commits everything held, then leaves the group.
 func (c *Consumer) drain(timeout time.Duration) error {
 	c.stopBy = time.Now().Add(timeout)
-	c.draining.Store(true)
+	if c.draining.CompareAndSwap(false, true) && c.drainStart != nil {
+		close(c.drainStart)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c.mu.Lock()

@@ -203,7 +203,9 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		switch {
 		case !v.stored:
 			w.insVersions = append(w.insVersions, v)
-		case !rowsEqual(v.row, orig.row, allCols(t)):
+		case !rowsEqual(v.row, orig.row, allCols(t)) || !slices.Equal(v.absent, orig.absent):
+			// (A column learned as NULL changes no value, but what the
+			// version knows: it is written, or a restart would not know it.)
 			w.full = append(w.full, v)
 		case v.closed:
 			w.closeOnly = append(w.closeOnly, v)

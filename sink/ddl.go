@@ -248,6 +248,7 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	all = append(all, extra...)
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	keyIdents := quoteIdents(spec.Keys)
+	upgradeAttnum := "smallint" // scd_attnum's type as added to an older table
 	var stmts []string
 	if !cat.schema {
 		stmts = append(stmts, createSchema(spec.Schema))
@@ -280,13 +281,24 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
 			pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
 	} else {
-		// A pre-created table may hold only the source columns.
+		// A pre-created table may hold only the source columns; a table
+		// of an older scd2sink lacks the newer bookkeeping columns. Its
+		// rows get scd_attnum as the table is now (a fast default, no
+		// rewrite): a column added from here on is one they do not know.
 		var adds []string
+		if !slices.Contains(histCols, "scd_attnum") {
+			var known int
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(attnum), 0) FROM pg_attribute
+				WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attname::text <> ALL($2::text[])`, hist, bookkeeping).Scan(&known); err != nil {
+				return nil, fmt.Errorf("reading the columns of %s: %w", hist, err)
+			}
+			upgradeAttnum = fmt.Sprintf("smallint DEFAULT %d", known)
+		}
 		for _, b := range []struct{ name, def string }{
 			{"scd_id", "bigint GENERATED ALWAYS AS IDENTITY"}, {"valid_from", "timestamptz"}, {"valid_to", "timestamptz"},
 			{"is_current", "boolean"}, {"scd_seq", "bytea"}, {"scd_close_seq", "bytea"},
 			{"scd_op", "text NOT NULL DEFAULT 'u'"}, {"scd_hash", "bytea NOT NULL DEFAULT ''::bytea"}, {"scd_unavailable", "text[]"},
-			{"scd_absent", "text[]"}, {"scd_raw_t", "timestamptz"}, {"scd_attnum", "smallint"},
+			{"scd_absent", "text[]"}, {"scd_raw_t", "timestamptz"}, {"scd_attnum", upgradeAttnum},
 		} {
 			if !slices.Contains(histCols, b.name) {
 				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+b.name+" "+b.def)
@@ -301,6 +313,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		}
 		if len(adds) > 0 {
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s", hist, strings.Join(adds, ", ")))
+		}
+		if upgradeAttnum != "smallint" {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN scd_attnum DROP DEFAULT", hist))
 		}
 		if !cat.has(n.keyIndex) {
 			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
@@ -327,8 +342,12 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	if err := t.load(ctx, pool); err != nil {
 		return nil, err
 	}
+	views, err := t.viewStatements(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	var vs []string
-	for i, v := range t.viewStatements() {
+	for i, v := range views {
 		name := spec.Views[i].Name
 		if tag := viewTag(v); cat.notes[name] != tag {
 			vs = append(vs, v, fmt.Sprintf("COMMENT ON VIEW %s IS %s", pgx.Identifier{spec.Schema, name}.Sanitize(), quoteLiteral(tag)))
@@ -346,9 +365,11 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			scd_seq bytea NOT NULL, scd_op text NOT NULL, scd_t timestamptz NOT NULL, scd_hash bytea NOT NULL, scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint)`, side))
 	}
 	var adds []string
-	for _, c := range []string{"scd_absent text[]", "scd_raw_t timestamptz", "scd_attnum smallint"} { // side tables of older versions
+	sideDefault := false
+	for _, c := range []string{"scd_absent text[]", "scd_raw_t timestamptz", "scd_attnum " + upgradeAttnum} { // side tables of older versions
 		if name, _, _ := strings.Cut(c, " "); cat.has(n.side) && !cat.hasCol(n.side, name) {
 			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+c)
+			sideDefault = sideDefault || (name == "scd_attnum" && upgradeAttnum != "smallint")
 		}
 	}
 	for _, c := range t.cols {
@@ -358,6 +379,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 	}
 	if len(adds) > 0 {
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s %s", side, strings.Join(adds, ", ")))
+	}
+	if sideDefault {
+		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN scd_attnum DROP DEFAULT", side))
 	}
 	if !cat.has(n.sideIndex) && !cat.has(n.oldSideIndex) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,

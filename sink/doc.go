@@ -12,9 +12,11 @@
 //     sequence of the event that closed it), scd_op (the opening operation),
 //     scd_hash (a digest of the opening event's content) and scd_unavailable
 //     (the columns the opening event sent as Debezium's unavailable-value
-//     placeholder), scd_absent (the tracked columns whose value the version
-//     does not know: dropped at the source or not added yet when it opened,
-//     DESIGN.md section 11) and scd_raw_t (the opening event's own time
+//     placeholder), scd_absent (the columns whose value the version does
+//     not know: dropped at the source or not added yet when it opened, and
+//     for tracked ones not learned since, DESIGN.md section 11), scd_attnum
+//     (the highest column position the row's writer knew: columns added
+//     later are absent from it) and scd_raw_t (the opening event's own time
 //     where clamping raised it). A unique index covers (key columns, scd_seq); the table
 //     has fillfactor 70 and no index on the columns a close changes, so
 //     closing a version is a HOT update.

@@ -52,9 +52,9 @@ type version struct {
 	row      []any
 	opener   []any // the opening event's own image, before Type 1 overwrites
 	unavail  []string
-	// absent names the tracked columns whose value the version does not
-	// know (stored as scd_absent): its opening event did not carry them
-	// and no later event of the version has. openAbsent is the opening
+	// absent names the columns whose value the version does not know
+	// (stored as scd_absent): its opening event did not carry them and,
+	// for tracked ones, no later event of the version has. openAbsent is the opening
 	// event's own list: when the two differ the opener is kept in the
 	// side table, as its image is no longer the version's row.
 	absent     []string

@@ -250,7 +250,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
 				if i, ok := t.colIdx[pgIdent(name)]; ok {
-					if !inferred && spec.FailOnSchemaChange && canonicalType(keyType(typ)) != t.cols[i].typeName && failed[ev.Table] == "" {
+					if !inferred && spec.FailOnSchemaChange && !holds(t.cols[i].typeName, typ) && failed[ev.Table] == "" {
 						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.cols[i].typeName)
 					}
 					if !inferred && widens(t.cols[i].typeName, typ) {
@@ -356,6 +356,10 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 		}
 		seen[ev.Table] = true
 		spec, ok := s.spec(ev.Table)
+		if ok && len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
+			spec.Keys = ev.KeyNames // keys from the Kafka key, as prepare takes them
+			s.setSpec(spec)
+		}
 		if !ok || len(spec.Keys) == 0 {
 			continue
 		}

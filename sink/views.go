@@ -74,11 +74,11 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 // ViewStatements renders the DDL that (re)creates spec's views over the
 // history table named target, reading its source columns from the
 // catalog: rebuild runs it after swapping a rebuilt table in.
-func ViewStatements(ctx context.Context, tx pgx.Tx, spec TableSpec, target string) ([]string, error) {
+func ViewStatements(ctx context.Context, q Querier, spec TableSpec, target string) ([]string, error) {
 	if len(spec.Views) == 0 {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+	rows, err := q.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
 		pgx.Identifier{spec.Schema, target}.Sanitize())
 	if err != nil {
 		return nil, fmt.Errorf("reading the columns of %s: %w", target, err)
@@ -93,12 +93,18 @@ func ViewStatements(ctx context.Context, tx pgx.Tx, spec TableSpec, target strin
 			cols = append(cols, n)
 		}
 	}
+	return viewsOver(ctx, q, spec, target, cols)
+}
+
+// viewsOver renders the DDL of spec's views over target's source columns
+// cols. CREATE OR REPLACE VIEW keeps the columns a view has, in their
+// order: a view that exists keeps its order (a rebuilt table may have met
+// its source columns in another order than the live one), new columns
+// come after.
+func viewsOver(ctx context.Context, q Querier, spec TableSpec, target string, cols []string) ([]string, error) {
 	var out []string
 	for _, v := range spec.Views {
-		// CREATE OR REPLACE VIEW keeps the columns a view has, in their
-		// order: the rebuilt table may have met its source columns in
-		// another order than the live one.
-		rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+		rows, err := q.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
 			pgx.Identifier{spec.Schema, v.Name}.Sanitize())
 		if err != nil {
 			return nil, fmt.Errorf("reading the columns of view %s: %w", v.Name, err)
@@ -139,15 +145,12 @@ func orderLike(had, cols []string, v ViewSpec) []string {
 	return out
 }
 
-// viewStatements renders the DDL of t's views from the columns it knows.
-func (t *table) viewStatements() []string {
+// viewStatements renders the DDL of t's views from the columns it knows,
+// each in the order its view has now.
+func (t *table) viewStatements(ctx context.Context, q Querier) ([]string, error) {
 	var cols []string
 	for _, c := range t.cols {
 		cols = append(cols, c.name)
 	}
-	var out []string
-	for _, v := range t.spec.Views {
-		out = append(out, viewSQL(t.spec.Schema, t.spec.Target, v, cols))
-	}
-	return out
+	return viewsOver(ctx, q, t.spec, t.spec.Target, cols)
 }

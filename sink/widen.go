@@ -52,19 +52,53 @@ func canonicalType(t string) string {
 }
 
 // dropped lists the table's non-key source columns a schema's columns
-// lack.
+// lack, of those older than a column the schema has: a schema that lacks
+// only columns added after all of its own is an older one (a partition
+// behind, a replay), not a drop.
 func (t *table) dropped(cols []change.Column) []string {
 	has := map[string]bool{}
+	var newest int16
 	for _, c := range cols {
 		has[pgIdent(c.Name)] = true
+		if i, ok := t.colIdx[pgIdent(c.Name)]; ok {
+			newest = max(newest, t.cols[i].attnum)
+		}
 	}
 	var out []string
 	for _, c := range t.cols {
-		if !c.key && !has[c.name] {
+		if !c.key && !has[c.name] && c.attnum < newest {
 			out = append(out, c.name)
 		}
 	}
 	return out
+}
+
+// textTypes are the column types a string's values go to as they are.
+var textTypes = map[string]bool{"text": true, "character varying": true, "character": true, "citext": true}
+
+// holds reports whether a column of type col takes a schema's type typ as
+// it is, for schema_changes: fail: the same type, a type col widens
+// (an older schema, or a narrowing: every value fits), or the same family
+// in a table created by hand (varchar for a string, json for JSON, either
+// timestamp for a timestamp).
+func holds(col, typ string) bool {
+	typ = canonicalType(keyType(typ))
+	colBase, colArr := strings.CutSuffix(col, "[]")
+	typBase, typArr := strings.CutSuffix(typ, "[]")
+	if colArr != typArr {
+		return false
+	}
+	switch {
+	case colBase == typBase, widens(typBase, colBase):
+		return true
+	case typBase == "text":
+		return textTypes[colBase]
+	case typBase == "jsonb":
+		return colBase == "json"
+	case strings.HasPrefix(typBase, "timestamp"):
+		return strings.HasPrefix(colBase, "timestamp")
+	}
+	return false
 }
 
 // widens reports whether a column of type from takes type to without
@@ -102,7 +136,11 @@ func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) 
 		fmt.Sprintf("ALTER TABLE %s %s", t.side.Sanitize(), strings.Join(alters, ", ")),
 		fmt.Sprintf("CREATE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), t.hist.Sanitize()),
 	}
-	stmts = append(stmts, t.viewStatements()...)
+	views, err := t.viewStatements(ctx, s.pool) // read before they are dropped
+	if err != nil {
+		return nil, err
+	}
+	stmts = append(stmts, views...)
 	if err := inDDLTx(ctx, s.pool, "scd2sink table "+t.hist.Sanitize(), stmts); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "0A000" || pgErr.Code == "2BP01") {

@@ -59,6 +59,9 @@ func rebuildConfig(cfg *config.Config) *config.Config {
 	for i := range rc.Tables {
 		rc.Tables[i].Target = RebuildTarget(rc.Tables[i].Target)
 		rc.Tables[i].Views = nil
+		// The replay starts from the oldest schema: every change since
+		// is one to follow, not to stop at.
+		rc.Tables[i].SchemaChanges = "evolve"
 	}
 	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
 	rc.Kafka.StartOffset = "earliest"
