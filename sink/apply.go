@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -105,12 +106,30 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	if !partial || wholeRepairs {
 		repairFrom = nil
 	}
-	hists, err := t.loadHistoryFrom(ctx, tx, repair, repairFrom)
+	var bounds []bound
+	if repairFrom != nil && !unboundedRepairs {
+		bounds = make([]bound, len(repair))
+		for i, evs := range repairEvents {
+			if repairFrom[i] != nil && !truncatedAfter(truncs, evs[0].seq) {
+				bounds[i] = boundOf(evs)
+			}
+		}
+	}
+	hists, err := t.loadHistoryFrom(ctx, tx, repair, repairFrom, bounds)
 	if err != nil {
 		return res, nil, err
 	}
 	for i, kp := range repair {
-		dead = append(dead, s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)...)
+		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)
+		if !ok {
+			// The boundary would have moved: read on to the end.
+			again, err := t.loadHistoryFrom(ctx, tx, repair[i:i+1], repairFrom[i:i+1], nil)
+			if err != nil {
+				return res, nil, err
+			}
+			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.id] != nil, w, &res)
+		}
+		dead = append(dead, d...)
 	}
 	if err := w.exec(ctx, tx, t); err != nil {
 		return res, nil, err
@@ -118,9 +137,36 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	return res, dead, nil
 }
 
-// wholeRepairs makes every repair read its key's whole history (tests
-// compare the two ways).
-var wholeRepairs = false
+// wholeRepairs makes every repair read its key's whole history, and
+// unboundedRepairs every partial one read on to the end (tests compare
+// the ways).
+var wholeRepairs, unboundedRepairs = false, false
+
+// boundedRepairs counts repairs that stopped at a boundary (tests see that
+// the path is taken).
+var boundedRepairs atomic.Int64
+
+// truncatedAfter reports whether a truncate comes after seq: a late event
+// before it may change whether it closes something, and so the time of
+// everything after it (no boundary then).
+func truncatedAfter(truncs []fevent, seq change.Seq) bool {
+	return len(truncs) > 0 && truncs[len(truncs)-1].seq.Compare(seq) > 0
+}
+
+// boundOf is the bound of a key's late events (sorted by sequence).
+func boundOf(evs []fevent) bound {
+	b := bound{last: evs[len(evs)-1].seq}
+	for _, e := range evs {
+		at := e.t
+		if !e.raw.IsZero() {
+			at = e.raw
+		}
+		if at.After(b.latest) {
+			b.latest = at
+		}
+	}
+	return b
+}
 
 // dedupeBatch drops repeated events of one key inside a batch: the same
 // sequence with the same content is a duplicate, with other content a
@@ -251,8 +297,15 @@ func allCols(t *table) []int {
 // repairKey rebuilds a key's event list from its versions and side rows,
 // adds the batch's new events, folds it from the start and writes the
 // difference. Events already in the table are duplicates or conflicts.
-func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, truncs []fevent, forced bool, w *writes, res *Result) []DeadLetter {
+//
+// Read up to a boundary (h.until), the fold must open the boundary's
+// version as the table holds it, at the same time: then nothing after it
+// changes and it is left as it is. If not, repairKey writes nothing and
+// returns false: the caller reads on to the end and repairs again.
+func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, truncs []fevent, forced bool, w *writes, res *Result) ([]DeadLetter, bool) {
 	var dead []DeadLetter
+	dups := 0
+	defer func() { res.Duplicates += dups }()
 	existing := map[string][]byte{}
 	var evs []fevent
 	// Read from h.from on, the first event starts the fold: its row is
@@ -279,7 +332,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	for _, e := range batch {
 		if hash, ok := existing[string(e.seq)]; ok {
 			if bytes.Equal(hash, e.hash) {
-				res.Duplicates++
+				dups++
 			} else {
 				dead = append(dead, conflictLetter(e))
 			}
@@ -289,7 +342,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		fresh = append(fresh, e)
 	}
 	if len(fresh) == 0 && !forced {
-		return dead
+		return dead, true
 	}
 	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
 	var touched []change.Seq
@@ -301,10 +354,38 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	sortEvents(evs)
 	st := foldState{}
 	out := t.fold(&st, evs)
+	var boundary *version // as the table holds it
+	if h.until != nil {
+		var folded *version
+		kept := make([]*version, 0, len(out.versions))
+		for _, v := range out.versions {
+			switch v.seq.Compare(h.until) {
+			case 0:
+				folded = v
+			case -1:
+				kept = append(kept, v)
+			}
+		}
+		for _, v := range h.versions {
+			if v.seq.Compare(h.until) == 0 {
+				boundary = v
+			}
+		}
+		if folded == nil || boundary == nil || !folded.from.Equal(boundary.from) || !rowsEqual(folded.row, boundary.row, t.trkIdx) {
+			dups = 0
+			return nil, false
+		}
+		out.versions = kept
+		boundedRepairs.Add(1)
+	}
 	for _, v := range out.versions {
 		v.key = kp.key
 	}
-	if t.spec.Type1Scope == AllVersions {
+	if t.spec.Type1Scope == AllVersions && boundary != nil {
+		// The key's last event is past the boundary, unchanged: every
+		// version holds its Type 1 values, the boundary's too.
+		t.spreadType1(out.versions, boundary.row)
+	} else if t.spec.Type1Scope == AllVersions {
 		t.spreadType1(out.versions, st.prevRow)
 		// Read from h.from on, the fold ends with the key's last row
 		// (every row-bearing event from there is read): when its Type 1
@@ -323,7 +404,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	}
 	old := map[string]*version{}
 	for _, v := range h.versions {
-		old[string(v.seq)] = v
+		if v != boundary {
+			old[string(v.seq)] = v
+		}
 	}
 	for _, v := range out.versions {
 		o := old[string(v.seq)]
@@ -351,7 +434,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	w.repairs = append(w.repairs, note)
 	oldSide := map[string]fevent{}
 	for _, e := range h.side {
-		oldSide[string(e.seq)] = e
+		if h.until == nil || e.seq.Compare(h.until) < 0 { // the boundary's saved opener stays
+			oldSide[string(e.seq)] = e
+		}
 	}
 	for _, e := range want {
 		if o, ok := oldSide[string(e.seq)]; ok {
@@ -368,7 +453,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	}
 	res.Events += len(fresh)
 	res.Repaired++
-	return dead
+	return dead, true
 }
 
 // withPlaceholders returns a rebuilt event whose placeholder columns hold the

@@ -76,7 +76,10 @@
 // The repair path covers keys with a late or repeated event: their history
 // is read from the version before the latest one opened at or before the
 // earliest new event's sequence (the whole of it for a truncate's re-fold,
-// or when fewer versions come before), the event list rebuilt, the first
+// or when fewer versions come before) up to a boundary: the first version
+// after the new events that opened at or after their times, unclamped and
+// without placeholders (bound, load.go); when the fold still opens it as
+// stored, nothing from it on can change, else the rest is read too; the event list rebuilt, the first
 // event taken as resolved (it starts the fold, as the state before it
 // would; nothing before it can change but all_versions' Type 1 values,
 // given by one bulk update and audited), the new events added (an event

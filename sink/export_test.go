@@ -16,3 +16,6 @@ func SetWholeRepairs(on bool) (restore func()) {
 	wholeRepairs = on
 	return func() { wholeRepairs = old }
 }
+
+// BoundedRepairs is how many repairs have stopped at a boundary so far.
+func BoundedRepairs() int64 { return boundedRepairs.Load() }

@@ -216,16 +216,38 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 }
 
 // history is what the table holds for one key: everything, or (from set)
-// its versions and side rows from sequence from on.
+// its versions and side rows from sequence from on, and (until set) up to
+// the version opened at until: a boundary the late events cannot move
+// (see bound).
 type history struct {
 	versions []*version
 	side     []fevent
 	from     change.Seq
+	until    change.Seq
+}
+
+// bound is what decides how far a key's late events can reach: the last
+// one's sequence and the latest raw time among them. A version opened
+// after last is a boundary when it was not clamped (scd_raw_t NULL) and
+// opened at or after latest, so its time cannot move, and has no
+// unavailable-value placeholders, so its row does not depend on the events
+// before it: if the fold of the late events still opens it, everything from
+// it on stays as stored (the key's last event, whose Type 1 values every
+// version holds under all_versions, is past it too). Whether it still opens
+// is known only after folding up to it: repairKey checks, and the history
+// is read on to the end if not. Only the 64 versions after last are looked
+// at (in index order: the conditions are not filters whose selectivity the
+// planner would guess). No truncate may come after the first late
+// event (whether it closes something may change, and with it the times
+// after it).
+type bound struct {
+	last   change.Seq
+	latest time.Time
 }
 
 // loadHistory reads every version and side row of the keys.
 func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
-	return t.loadHistoryFrom(ctx, tx, keys, nil)
+	return t.loadHistoryFrom(ctx, tx, keys, nil, nil)
 }
 
 // loadHistoryFrom reads the history of each key from the version before
@@ -233,7 +255,10 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 // late event at after[i] may change, and one version before it, whose
 // resolved row is the fold's starting point (apply.go, repairKey). A key
 // with fewer versions up to there is read whole.
-func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq) ([]history, error) {
+//
+// With bounds (one per key; a zero one for none), a key's history is read
+// only up to its boundary version, when it has one (see bound).
+func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq, bounds []bound) ([]history, error) {
 	out := make([]history, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -242,25 +267,36 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	src, args := t.keysSource(keys, 1)
 	if after != nil {
 		from := make([][]byte, len(keys))
+		lasts := make([][]byte, len(keys))
+		latest := make([]any, len(keys))
 		for i := range keys {
 			from[i] = after[i]
+			if bounds != nil && bounds[i].last != nil {
+				lasts[i], latest[i] = bounds[i].last, bounds[i].latest
+			}
 		}
-		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %s h WHERE %s AND h.scd_seq <= f.s
-				ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 1)
-			FROM %s JOIN unnest($%d::bytea[]) WITH ORDINALITY AS f(s, ord) ON f.ord = k.scd_ord`,
-			t.hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1), append(args, from)...)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %[1]s h WHERE %[2]s AND h.scd_seq <= f.s
+				ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 1),
+				(SELECT b.s FROM (SELECT h.scd_seq AS s, h.scd_raw_t IS NULL AND coalesce(cardinality(h.scd_unavailable), 0) = 0
+					AND h.valid_from >= f.t AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
+					WHERE b.ok ORDER BY b.s LIMIT 1)
+			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
+			t.hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
 		if err != nil {
 			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.hist.Sanitize(), err)
 		}
 		for rows.Next() {
 			var ord int64
-			var start []byte
-			if err := rows.Scan(&ord, &start); err != nil {
+			var start, until []byte
+			if err := rows.Scan(&ord, &start, &until); err != nil {
 				rows.Close()
 				return nil, err
 			}
 			if start != nil {
 				out[ord-1].from = change.Seq(start)
+			}
+			if until != nil {
+				out[ord-1].until = change.Seq(until)
 			}
 		}
 		rows.Close()
@@ -273,14 +309,19 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	histFrom, sideFrom := "", ""
 	if after != nil {
 		starts := make([][]byte, len(keys))
+		untils := make([][]byte, len(keys))
 		for i := range keys {
-			starts[i] = out[i].from
+			starts[i], untils[i] = out[i].from, out[i].until
 		}
-		src = fmt.Sprintf(`%s JOIN unnest($%d::bytea[]) WITH ORDINALITY AS f(s, ord) ON f.ord = k.scd_ord`, src, len(args)+1)
-		args = append(args, starts)
-		histFrom, sideFrom = ` AND h.scd_seq >= coalesce(f.s, ''::bytea)`, ` AND e.scd_seq >= coalesce(f.s, ''::bytea)`
+		src = fmt.Sprintf(`%s JOIN unnest($%d::bytea[], $%d::bytea[]) WITH ORDINALITY AS f(s, u, ord) ON f.ord = k.scd_ord`, src, len(args)+1, len(args)+2)
+		args = append(args, starts, untils)
+		// (Sequences start with a tag byte below 0xff: the upper bound
+		// stays an index range when there is none.)
+		histFrom = ` AND h.scd_seq >= coalesce(f.s, ''::bytea) AND h.scd_seq <= coalesce(f.u, '\xff'::bytea)`
+		sideFrom = ` AND e.scd_seq >= coalesce(f.s, ''::bytea) AND e.scd_seq <= coalesce(f.u, '\xff'::bytea)`
 	}
-	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN %s h ON %s%s ORDER BY k.scd_ord, h.scd_seq`,
+	// Per key, one index range scan of (key, scd_seq) between its bounds.
+	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN LATERAL (SELECT * FROM %s h WHERE %s%s) h ON true ORDER BY k.scd_ord, h.scd_seq`,
 		versionCols, t.colList("h."), src, t.hist.Sanitize(), t.keyJoin("h", "k"), histFrom)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
@@ -306,7 +347,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
 	}
-	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN %s e ON %s%s ORDER BY k.scd_ord, e.scd_seq`,
+	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN LATERAL (SELECT * FROM %s e WHERE %s%s) e ON true ORDER BY k.scd_ord, e.scd_seq`,
 		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
