@@ -371,7 +371,12 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 				boundary = v
 			}
 		}
-		if folded == nil || boundary == nil || !folded.from.Equal(boundary.from) || !rowsEqual(folded.row, boundary.row, t.trkIdx) {
+		// (Under all_versions the versions read must hold the boundary's
+		// Type 1 values, as the key's last event gave them: not so after a
+		// change of type1_scope without a rebuild, which the whole fold
+		// puts right.)
+		if folded == nil || boundary == nil || !folded.from.Equal(boundary.from) || !rowsEqual(folded.row, boundary.row, t.trkIdx) ||
+			(t.spec.Type1Scope == AllVersions && !rowsEqual(h.versions[0].row, boundary.row, t.t1Idx)) {
 			dups = 0
 			return nil, false
 		}

@@ -15,10 +15,11 @@ import (
 
 // TestPartialRepairDifferential: long histories of few keys (tracked and
 // Type 1 changes, deletes and re-creates, times that go backwards),
-// delivered in random order with duplicates, applied twice: once with
+// delivered in random order with duplicates, applied three times: with
 // repairs reading from the version before a late event up to a boundary
 // version the late events cannot move (on to the end when the fold shows
-// they do), once reading the whole history. The history tables, side tables and repair audits are
+// they do), with repairs reading from there to the end, and with repairs
+// reading the whole history. The history tables, side tables and repair audits are
 // the same, and equal to the fold, for every Type 1 scope and delete mode.
 func TestPartialRepairDifferential(t *testing.T) {
 	pool := sharedPool(t)
@@ -88,43 +89,51 @@ func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type
 	rng := rand.New(rand.NewPCG(seed, 0xd1ff))
 	evs := longHistory(rng)
 	batches := deliver(rng, evs)
-	var lines [2][]string
-	var side, audit [2]string
-	for i, whole := range []bool{false, true} {
-		schema := fmt.Sprintf("diff%d_%s_%s_%v", seed, scope[:3], del, whole)
+	modes := []struct {
+		name             string
+		whole, unbounded bool
+	}{{"bounded", false, false}, {"unbounded", false, true}, {"whole", true, false}}
+	var lines [3][]string
+	var side, audit [3]string
+	for i, mode := range modes {
+		schema := fmt.Sprintf("diff%d_%s_%s_%s", seed, scope[:3], del, mode.name)
 		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 			t.Fatal(err)
 		}
 		spec := custSpec(schema)
 		spec.Type1Scope, spec.Deletes = scope, del
 		s := newSink(t, pool, schema, spec)
-		restore := sink.SetWholeRepairs(whole)
+		restore, restore2 := sink.SetWholeRepairs(mode.whole), sink.SetUnboundedRepairs(mode.unbounded)
 		for j, b := range batches {
 			if _, err := s.Apply(ctx, sink.Batch{Events: b}); err != nil {
 				restore()
+				restore2()
 				t.Fatalf("batch %d: %v", j, err)
 			}
 		}
 		restore()
+		restore2()
 		lines[i] = scdtest.HistoryLines(t, pool, spec, custCols)
-		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s %%s %%s %%s %%s %%s', customer_id, encode(scd_seq, 'hex'), scd_op, scd_t, name, plan), E'\n' ORDER BY customer_id, scd_seq), '')
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s %%s %%s %%s %%s %%s %%s', customer_id, encode(scd_seq, 'hex'), scd_op, scd_t, scd_raw_t, name, plan), E'\n' ORDER BY customer_id, scd_seq), '')
 			FROM %s.customers_history_scd_events`, schema)).Scan(&side[i]); err != nil {
 			t.Fatal(err)
 		}
-		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s %%s %%s %%s', key, encode(cause_seq, 'hex'), after, omitted), E'\n' ORDER BY id), '')
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s %%s %%s %%s %%s', key, encode(cause_seq, 'hex'), before, after, omitted), E'\n' ORDER BY id), '')
 			FROM %s.customers_history_scd_repairs`, schema)).Scan(&audit[i]); err != nil {
 			t.Fatal(err)
 		}
 		want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, evs))
 		if d := scdtest.DiffLines(want, lines[i]); d != "" {
-			t.Fatalf("whole=%v: history differs from the fold:\n%s", whole, d)
+			t.Fatalf("%s repairs: history differs from the fold:\n%s", mode.name, d)
 		}
 		verifyClean(t, s, spec.Target)
 	}
-	if side[0] != side[1] {
-		t.Errorf("side tables differ:\npartial:\n%s\nwhole:\n%s", side[0], side[1])
-	}
-	if audit[0] != audit[1] {
-		t.Errorf("repair audits differ:\npartial:\n%s\nwhole:\n%s", audit[0], audit[1])
+	for i := range 2 {
+		if side[i] != side[2] {
+			t.Errorf("side tables differ:\n%s:\n%s\nwhole:\n%s", modes[i].name, side[i], side[2])
+		}
+		if audit[i] != audit[2] {
+			t.Errorf("repair audits differ:\n%s:\n%s\nwhole:\n%s", modes[i].name, audit[i], audit[2])
+		}
 	}
 }

@@ -133,9 +133,11 @@
 // Key columns must not be NULL (such events are dead-lettered). A truncate
 // re-folds every key live at its sequence in one transaction: bounded in
 // memory, but for very large tables slow (200,000 keys: about 17 s). A late
-// event reads its key's history from the version before it into memory:
-// one in the middle of a long history reads every version after it. With
-// all_versions, a late event whose Type 1 values become the key's last
-// gives them to the versions not read with one bulk update. The create of a primary-key change whose old key is
-// not in the table yet stores NULL for its placeholder columns.
+// event reads its key's history from the version before it up to the
+// boundary after it into memory; without a boundary (a truncate after it,
+// or none among the next 64 versions) it reads every version after it.
+// With all_versions, a late event whose Type 1 values become the key's last
+// gives them to the versions not read with one bulk update. The create of a
+// primary-key change whose old key is not in the table yet stores NULL for
+// its placeholder columns.
 package sink

@@ -19,3 +19,12 @@ func SetWholeRepairs(on bool) (restore func()) {
 
 // BoundedRepairs is how many repairs have stopped at a boundary so far.
 func BoundedRepairs() int64 { return boundedRepairs.Load() }
+
+// SetUnboundedRepairs makes partial repairs read on to the end of their
+// keys' histories (no boundary); it returns a function that restores the
+// default.
+func SetUnboundedRepairs(on bool) (restore func()) {
+	old := unboundedRepairs
+	unboundedRepairs = on
+	return func() { unboundedRepairs = old }
+}

@@ -317,8 +317,8 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		args = append(args, starts, untils)
 		// (Sequences start with a tag byte below 0xff: the upper bound
 		// stays an index range when there is none.)
-		histFrom = ` AND h.scd_seq >= coalesce(f.s, ''::bytea) AND h.scd_seq <= coalesce(f.u, '\xff'::bytea)`
-		sideFrom = ` AND e.scd_seq >= coalesce(f.s, ''::bytea) AND e.scd_seq <= coalesce(f.u, '\xff'::bytea)`
+		histFrom = ` AND h.scd_seq >= coalesce(f.s, ''::bytea) AND h.scd_seq <= coalesce(f.u, decode('ff', 'hex'))`
+		sideFrom = ` AND e.scd_seq >= coalesce(f.s, ''::bytea) AND e.scd_seq <= coalesce(f.u, decode('ff', 'hex'))`
 	}
 	// Per key, one index range scan of (key, scd_seq) between its bounds.
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN LATERAL (SELECT * FROM %s h WHERE %s%s) h ON true ORDER BY k.scd_ord, h.scd_seq`,
