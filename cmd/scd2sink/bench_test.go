@@ -49,7 +49,7 @@ func BenchmarkPipeline(b *testing.B) {
 		b.Run(format, func(b *testing.B) {
 			recs, registry := benchRecords(b, work, format)
 			b.Logf("%d records (%d changes), %d bytes each on average", len(recs), nEvents, avgSize(recs))
-			benchPipeline(b, recs, nEvents, format, registry)
+			benchPipeline(b, recs, work, nEvents, format, registry)
 		})
 	}
 }
@@ -156,7 +156,7 @@ func benchKafka(b *testing.B, recs []*kgo.Record) *kfake.Cluster {
 	return kafka
 }
 
-func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, registry string) {
+func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord, nEvents int64, format, registry string) {
 	nRecords := int64(len(recs))
 	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
@@ -230,6 +230,23 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 			}
 			copyDur += best
 		}
+		// The least SQL that SCD2 needs for the same events (leastsql_test.go).
+		var leastEvents int
+		var leastDur time.Duration
+		for _, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
+			n, d := leastSQL(b, pool, src, work)
+			leastEvents, leastDur = leastEvents+n, leastDur+d
+		}
+		changes := 0
+		for _, r := range work {
+			if !r.Tombstone {
+				changes++
+			}
+		}
+		if leastEvents != changes {
+			b.Fatalf("the least-SQL replay has %d events, the workload %d", leastEvents, changes)
+		}
+		leastEPS := float64(leastEvents) / leastDur.Seconds()
 		steady := done.Sub(first)
 		eps := float64(nEvents) / steady.Seconds()
 		sustained := float64(nEvents*8/10) / at90.Sub(at10).Seconds()
@@ -237,6 +254,8 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 		b.ReportMetric(eps, "events/s")
 		b.ReportMetric(rps, "copy_rows/s")
 		b.ReportMetric(eps/rps, "ratio")
+		b.ReportMetric(leastEPS, "least_sql_events/s")
+		b.ReportMetric(eps/leastEPS, "of_least_sql")
 		b.ReportMetric(sustained/rps, "sustained_ratio")
 		b.ReportMetric(rssMiB, "peak_rss_MiB")
 		b.ReportMetric(m["go_memstats_mallocs_total"]/float64(nEvents), "allocs/event")
@@ -246,6 +265,8 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, nEvents int64, format, regi
 			nEvents, nRecords, versions, done.Sub(start).Round(time.Millisecond), steady.Round(time.Millisecond), eps,
 			sustained, copyRows, copyDur.Round(time.Millisecond), rps, eps/rps, sustained/rps, rssMiB,
 			m["go_memstats_mallocs_total"]/float64(nEvents), m["go_gc_duration_seconds_count"])
+		b.Logf("the least SQL that SCD2 needs for the same events (batches of 10,000, the fold computed beforehand): %.0f events/s in %s; scd2sink reaches %.2f of it",
+			leastEPS, leastDur.Round(time.Millisecond), eps/leastEPS)
 		applyBusy := m["scd2sink_batch_apply_seconds_sum"] / steady.Seconds()
 		b.ReportMetric(applyBusy, "apply_busy")
 		b.Logf("the applier was busy %.0f%% of the time (%.0f transactions, %.1f s); %.0f events released early (buffer over its byte budget)",
