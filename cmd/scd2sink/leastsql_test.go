@@ -117,22 +117,20 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 	}
 	// Per key, in order, whether each change (deletes included) changes
 	// the Type 1 values of the last after image.
-	changed := map[int64][]bool{}
-	last := map[int64]string{}
+	// (Keys as text: schemaless tables keep them so.)
+	changed := map[string][]bool{}
+	last := map[string]string{}
 	for _, r := range work {
 		if r.Src.Table != src.Table || r.Tombstone {
 			continue
 		}
 		img := r.Change.After
 		if img == nil {
-			id := fmt.Sprint(r.Change.Before["id"])
-			var k int64
-			fmt.Sscan(id, &k)
+			k := fmt.Sprint(r.Change.Before["id"])
 			changed[k] = append(changed[k], false)
 			continue
 		}
-		var k int64
-		fmt.Sscan(fmt.Sprint(img["id"]), &k)
+		k := fmt.Sprint(img["id"])
 		var parts []string
 		for _, c := range t1 {
 			parts = append(parts, fmt.Sprintf("%#v", img[c]))
@@ -147,13 +145,13 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 		v   *version
 		s   *sideEv
 	}
-	byKey := map[int64][]keyEv{}
+	byKey := map[string][]keyEv{}
 	for _, v := range versions {
-		k := v.row[0].(int64)
+		k := fmt.Sprint(v.row[0])
 		byKey[k] = append(byKey[k], keyEv{seq: v.seq, v: v})
 	}
 	for i := range side {
-		k := side[i].id.(int64)
+		k := fmt.Sprint(side[i].id)
 		byKey[k] = append(byKey[k], keyEv{seq: side[i].seq, s: &side[i]})
 	}
 	// Every event's sequence, in order, cut into batches of 10,000.
@@ -187,17 +185,18 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 	for k, evs := range byKey {
 		sort.Slice(evs, func(i, j int) bool { return bytes.Compare(evs[i].seq, evs[j].seq) < 0 })
 		if len(evs) != len(changed[k]) {
-			b.Fatalf("key %d of %s: %d events in the history, %d in the workload", k, src.Table, len(evs), len(changed[k]))
+			b.Fatalf("key %s of %s: %d events in the history, %d in the workload", k, src.Table, len(evs), len(changed[k]))
 		}
 		lastIn := map[int]sideEv{}
 		for i, e := range evs {
 			if !changed[k][i] || i == 0 {
 				continue // (the first after image opens the first version: nothing to spread to)
 			}
-			se := sideEv{seq: e.seq, id: k}
+			se := sideEv{seq: e.seq}
 			if e.s != nil {
-				se.t1 = e.s.t1
+				se.id, se.t1 = e.s.id, e.s.t1
 			} else {
+				se.id = e.v.row[0]
 				for _, c := range t1 {
 					se.t1 = append(se.t1, e.v.row[slices.Index(cols, c)])
 				}
@@ -222,7 +221,7 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 		}
 		if len(closeIDs[i]) > 0 {
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s l SET valid_to = x.vt, is_current = false
-				FROM unnest($1::bigint[], $2::timestamptz[]) x(id, vt) WHERE l.id = x.id AND l.is_current`, least), closeIDs[i], closeAt[i]); err != nil {
+				FROM unnest($1::%s[], $2::timestamptz[]) x(id, vt) WHERE l.id = x.id AND l.is_current`, least, types["id"]), closeIDs[i], closeAt[i]); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -235,8 +234,8 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 				names = append(names, c)
 				casts = append(casts, fmt.Sprintf("$%d::%s[]", j+2, types[c]))
 			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s l SET %s FROM unnest($1::bigint[], %s) x(id, %s) WHERE l.id = x.id`,
-				least, strings.Join(sets, ", "), strings.Join(casts, ", "), strings.Join(names, ", ")), args...); err != nil {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s l SET %s FROM unnest($1::%s[], %s) x(id, %s) WHERE l.id = x.id`,
+				least, strings.Join(sets, ", "), types["id"], strings.Join(casts, ", "), strings.Join(names, ", ")), args...); err != nil {
 				b.Fatal(err)
 			}
 		}
