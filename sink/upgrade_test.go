@@ -36,3 +36,31 @@ func TestUpgradeKeepsWhatRowsKnow(t *testing.T) {
 	}
 	verifyClean(t, s, spec.Target)
 }
+
+// TestLearnedColumnSurvivesRestart: a version opened before a column was
+// added learns it as NULL from an event that changes nothing else; a
+// restart must know it learned it, so the column's next change opens a
+// version, as the fold says (the learned NULL is written, not only kept
+// in memory).
+func TestLearnedColumnSurvivesRestart(t *testing.T) {
+	pool := newPool(t)
+	spec := custSpec("learned")
+	spec.TrackHistory = nil
+	spec.Columns = spec.Columns[:4] // no visits yet
+	s := newSink(t, pool, "learned", spec)
+	evs := []*change.Event{
+		cust(change.OpCreate, 1, date(1, 1), "K", "name", "a", "plan", "p", "city", "x"),
+		cust(change.OpUpdate, 2, date(1, 2), "K", "name", "a", "plan", "p", "city", "x", "visits", nil),
+	}
+	apply(t, s, evs[0])
+	apply(t, s, evs[1]) // visits added, learned as NULL
+	s = newSink(t, pool, "learned", spec)
+	evs = append(evs, cust(change.OpUpdate, 3, date(1, 3), "K", "name", "a", "plan", "p", "city", "x", "visits", 5))
+	apply(t, s, evs[2])
+	got := scdtest.HistoryLines(t, pool, spec, custCols)
+	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, evs))
+	if d := scdtest.DiffLines(want, got); d != "" {
+		t.Fatalf("after a restart the learned column was forgotten:\n%s", d)
+	}
+	verifyClean(t, s, spec.Target)
+}

@@ -125,3 +125,25 @@ func TestViews(t *testing.T) {
 		}
 	})
 }
+
+// TestViewKeepsItsColumnOrder: a configured view whose columns are in
+// another order than the table's (as rebuild's swap leaves it when the
+// rebuilt table met its columns in another order) is replaced at the next
+// start in its own order: CREATE OR REPLACE VIEW cannot reorder columns.
+func TestViewKeepsItsColumnOrder(t *testing.T) {
+	pool := newPool(t)
+	spec := custSpec("vieworder")
+	spec.Views = []sink.ViewSpec{{Name: "dim", Columns: map[string]string{"plan": "Plan"}}}
+	s := newSink(t, pool, "vieworder", spec)
+	apply(t, s, cust(change.OpCreate, 1, date(1, 1), "K", "name", "a", "plan", "p", "city", "x", "visits", 1))
+	if _, err := pool.Exec(context.Background(), `DROP VIEW vieworder.dim; CREATE VIEW vieworder.dim AS SELECT scd_id, valid_from,
+		valid_to, is_current, city, "visits", plan AS "Plan", name, customer_id FROM vieworder.customers_history`); err != nil {
+		t.Fatal(err)
+	}
+	s = newSink(t, pool, "vieworder", spec)
+	apply(t, s, cust(change.OpUpdate, 2, date(1, 2), "K", "name", "a", "plan", "q", "city", "x", "visits", 1, "tier", "gold"))
+	got := viewRows(t, pool, `SELECT "Plan", tier FROM vieworder.dim ORDER BY valid_from`)
+	if strings.Join(got, ",") != "p gold,q gold" {
+		t.Fatalf("dim: %v", got)
+	}
+}
