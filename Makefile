@@ -9,9 +9,9 @@ build:
 # against a real, throwaway PostgreSQL.
 test: lint
 	$(GO) test -count=1 -timeout 20m ./...
-	# What a rebalance callback shares with the applying goroutine, under
-	# the race detector.
-	$(GO) test -race -count=1 -run 'TestForgetWhileApplying' ./sink/
+	# What a rebalance callback shares with the applying goroutine, and the
+	# parts of a batch applied side by side, under the race detector.
+	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure' ./sink/
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

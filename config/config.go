@@ -149,6 +149,10 @@ type Sequencer struct {
 // Sink is the sink: block.
 type Sink struct {
 	BatchMaxEvents int `yaml:"batch_max_events"`
+	// ApplyWorkers is how many transactions apply one batch side by side,
+	// each for a disjoint set of partitions (default 2; 1 applies every
+	// batch in one transaction).
+	ApplyWorkers int `yaml:"apply_workers"`
 	// BatchMaxBytes bounds the events waiting for or in the applier,
 	// estimated in bytes (default 64 MiB): a batch is cut at a third of it.
 	BatchMaxBytes   ByteSize      `yaml:"batch_max_bytes"`
@@ -485,6 +489,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Sequencer.MaxBufferedBytes == 0 {
 		c.Sequencer.MaxBufferedBytes = 16 << 20
+	}
+	if c.Sink.ApplyWorkers == 0 {
+		c.Sink.ApplyWorkers = 2
 	}
 	if c.Sink.BatchMaxEvents == 0 {
 		c.Sink.BatchMaxEvents = 10000

@@ -127,6 +127,7 @@ func TestBadValues(t *testing.T) {
 		{"view renames", minimal + "    views: [{name: v, columns: {valid_from: d, valid_to: d}}]\n", "tables[0].views[0].columns"},
 		{"view twice", minimal + "    views: [{name: v}, {name: v}]\n", "tables[0].views[1].name"},
 		{"batch", minimal + "sink:\n  batch_max_events: -1\n", "sink.batch_max_events"},
+		{"apply workers", minimal + "sink:\n  apply_workers: -1\n", "sink.apply_workers"},
 		{"wait", minimal + "sink:\n  batch_max_wait: -1ms\n", "sink.batch_max_wait"},
 		{"dead letter table", minimal + "sink:\n  dead_letter_table: \"a;b\"\n", "sink.dead_letter_table"},
 		{"http", minimal + "http:\n  addr: nowhere\n", "http.addr"},

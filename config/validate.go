@@ -212,6 +212,9 @@ func (c *Config) validateServices() error {
 	if c.Sequencer.MaxBufferedBytes < 1<<20 {
 		return errf("sequencer.max_buffered_bytes", "must be at least 1048576 (1 MiB)")
 	}
+	if c.Sink.ApplyWorkers < 1 || c.Sink.ApplyWorkers > 64 {
+		return errf("sink.apply_workers", "must be between 1 and 64")
+	}
 	if c.Sink.BatchMaxEvents < 1 {
 		return errf("sink.batch_max_events", "must be at least 1")
 	}

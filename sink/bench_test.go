@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,19 +39,28 @@ func BenchmarkApply(b *testing.B) {
 	for _, w := range []struct {
 		name    string
 		perMill int
-	}{{"mixed", 100}, {"tracked", 0}} {
+		workers int
+	}{{"mixed", 100, 1}, {"tracked", 0, 1}, {"tracked-2-workers", 0, 2}} {
 		b.Run(w.name, func(b *testing.B) {
-			benchApply(b, pool, w.name, scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), "bench_history", benchKeys, benchEvents, w.perMill))
+			evs := scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), "bench_history", benchKeys, benchEvents, w.perMill)
+			if w.workers > 1 {
+				// Four partitions by key, applied by w.workers transactions side by side.
+				for _, e := range evs {
+					id, _ := strconv.Atoi(fmt.Sprint(e.Key[0]))
+					e.Origin.Partition = change.Partition{Topic: "bench", Partition: int32(id % 4)}
+				}
+			}
+			benchApply(b, pool, strings.ReplaceAll(w.name, "-", "_"), evs, w.workers)
 		})
 	}
 }
 
-func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Event) {
+func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Event, workers int) {
 	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
 		schema := fmt.Sprintf("bench_%s_%d", name, iter)
 		spec := benchSpec(schema)
-		s, err := sink.New(sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}}, pool)
+		s, err := sink.New(sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}, ApplyWorkers: workers}, pool)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -64,8 +75,11 @@ func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Eve
 		go func() {
 			defer close(prepared)
 			for i := 0; i < len(evs); i += benchBatch {
-				p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
-					Offsets: map[change.Partition]int64{{Topic: "bench"}: int64(i + benchBatch)}})
+				offsets := map[change.Partition]int64{}
+				for p := range max(1, 4*min(workers-1, 1)) {
+					offsets[change.Partition{Topic: "bench", Partition: int32(p)}] = int64(i + benchBatch)
+				}
+				p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))], Offsets: offsets})
 				if err != nil {
 					b.Error(err)
 					return

@@ -28,3 +28,14 @@ func SetUnboundedRepairs(on bool) (restore func()) {
 	unboundedRepairs = on
 	return func() { unboundedRepairs = old }
 }
+
+// SetMinSplitEvents sets the smallest batch applied in parts; it returns
+// a function that restores the default.
+func SetMinSplitEvents(n int) (restore func()) {
+	old := minSplitEvents
+	minSplitEvents = n
+	return func() { minSplitEvents = old }
+}
+
+// SplitBatches is how many batches have been applied in parts so far.
+func SplitBatches() int64 { return splitBatches.Load() }

@@ -46,7 +46,12 @@ func newPool(t *testing.T) *pgxpool.Pool {
 
 func newSink(t *testing.T, pool *pgxpool.Pool, schema string, specs ...sink.TableSpec) *sink.Sink {
 	t.Helper()
-	s, err := sink.New(sink.Config{Schema: schema, Tables: specs}, pool)
+	return newSinkWith(t, pool, sink.Config{Schema: schema, Tables: specs})
+}
+
+func newSinkWith(t *testing.T, pool *pgxpool.Pool, cfg sink.Config) *sink.Sink {
+	t.Helper()
+	s, err := sink.New(cfg, pool)
 	if err != nil {
 		t.Fatalf("sink.New: %v", err)
 	}

@@ -100,6 +100,24 @@ func TestFoldProperty(t *testing.T) {
 	}
 }
 
+// TestFoldPropertyParallel is TestFoldProperty with the events spread over
+// three partitions (by key; now and then a key's event in another one)
+// and every batch that may be split applied in parts side by side
+// (parallel.go): the history is the fold's all the same.
+func TestFoldPropertyParallel(t *testing.T) {
+	pool := sharedPool(t)
+	defer sink.SetMinSplitEvents(1)()
+	before := sink.SplitBatches()
+	for seed := uint64(1); seed <= uint64(propertySeeds(t)/4); seed++ {
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			runScenarioWith(t, pool, seed, false, 3)
+		})
+	}
+	if sink.SplitBatches() == before {
+		t.Fatal("no batch was applied in parts")
+	}
+}
+
 // TestRejectedValuesProperty is TestFoldProperty with values PostgreSQL
 // rejects: acct_history is pre-created with city varchar(6) and some
 // events carry a longer city. Those events, and only those, become dead
@@ -119,10 +137,19 @@ func TestRejectedValuesProperty(t *testing.T) {
 const badCity = "Innsbruck"
 
 func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool) {
+	runScenarioWith(t, pool, seed, rejects, 1)
+}
+
+// runScenarioWith runs a scenario over parts partitions; with more than
+// one, the sinks apply batches in parts (Config.ApplyWorkers 2).
+func runScenarioWith(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5cd2))
 	schema := fmt.Sprintf("prop%d", seed)
 	if rejects {
 		schema = fmt.Sprintf("rej%d", seed)
+	}
+	if parts > 1 {
+		schema = fmt.Sprintf("par%d", seed)
 	}
 	if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		t.Fatal(err)
@@ -163,19 +190,37 @@ func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool) {
 	// Two writers take turns on one partition, as around a rebalance; each
 	// must notice the other's batches (scd2sink_offsets) before trusting
 	// what it remembers.
-	sinks := []*sink.Sink{newSink(t, pool, schema, sc.Specs...), newSink(t, pool, schema, sc.Specs...)}
+	cfg := sink.Config{Schema: schema, Tables: sc.Specs}
+	if parts > 1 {
+		cfg.ApplyWorkers = 2
+		prng := rand.New(rand.NewPCG(seed, 0x9a27))
+		for _, e := range sc.Events {
+			p := int32(len(e.KeyID()) % parts)
+			for _, c := range e.KeyID() {
+				p = (p*31 + c) % int32(parts)
+			}
+			if prng.IntN(20) == 0 { // a key in two partitions: its events stay in one part
+				p = int32(prng.IntN(parts))
+			}
+			e.Origin.Partition = change.Partition{Topic: "prop", Partition: p}
+		}
+	}
+	sinks := []*sink.Sink{newSinkWith(t, pool, cfg), newSinkWith(t, pool, cfg)}
 	s := sinks[0]
-	part := change.Partition{Topic: "prop", Partition: 0}
 	for i, b := range batches {
 		w := 0
 		if rng.IntN(5) == 0 {
 			w = 1
 		}
 		if rng.IntN(8) == 0 { // a restart: nothing kept in memory
-			sinks[w] = newSink(t, pool, schema, sc.Specs...)
+			sinks[w] = newSinkWith(t, pool, cfg)
 		}
 		s = sinks[w]
-		batch := sink.Batch{Events: b, Offsets: map[change.Partition]int64{part: int64(i + 1)}}
+		offsets := map[change.Partition]int64{}
+		for p := range parts {
+			offsets[change.Partition{Topic: "prop", Partition: int32(p)}] = int64(i + 1)
+		}
+		batch := sink.Batch{Events: b, Offsets: offsets}
 		if i == snapBatch {
 			batch.Snapshots = snaps
 		}

@@ -2,10 +2,7 @@ package sink
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"hash/fnv"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,7 +18,8 @@ import (
 
 // Sink applies batches of change events to SCD2 history tables. Apply (or
 // ApplyPrepared) is called from one goroutine at a time, in the order the
-// batches' offsets were released; Prepare may run beside it.
+// batches' offsets were released; Prepare may run beside it. A batch may
+// be applied in parts side by side (Config.ApplyWorkers, parallel.go).
 type Sink struct {
 	mu   sync.Mutex // guards tables against Prepare running beside Init
 	cfg  Config
@@ -44,6 +42,9 @@ type Sink struct {
 	// goroutine, the only one touching cache and written, empties them.
 	forgets atomic.Uint64
 	forgot  uint64
+	// amu guards cache, written, forgot and reconciled while the parts of
+	// a batch are applied side by side (parallel.go).
+	amu sync.Mutex
 	// snapshotsPending: scd2sink_snapshots may hold snapshots to reconcile;
 	// reconciling guards against reconciling from reconciliation's own
 	// batches (reconcile.go). reconciled is the count of reconciled
@@ -475,7 +476,9 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	return res, err
 }
 
-func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+// applyOne applies a prepared batch, or one part of it (parallel.go), in
+// one transaction.
+func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
 	var gen uint64
 	var res Result
@@ -546,11 +549,13 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	}
 	res.Retries = retries
 	res.TypeMismatches = p.mismatches
+	s.amu.Lock()
+	defer s.amu.Unlock()
 	if err != nil {
 		s.cache.reset()
 		return res, err
 	}
-	if s.forgetNow() != gen {
+	if s.forgetLocked() != gen {
 		return res, nil // forgotten while it was applied: keep nothing of it
 	}
 	if isolate {
@@ -581,251 +586,19 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 func (s *Sink) Forget() { s.forgets.Add(1) }
 
 // forgetNow acts on Forget calls made since the last look (called by the
-// applying goroutine) and returns the count acted on.
+// applying goroutines) and returns the count acted on.
 func (s *Sink) forgetNow() uint64 {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	return s.forgetLocked()
+}
+
+// forgetLocked is forgetNow with amu held.
+func (s *Sink) forgetLocked() uint64 {
 	if g := s.forgets.Load(); g != s.forgot {
 		s.cache.reset()
 		s.written = map[change.Partition]int64{}
 		s.forgot = g
 	}
 	return s.forgot
-}
-
-// fence serialises writers of the batch's partitions (a transaction-scoped
-// advisory lock per partition, taken in a fixed order) and empties the
-// cache if another writer applied one of them since this Sink did.
-func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, lock []change.Partition) error {
-	if len(offsets) == 0 && len(lock) == 0 {
-		return nil
-	}
-	parts := make([]change.Partition, 0, len(offsets)+len(lock))
-	for p := range offsets {
-		parts = append(parts, p)
-	}
-	for _, p := range lock {
-		if _, ok := offsets[p]; !ok {
-			parts = append(parts, p)
-		}
-	}
-	sort.Slice(parts, func(i, j int) bool {
-		if parts[i].Topic != parts[j].Topic {
-			return parts[i].Topic < parts[j].Topic
-		}
-		return parts[i].Partition < parts[j].Partition
-	})
-	locks := make([]int64, len(parts))
-	topics := make([]string, len(parts))
-	nums := make([]int32, len(parts))
-	for i, p := range parts {
-		h := fnv.New64a()
-		fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", s.cfg.ConsumerGroup, p.Topic, p.Partition)
-		locks[i] = int64(h.Sum64())
-		topics[i], nums[i] = p.Topic, p.Partition
-	}
-	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
-		return fmt.Errorf("locking partitions: %w", err)
-	}
-	// With the offsets, the number of reconciled snapshots: a new one
-	// closed keys behind every writer's back (reconcile.go).
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
-		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
-			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
-		LEFT JOIN (%[1]s.scd2sink_offsets o JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p)
-		ON o.consumer_group = $1`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
-	if err != nil {
-		return fmt.Errorf("reading scd2sink_offsets: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var topic *string
-		var part *int32
-		var off *int64
-		var reconciled int64
-		if err := rows.Scan(&topic, &part, &off, &reconciled); err != nil {
-			return err
-		}
-		if reconciled != s.reconciled {
-			if s.reconciled >= 0 {
-				s.cache.reset()
-			}
-			s.reconciled = reconciled
-		}
-		if topic == nil {
-			continue // no offsets recorded yet
-		}
-		p := change.Partition{Topic: *topic, Partition: *part}
-		if w, ok := s.written[p]; !ok || w != *off {
-			s.cache.reset()
-		}
-	}
-	return rows.Err()
-}
-
-func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLetter) error {
-	if len(dead) == 0 {
-		return nil
-	}
-	rows := make([][]any, len(dead))
-	now := time.Now()
-	for i, d := range dead {
-		var hdrs []byte
-		if len(d.Headers) > 0 {
-			hs := make([]Header, len(d.Headers))
-			for i, h := range d.Headers {
-				// jsonb refuses \u0000: a NUL in a key is written as \0.
-				hs[i] = Header{Key: strings.ReplaceAll(h.Key, "\x00", `\0`), Value: h.Value}
-			}
-			hdrs, _ = json.Marshal(hs) // strings and bytes: cannot fail
-		}
-		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, cleanText(d.Err), now, hdrs, d.Decoded}
-	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{s.cfg.Schema, s.cfg.DeadLetterTable},
-		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers", "decoded"}, pgx.CopyFromRows(rows))
-	if err != nil {
-		return fmt.Errorf("writing %d dead letters: %w", len(dead), err)
-	}
-	return nil
-}
-
-// writeOffsets records the batch's offsets. They never move backwards
-// for one topic ID: only a topic re-created under the same name (another
-// ID), or a partition rewound on purpose, replaces a higher offset.
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, pr *Prepared) error {
-	if len(offsets) == 0 {
-		return nil
-	}
-	anchors, ids, rewound := pr.anchors, pr.topicIDs, pr.rewound
-	var topics, tids, targets []string
-	var parts []int32
-	var offs []int64
-	var anch [][]byte
-	var back []bool
-	var valid []*time.Time
-	for p, o := range offsets {
-		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
-		anch, tids, back = append(anch, anchors[p]), append(tids, ids[p.Topic]), append(back, rewound[p])
-		targets = append(targets, pr.topicTargets[p.Topic])
-		if v, ok := pr.valid[p]; ok {
-			valid = append(valid, &v)
-		} else {
-			valid = append(valid, nil)
-		}
-	}
-	q := fmt.Sprintf(`INSERT INTO %[1]s.scd2sink_offsets AS o (consumer_group, topic, partition, next_offset, anchor_seq, topic_id, target, last_valid_from, updated_at)
-		SELECT $1, t, p, n, a, nullif(i, ''), nullif(g, ''), CASE WHEN v IS NOT NULL THEN least(v, now()) END, now()
-		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::timestamptz[]) AS x(t, p, n, a, i, g, v)
-		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET
-			target = coalesce(excluded.target, o.target),
-			last_valid_from = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
-				THEN excluded.last_valid_from
-				WHEN o.last_valid_from IS NULL OR excluded.last_valid_from > o.last_valid_from
-				THEN coalesce(excluded.last_valid_from, o.last_valid_from) ELSE o.last_valid_from END,
-			next_offset = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
-				THEN excluded.next_offset ELSE greatest(o.next_offset, excluded.next_offset) END,
-			anchor_seq = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
-				THEN excluded.anchor_seq ELSE coalesce(excluded.anchor_seq, o.anchor_seq) END,
-			topic_id = coalesce(excluded.topic_id, o.topic_id), updated_at = now()`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids, targets, valid); err != nil {
-		return fmt.Errorf("recording offsets: %w", err)
-	}
-	if !slices.Contains(back, true) {
-		return nil
-	}
-	// Partitions rewound on purpose: the new offset replaces the old.
-	q = fmt.Sprintf(`UPDATE %[1]s.scd2sink_offsets AS o SET next_offset = x.n, anchor_seq = coalesce(x.a, o.anchor_seq), updated_at = now()
-		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bool[]) AS x(t, p, n, a, r)
-		WHERE x.r AND o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p`, pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, back); err != nil {
-		return fmt.Errorf("recording rewound offsets: %w", err)
-	}
-	return nil
-}
-
-// Rewind lowers the offsets recorded for the configured consumer group to
-// the given ones, where they are higher: partitions placed back on purpose
-// because the log they were read from was truncated. Anchors are kept (the
-// highest sequence below the old offset bounds the one below the new).
-func (s *Sink) Rewind(ctx context.Context, to map[change.Partition]int64) error {
-	var topics []string
-	var parts []int32
-	var offs []int64
-	for p, o := range to {
-		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
-	}
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_offsets AS o SET next_offset = x.n, updated_at = now()
-		FROM unnest($2::text[], $3::int[], $4::bigint[]) AS x(t, p, n)
-		WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p AND o.next_offset > x.n`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, parts, offs)
-	if err != nil {
-		return fmt.Errorf("rewinding offsets: %w", err)
-	}
-	return nil
-}
-
-// TopicIDs returns the Kafka topic ID recorded with each partition's
-// offsets for the configured consumer group (partitions recorded without
-// one are missing).
-func (s *Sink) TopicIDs(ctx context.Context) (map[change.Partition]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, topic_id FROM %s.scd2sink_offsets
-		WHERE consumer_group = $1 AND topic_id IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
-	if err != nil {
-		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
-	}
-	defer rows.Close()
-	out := map[change.Partition]string{}
-	for rows.Next() {
-		var p change.Partition
-		var id string
-		if err := rows.Scan(&p.Topic, &p.Partition, &id); err != nil {
-			return nil, err
-		}
-		out[p] = id
-	}
-	return out, rows.Err()
-}
-
-// Anchors returns, per partition of the configured consumer group, the
-// highest sequence of the records below its recorded offset: what a
-// consumer resuming there anchors a snapshot read without a sequence to.
-func (s *Sink) Anchors(ctx context.Context) (map[change.Partition]change.Seq, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, anchor_seq FROM %s.scd2sink_offsets WHERE consumer_group = $1 AND anchor_seq IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
-	if err != nil {
-		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
-	}
-	defer rows.Close()
-	out := map[change.Partition]change.Seq{}
-	for rows.Next() {
-		var p change.Partition
-		var a []byte
-		if err := rows.Scan(&p.Topic, &p.Partition, &a); err != nil {
-			return nil, err
-		}
-		out[p] = a
-	}
-	return out, rows.Err()
-}
-
-// Offsets returns the offsets recorded in scd2sink_offsets for the
-// configured consumer group: the next offset to consume per partition.
-func (s *Sink) Offsets(ctx context.Context) (map[change.Partition]int64, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, next_offset FROM %s.scd2sink_offsets WHERE consumer_group = $1`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
-	if err != nil {
-		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
-	}
-	defer rows.Close()
-	out := map[change.Partition]int64{}
-	for rows.Next() {
-		var p change.Partition
-		var o int64
-		if err := rows.Scan(&p.Topic, &p.Partition, &o); err != nil {
-			return nil, err
-		}
-		out[p] = o
-	}
-	return out, rows.Err()
 }

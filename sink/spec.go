@@ -88,6 +88,9 @@ type Config struct {
 	// a pattern): asked once per target, its answer kept when ok. It must
 	// be safe for concurrent use and must not block.
 	Resolve func(target string) (TableSpec, bool)
+	// ApplyWorkers is how many transactions may apply one batch side by
+	// side, each for a disjoint set of partitions (0 or 1: one; parallel.go).
+	ApplyWorkers int
 	// MaxRetries bounds the retries of one batch on transient errors (0 = 10).
 	MaxRetries int
 	// MaxBackoff caps the wait between retries (0 = 5s).

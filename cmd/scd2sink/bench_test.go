@@ -168,7 +168,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		}
 		httpAddr := freeAddr(b)
 		cfgFile := filepath.Join(b.TempDir(), "scd2sink.yaml")
-		if err := os.WriteFile(cfgFile, []byte(benchConfig(kafka.ListenAddrs(), dsn, format, registry, httpAddr, "")), 0o600); err != nil {
+		if err := os.WriteFile(cfgFile, []byte(benchConfig(kafka.ListenAddrs(), dsn, format, registry, httpAddr, os.Getenv("BENCH_CONFIG")+"\n")), 0o600); err != nil { // BENCH_CONFIG: YAML appended to the binary's config
 			b.Fatal(err)
 		}
 		prof := filepath.Join(b.TempDir(), "cpu.prof")
@@ -181,6 +181,8 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 			b.Fatal(err)
 		}
 		hwm := watchHWM(cmd.Process.Pid)
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
 		var first, at10, at90 time.Time
 		var applied int64
 		for applied < nRecords {
@@ -198,13 +200,18 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 			if time.Since(start) > 10*time.Minute {
 				b.Fatal("not applied within 10 minutes")
 			}
+			select {
+			case err := <-exited:
+				b.Fatalf("scd2sink exited before it applied everything: %v", err)
+			default:
+			}
 		}
 		done := time.Now()
 		b.StopTimer()
 		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count",
 			"scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count", "scd2sink_events_released_early_total")
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		if err := cmd.Wait(); err != nil {
+		if err := <-exited; err != nil {
 			b.Fatalf("scd2sink: %v", err)
 		}
 		// Not rusage's Maxrss: with vfork it counts the test process's own

@@ -49,7 +49,8 @@ type Options struct {
 // entries, in order (topic_pattern entries resolve later, see Route).
 func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	sc := sink.Config{Schema: cfg.Postgres.Schema, DeadLetterTable: cfg.Sink.DeadLetterTable,
-		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5, ReorderWindow: cfg.Sequencer.ReorderWindow}
+		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5, ReorderWindow: cfg.Sequencer.ReorderWindow,
+		ApplyWorkers: cfg.Sink.ApplyWorkers}
 	for _, t := range cfg.Tables {
 		if t.TopicPattern == "" {
 			sc.Tables = append(sc.Tables, tableSpec(cfg, t))

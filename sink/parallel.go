@@ -1,0 +1,221 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Applying a batch in parts.
+//
+// A key's events all come from one partition (Kafka partitions by key),
+// offsets are recorded per partition, and the fold of one key never reads
+// another's rows. So a batch whose partitions fall into disjoint sets, no
+// key spanning two, may be applied as one transaction per set, side by
+// side on their own connections: each writes its keys' history, its dead
+// letters and its partitions' offsets. Each part is exact on its own, and
+// a part that commits while another fails leaves the table and
+// scd2sink_offsets agreeing: the failed part's events are applied again
+// later, and those of the committed part, delivered again with them, are
+// duplicates that change nothing.
+//
+// What reads or writes across keys stays in one transaction: truncates
+// (they re-fold every key live at them), creates of primary-key changes
+// that read the old key's version, snapshots' records, replays, partitions
+// locked without offsets and truncates of tables not created yet. A batch
+// holding any of these, or too small to be worth a second connection, is
+// applied whole.
+
+// minSplitEvents is the smallest batch applied in parts: below it a second
+// transaction costs more than it saves (tests lower it).
+var minSplitEvents = 2000
+
+// splitBatches counts batches applied in parts (tests see that the path
+// is taken).
+var splitBatches atomic.Int64
+
+// applyPrepared applies a prepared batch: in parts side by side where it
+// may be (see above), else in one transaction.
+func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+	parts := s.split(p, s.cfg.ApplyWorkers)
+	if parts == nil {
+		return s.applyOne(ctx, p)
+	}
+	splitBatches.Add(1)
+	results := make([]Result, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					errs[i] = fmt.Errorf("panic applying part %d of %d of a batch: %v\n%s", i+1, len(parts), r, debug.Stack())
+				}
+			}()
+			results[i], errs[i] = s.applyOne(ctx, part)
+		}()
+	}
+	wg.Wait()
+	var res Result
+	for i, r := range results {
+		res.add(r)
+		res.Retries += r.Retries
+		if errs[i] != nil {
+			return res, errs[i]
+		}
+	}
+	return res, nil
+}
+
+// split divides p into at most n parts over disjoint sets of partitions,
+// balanced by events, or returns nil when p is to be applied whole.
+func (s *Sink) split(p *Prepared, n int) []*Prepared {
+	if n < 2 || len(p.offsets) < 2 || len(p.early) > 0 || len(p.replay) > 0 || len(p.snapshots) > 0 || len(p.lock) > 0 {
+		return nil
+	}
+	parent := map[change.Partition]change.Partition{}
+	var find func(change.Partition) change.Partition
+	find = func(x change.Partition) change.Partition {
+		px, ok := parent[x]
+		if !ok {
+			parent[x] = x
+			return x
+		}
+		if px == x {
+			return x
+		}
+		r := find(px)
+		parent[x] = r
+		return r
+	}
+	for part := range p.offsets {
+		find(part)
+	}
+	events := 0
+	for _, tp := range p.plans {
+		if len(tp.truncates) > 0 {
+			return nil
+		}
+		for _, kp := range tp.order {
+			if len(kp.events) == 0 || kp.needsOldKey() {
+				return nil
+			}
+			events += len(kp.events)
+			for _, e := range kp.events {
+				if e.src == nil {
+					return nil
+				}
+				a, b := find(kp.events[0].src.Origin.Partition), find(e.src.Origin.Partition)
+				if a != b {
+					parent[b] = a
+				}
+			}
+		}
+	}
+	if events < minSplitEvents {
+		return nil
+	}
+	weight := map[change.Partition]int{}
+	for _, tp := range p.plans {
+		for _, kp := range tp.order {
+			weight[find(kp.events[0].src.Origin.Partition)] += len(kp.events)
+		}
+	}
+	var roots []change.Partition
+	for part := range parent {
+		if find(part) == part {
+			roots = append(roots, part)
+		}
+	}
+	if len(roots) < 2 {
+		return nil
+	}
+	// Heaviest first, each to the lightest part so far (ties in a fixed
+	// order, so that a retried batch splits alike).
+	sort.Slice(roots, func(i, j int) bool {
+		if weight[roots[i]] != weight[roots[j]] {
+			return weight[roots[i]] > weight[roots[j]]
+		}
+		return partitionLess(roots[i], roots[j])
+	})
+	n = min(n, len(roots))
+	load := make([]int, n)
+	bin := map[change.Partition]int{}
+	for _, r := range roots {
+		best := 0
+		for i := range load {
+			if load[i] < load[best] {
+				best = i
+			}
+		}
+		bin[r] = best
+		load[best] += weight[r]
+	}
+	used := 0
+	for _, l := range load {
+		if l > 0 {
+			used++
+		}
+	}
+	if used < 2 {
+		return nil
+	}
+	parts := make([]*Prepared, n)
+	for i := range parts {
+		parts[i] = &Prepared{offsets: map[change.Partition]int64{}, anchors: p.anchors, topicIDs: p.topicIDs, rewound: p.rewound,
+			topicTargets: p.topicTargets, valid: p.valid, confirm: p.confirm, plans: map[string]*tablePlan{}}
+	}
+	parts[0].mismatches = p.mismatches
+	for part, o := range p.offsets {
+		parts[bin[find(part)]].offsets[part] = o
+	}
+	for _, d := range p.dead {
+		i := 0
+		if _, ok := parent[d.Origin.Partition]; ok {
+			i = bin[find(d.Origin.Partition)]
+		}
+		parts[i].dead = append(parts[i].dead, d)
+	}
+	for _, name := range p.targets {
+		tp := p.plans[name]
+		for _, kp := range tp.order {
+			part := parts[bin[find(kp.events[0].src.Origin.Partition)]]
+			sub := part.plans[name]
+			if sub == nil {
+				sub = &tablePlan{t: tp.t, keys: map[string]*keyPlan{}}
+				part.plans[name] = sub
+				part.targets = append(part.targets, name) // p.targets is sorted
+			}
+			sub.keys[kp.id] = kp
+			sub.order = append(sub.order, kp)
+		}
+	}
+	out := parts[:0]
+	for _, part := range parts {
+		if len(part.offsets) > 0 || len(part.plans) > 0 || len(part.dead) > 0 {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func partitionLess(a, b change.Partition) bool {
+	if a.Topic != b.Topic {
+		return a.Topic < b.Topic
+	}
+	return a.Partition < b.Partition
+}
+
+// cached returns a key's state remembered between batches.
+func (s *Sink) cached(k cacheKey) (*latest, bool) {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	return s.cache.get(k)
+}
