@@ -235,30 +235,36 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	for _, v := range out.versions {
 		v.key = kp.key
 	}
-	if t.spec.Type1Scope == AllVersions && st.prevRow != nil {
+	spread := t.spec.Type1Scope == AllVersions && st.prevRow != nil
+	if spread {
 		t.spreadType1(out.versions, st.prevRow)
-		if l.v != nil && !rowsEqual(st.prevRow, l.v.row, t.t1Idx) {
-			var below change.Seq
-			if orig != nil {
-				below = orig.seq // the live version is rewritten below
-			}
-			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: below})
-		}
 	}
+	rewritten := false // the live version is rewritten whole
 	for _, v := range out.versions {
 		switch {
 		case !v.stored:
 			w.insVersions = append(w.insVersions, v)
-		case !rowsEqual(v.row, orig.row, allCols(t)) || !slices.Equal(v.absent, orig.absent):
+		case !slices.Equal(v.absent, orig.absent) || !rowsEqual(v.row, orig.row, t.trkIdx) ||
+			(!spread && !rowsEqual(v.row, orig.row, t.t1Idx)):
 			// (A column learned as NULL changes no value, but what the
 			// version knows: it is written, or a restart would not know it.)
 			w.full = append(w.full, v)
+			rewritten = true
 		case v.closed:
+			// Its Type 1 values, if they changed, come with the key's
+			// other versions' below.
 			w.closeOnly = append(w.closeOnly, v)
 		}
 		if t.openerDiffers(v) && !(v.stored && l.openerSaved) {
 			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: v.event(v.opener, v.openAbsent)})
 		}
+	}
+	if spread && l.v != nil && !rowsEqual(st.prevRow, l.v.row, t.t1Idx) {
+		var below change.Seq
+		if rewritten {
+			below = orig.seq // the live version is rewritten below
+		}
+		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: below})
 	}
 	for _, e := range out.side {
 		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
@@ -284,14 +290,6 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		next.sideMaxSeq, next.sideMaxT = out.side[n-1].seq, &at
 	}
 	return next
-}
-
-func allCols(t *table) []int {
-	idx := make([]int, len(t.cols))
-	for i := range idx {
-		idx[i] = i
-	}
-	return idx
 }
 
 // repairKey rebuilds a key's event list from its versions and side rows,

@@ -47,8 +47,11 @@ func unnest(alias string, first int, types, names []string) string {
 	return fmt.Sprintf("unnest(%s) AS %s(%s)", strings.Join(casts, ", "), alias, strings.Join(names, ", "))
 }
 
-func column[T any](n int, get func(int) T) []T {
-	out := make([]T, n)
+// column gathers n values into an array argument. As a FlatArray, pgx
+// encodes it without reflection ([]any and [][]byte otherwise take its
+// reflective path, element by element).
+func column[T any](n int, get func(int) T) pgtype.FlatArray[T] {
+	out := make(pgtype.FlatArray[T], n)
 	for i := range out {
 		out[i] = get(i)
 	}
@@ -138,7 +141,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 		vs := w.closeOnly
 		types, names, args := t.versionKeys(vs)
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
-		args = append(args, column(len(vs), func(i int) any { return vs[i].to }),
+		args = append(args, column(len(vs), func(i int) time.Time { return vs[i].to }),
 			column(len(vs), func(i int) []byte { return vs[i].closeSeq }))
 		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq",
 			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"))
@@ -314,7 +317,7 @@ func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string
 		return c.typeName, column(n, get), ref, nil
 	}
 	m := tx.Conn().TypeMap()
-	texts := make([]any, n)
+	texts := make(pgtype.FlatArray[any], n)
 	for i := range texts {
 		v := get(i)
 		if v == nil {
