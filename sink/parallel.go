@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
 )
 
 // Applying a batch in parts.
@@ -41,37 +42,72 @@ var splitBatches atomic.Int64
 
 // applyPrepared applies a prepared batch: in parts side by side where it
 // may be (see above), else in one transaction.
+//
+// The parts are cut once per Prepared, and a part that committed is not
+// applied again when the caller retries the batch after another part
+// failed: its dead letters are not written twice, its keys not read again.
 func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
-	parts := s.split(p, s.cfg.ApplyWorkers)
-	if parts == nil {
+	if !p.cut {
+		p.cut = true
+		workers := s.cfg.ApplyWorkers
+		if s.pool != nil {
+			// Prepare and the consumer's bookkeeping need connections too.
+			workers = min(workers, max(1, int(s.pool.Config().MaxConns)-2))
+		}
+		p.parts = s.split(p, workers)
+		if p.parts != nil {
+			splitBatches.Add(1)
+		}
+	}
+	if p.parts == nil {
 		return s.applyOne(ctx, p)
 	}
-	splitBatches.Add(1)
-	results := make([]Result, len(parts))
-	errs := make([]error, len(parts))
+	results := make([]Result, len(p.parts))
+	errs := make([]error, len(p.parts))
 	var wg sync.WaitGroup
-	for i, part := range parts {
+	for i, part := range p.parts {
+		if part.committed {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() {
 				if r := recover(); r != nil {
-					errs[i] = fmt.Errorf("panic applying part %d of %d of a batch: %v\n%s", i+1, len(parts), r, debug.Stack())
+					s.log.Error("panic applying part of a batch", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+					errs[i] = fmt.Errorf("panic applying part %d of %d of a batch: %v", i+1, len(p.parts), r)
 				}
 			}()
 			results[i], errs[i] = s.applyOne(ctx, part)
+			part.committed = errs[i] == nil
 		}()
 	}
 	wg.Wait()
 	var res Result
+	var worst error
 	for i, r := range results {
 		res.add(r)
 		res.Retries += r.Retries
-		if errs[i] != nil {
-			return res, errs[i]
+		if errs[i] != nil && (worst == nil || severity(errs[i]) > severity(worst)) {
+			worst = errs[i]
 		}
 	}
-	return res, nil
+	return res, worst
+}
+
+// severity ranks a part's error: the batch reports its worst part's, so
+// that a fatal error (a panic) is not retried as the transient one of
+// another part.
+func severity(err error) int {
+	switch Classify(err) {
+	case Transient:
+		return 0
+	case Blocked:
+		return 1
+	case Data:
+		return 2
+	}
+	return 3
 }
 
 // split divides p into at most n parts over disjoint sets of partitions,

@@ -108,7 +108,7 @@ func TestFoldPropertyParallel(t *testing.T) {
 	pool := sharedPool(t)
 	defer sink.SetMinSplitEvents(1)()
 	before := sink.SplitBatches()
-	for seed := uint64(1); seed <= uint64(propertySeeds(t)/4); seed++ {
+	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			runScenarioWith(t, pool, seed, false, 3)
 		})

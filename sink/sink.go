@@ -36,10 +36,11 @@ type Sink struct {
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
 	// forgets counts Forget calls; forgot is the count the applying
-	// goroutine last acted on. Forget may be called from a rebalance
+	// goroutines last acted on. Forget may be called from a rebalance
 	// callback while a batch is still being applied (one abandoned after
 	// the revoke budget): it only bumps the count, and the applying
-	// goroutine, the only one touching cache and written, empties them.
+	// goroutines, the only ones touching cache and written (under amu),
+	// empty them.
 	forgets atomic.Uint64
 	forgot  uint64
 	// amu guards cache, written, forgot and reconciled while the parts of
@@ -396,9 +397,12 @@ func contains(list []string, s string) bool {
 }
 
 // Apply folds a batch into the history tables, writes its dead letters and
-// records its offsets, all in one transaction, retried as a whole on
-// transient errors. A returned error means nothing of the batch was applied.
-// It is Prepare followed by ApplyPrepared.
+// records its offsets, in one transaction, or in one per part when it is
+// applied in parts (parallel.go), retried on transient errors. A returned
+// error means nothing of the batch was applied, or, applied in parts,
+// that some parts committed (their offsets recorded with them) and the
+// others did not; ApplyPrepared again with the same Prepared applies the
+// rest. It is Prepare followed by ApplyPrepared.
 func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 	p, err := s.Prepare(ctx, b)
 	if err != nil {
@@ -427,6 +431,12 @@ type Prepared struct {
 	replay    map[change.Origin][]int64 // Batch.Replay
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
+	// parts are the batch's parts applied side by side (nil: applied
+	// whole), cut once (cut); committed marks a part that committed
+	// (parallel.go).
+	cut       bool
+	parts     []*Prepared
+	committed bool
 }
 
 // Prepare does the CPU-bound half of applying a batch: it creates tables and
@@ -481,6 +491,7 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
 	var gen uint64
+	var seen int64
 	var res Result
 	var ops *cacheOps
 	// A value PostgreSQL rejects fails the whole batch; the batch is then
@@ -497,6 +508,9 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
 			}
+			s.amu.Lock()
+			seen = s.reconciled // what this transaction's fence saw
+			s.amu.Unlock()
 			for _, e := range p.early {
 				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)
 					ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()), e.target, []byte(e.seq), e.at); err != nil {
@@ -558,8 +572,10 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	if s.forgetLocked() != gen {
 		return res, nil // forgotten while it was applied: keep nothing of it
 	}
-	if isolate {
-		s.cache.reset() // savepoints rolled back what ops recorded
+	if isolate || s.reconciled != seen {
+		// Savepoints rolled back what ops recorded; or another part's
+		// fence saw a reconciliation that committed after this one's.
+		s.cache.reset()
 	} else {
 		s.cache.apply(ops)
 	}
