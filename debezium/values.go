@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -29,34 +30,45 @@ const (
 
 // DecodeRow implements change.RowDecoder for JSON row images.
 func (r *rowSchema) DecodeRow(raw []byte) (map[string]any, error) {
-	s := string(raw) // one copy: every string value below shares it
+	out := make(map[string]any, len(r.cols))
+	err := r.VisitRow(raw, func(name string, v any) error {
+		out[name] = v
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// VisitRow implements change.RowVisitor: DecodeRow without the map.
+func (r *rowSchema) VisitRow(raw []byte, fn func(name string, v any) error) error {
+	// No copy: string values below share raw, which the event owns and
+	// nobody writes to (they keep it alive, as they would a copy).
+	s := unsafe.String(unsafe.SliceData(raw), len(raw))
 	if !gjson.Valid(s) {
-		return nil, errors.New("row image is not valid JSON")
+		return errors.New("row image is not valid JSON")
 	}
 	res := gjson.Parse(s)
 	if !res.IsObject() {
-		return nil, errors.New("row image is not a JSON object")
+		return errors.New("row image is not a JSON object")
 	}
-	out := make(map[string]any, len(r.cols))
 	var err error
 	res.ForEach(func(k, v gjson.Result) bool {
 		c := r.byName[k.Str]
 		if c == nil {
-			out[k.Str] = anyValue(v)
-			return true
+			err = fn(k.Str, anyValue(v))
+			return err == nil
 		}
 		val, e := c.value(v)
 		if e != nil {
 			err = fmt.Errorf("column %s: %w", c.name, e)
 			return false
 		}
-		out[c.name] = val
-		return true
+		err = fn(c.name, val)
+		return err == nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return err
 }
 
 // anyValue decodes a value without a schema: numbers stay exact.

@@ -52,7 +52,7 @@ func keyID(key []any) string {
 func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
 	plans = map[string]*tablePlan{}
 	for i, ev := range evs {
-		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() {
+		if _, visit := ev.Visitor(); afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !visit {
 			continue // undecodable: already a dead letter
 		}
 		t := s.tables[ev.Table]
@@ -145,33 +145,52 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		key[i] = v
 	}
 	if ev.Op.HasAfter() {
-		if after == nil {
+		visitor, visit := ev.Visitor()
+		if after == nil && !visit {
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
 		row := make([]any, len(t.cols))
+		has := s.has[:0] // scratch: Prepare holds s.mu
+		for range t.cols {
+			has = append(has, false)
+		}
+		s.has = has
 		carried := len(t.keyIdx)
-		for name, raw := range after {
+		put := func(name string, raw any) error {
 			if t.ignore[name] {
-				continue
+				return nil
 			}
 			i, ok := t.colIdx[name]
 			if !ok {
 				i, ok = t.colIdx[pgIdent(name)]
 			}
 			if !ok {
-				return fe, nil, fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
+				return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
 			}
 			v, err := s.conv.convert(&t.cols[i], raw)
 			if err != nil {
-				return fe, nil, typeMismatch(ev, &t.cols[i], err)
+				return typeMismatch(ev, &t.cols[i], err)
 			}
 			row[i] = v
-			if !t.cols[i].key {
+			if !t.cols[i].key && !has[i] {
 				carried++
+			}
+			has[i] = true
+			return nil
+		}
+		if visit {
+			if err := visitor.VisitRow(ev.AfterJSON, put); err != nil {
+				return fe, nil, err
+			}
+		} else {
+			for name, raw := range after {
+				if err := put(name, raw); err != nil {
+					return fe, nil, err
+				}
 			}
 		}
 		if carried < len(t.cols) {
-			fe.absent = t.absentFrom(after)
+			fe.absent = t.absentFrom(has)
 		}
 		for i, ki := range t.keyIdx {
 			row[ki] = key[i]
@@ -198,15 +217,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 
 // absentFrom lists, in column order, the table's columns other than the key
 // that the image after does not carry.
-func (t *table) absentFrom(after map[string]any) []string {
-	has := make([]bool, len(t.cols))
-	for name := range after {
-		if i, ok := t.colIdx[name]; ok {
-			has[i] = true
-		} else if i, ok := t.colIdx[pgIdent(name)]; ok {
-			has[i] = true
-		}
-	}
+func (t *table) absentFrom(has []bool) []string {
 	var out []string
 	for i, c := range t.cols {
 		if !has[i] && !c.key {

@@ -53,6 +53,8 @@ type Sink struct {
 	snapshotsPending bool
 	reconciling      bool
 	reconciled       int64
+	// has is plan's scratch: the columns an image carries (under mu).
+	has []bool
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
 	snapDeletes map[string]bool
 }
@@ -450,6 +452,9 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	afters := make([]map[string]any, len(b.Events))
 	var bad []DeadLetter
 	for i, ev := range b.Events {
+		if _, ok := ev.Visitor(); ok && ev.Op.HasAfter() {
+			continue // decoded in plan, straight into its row
+		}
 		a, err := ev.DecodeAfter()
 		if err != nil {
 			bad = append(bad, eventDeadLetter(ev, err))

@@ -185,13 +185,15 @@ func ContentHash(op Op, validFrom time.Time, after map[string]any) [16]byte {
 // RawContentHash digests an event whose row image is raw JSON. Deliveries of
 // one Kafka record hash alike; it is not comparable with ContentHash.
 func RawContentHash(op Op, validFrom time.Time, after []byte) [16]byte {
-	b := make([]byte, 0, 16+len(after))
-	b = append(b, byte(op), 'R')
-	b = binary.BigEndian.AppendUint64(b, uint64(validFrom.UnixNano()))
-	b = append(b, after...)
-	sum := sha256.Sum256(b)
+	var head [10]byte // streamed: the image is not copied
+	head[0], head[1] = byte(op), 'R'
+	binary.BigEndian.PutUint64(head[2:], uint64(validFrom.UnixNano()))
+	h := sha256.New()
+	h.Write(head[:])
+	h.Write(after)
+	var sum [sha256.Size]byte
 	var out [16]byte
-	copy(out[:], sum[:16])
+	copy(out[:], h.Sum(sum[:0]))
 	return out
 }
 
@@ -215,6 +217,23 @@ type RowDecoder interface {
 	// or []any of those for arrays; Unavailable marks Debezium's
 	// unavailable-value placeholder in a column of any type.
 	DecodeRow(raw []byte) (map[string]any, error)
+}
+
+// RowVisitor is a RowDecoder that can also hand a row image's columns
+// over one by one, in the image's order, without building a map. It stops
+// at fn's first error and returns it as it is.
+type RowVisitor interface {
+	VisitRow(raw []byte, fn func(name string, v any) error) error
+}
+
+// Visitor returns the event's RowVisitor when its row image is raw and
+// its decoder can visit it.
+func (e *Event) Visitor() (RowVisitor, bool) {
+	if e.After != nil || e.AfterJSON == nil || e.Row == nil {
+		return nil, false
+	}
+	v, ok := e.Row.(RowVisitor)
+	return v, ok
 }
 
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.
