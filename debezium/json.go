@@ -328,6 +328,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 			return nil, fmt.Errorf("%s event: no after image", op.Str)
 		}
 		ev.AfterJSON = []byte(after.Raw)
+		ev.AfterValid = true // unwrapJSON validated the payload
 	}
 	if row != nil {
 		ev.Row = row

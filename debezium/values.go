@@ -31,7 +31,7 @@ const (
 // DecodeRow implements change.RowDecoder for JSON row images.
 func (r *rowSchema) DecodeRow(raw []byte) (map[string]any, error) {
 	out := make(map[string]any, len(r.cols))
-	err := r.VisitRow(raw, func(name string, v any) error {
+	err := r.VisitRow(raw, false, func(name string, v any) error {
 		out[name] = v
 		return nil
 	})
@@ -42,11 +42,11 @@ func (r *rowSchema) DecodeRow(raw []byte) (map[string]any, error) {
 }
 
 // VisitRow implements change.RowVisitor: DecodeRow without the map.
-func (r *rowSchema) VisitRow(raw []byte, fn func(name string, v any) error) error {
+func (r *rowSchema) VisitRow(raw []byte, valid bool, fn func(name string, v any) error) error {
 	// No copy: string values below share raw, which the event owns and
 	// nobody writes to (they keep it alive, as they would a copy).
 	s := unsafe.String(unsafe.SliceData(raw), len(raw))
-	if !gjson.Valid(s) {
+	if !valid && !gjson.Valid(s) {
 		return errors.New("row image is not valid JSON")
 	}
 	res := gjson.Parse(s)

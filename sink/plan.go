@@ -179,7 +179,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			return nil
 		}
 		if visit {
-			if err := visitor.VisitRow(ev.AfterJSON, put); err != nil {
+			if err := visitor.VisitRow(ev.AfterJSON, ev.AfterValid, put); err != nil {
 				return fe, nil, err
 			}
 		} else {

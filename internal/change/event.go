@@ -93,8 +93,11 @@ type Event struct {
 	// Row, when set, decodes AfterJSON into typed values and names the
 	// source columns with their PostgreSQL types (events decoded with a
 	// schema); without it AfterJSON is decoded as schemaless JSON.
-	Row    RowDecoder
-	Origin Origin
+	Row RowDecoder
+	// AfterValid: AfterJSON was cut from a message the decoder validated
+	// as JSON, and is not validated again.
+	AfterValid bool
+	Origin     Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
 	// incremental snapshot's): its Seq is the snapshot's sequence.
@@ -221,9 +224,11 @@ type RowDecoder interface {
 
 // RowVisitor is a RowDecoder that can also hand a row image's columns
 // over one by one, in the image's order, without building a map. It stops
-// at fn's first error and returns it as it is.
+// at fn's first error and returns it as it is. valid says that raw is
+// known to be valid JSON (the decoder validated it): it is not checked
+// again.
 type RowVisitor interface {
-	VisitRow(raw []byte, fn func(name string, v any) error) error
+	VisitRow(raw []byte, valid bool, fn func(name string, v any) error) error
 }
 
 // Visitor returns the event's RowVisitor when its row image is raw and
