@@ -34,12 +34,17 @@ var rawJSONTypes = func() []*pgtype.Type {
 // timetzArrayOID is _timetz's OID (pgx names no constant for it).
 const timetzArrayOID = 1270
 
-// registerTypes installs rawJSONTypes on a connection's type map, once.
+// fastTypesOnce are fastTypes, shared by every connection.
+var fastTypesOnce = fastTypes()
+
+// registerTypes installs rawJSONTypes and fastTypes on a connection's type
+// map, once.
 func registerTypes(m *pgtype.Map) {
 	if t, ok := m.TypeForOID(pgtype.JSONBOID); ok && t == rawJSONTypes[1] {
 		return
 	}
 	m.RegisterTypes(rawJSONTypes)
+	m.RegisterTypes(fastTypesOnce)
 }
 
 // normalizeRow turns what pgx returns for infinite timestamps and dates
