@@ -312,7 +312,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		if !ok || s.row == nil {
 			return nil, fmt.Errorf("%s event: no after image", opStr)
 		}
-		if ev.After, err = s.row.nativeRow(m); err != nil {
+		if ev.AfterValues, err = s.row.nativeValues(m); err != nil {
 			return nil, fmt.Errorf("%s event: %w", opStr, err)
 		}
 	}
@@ -328,20 +328,21 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	return ev, nil
 }
 
-// nativeRow decodes a goavro record into typed values, as DecodeRow does
-// for JSON.
-func (r *rowSchema) nativeRow(m map[string]any) (map[string]any, error) {
-	out := make(map[string]any, len(m))
-	for name, v := range m {
-		c := r.byName[name]
-		if c == nil {
-			continue
+// nativeValues decodes a goavro record into typed values, as DecodeRow
+// does for JSON, in the schema's column order (change.Event.AfterValues):
+// the record's schema is the row's, so it carries every column.
+func (r *rowSchema) nativeValues(m map[string]any) ([]any, error) {
+	out := make([]any, len(r.cols))
+	for i, c := range r.cols {
+		v, ok := m[c.name]
+		if !ok {
+			return nil, fmt.Errorf("column %s is missing from the record", c.name)
 		}
 		val, err := c.native(v)
 		if err != nil {
-			return nil, fmt.Errorf("column %s: %w", name, err)
+			return nil, fmt.Errorf("column %s: %w", c.name, err)
 		}
-		out[name] = val
+		out[i] = val
 	}
 	return out, nil
 }

@@ -77,7 +77,7 @@ func TestAvroRegistryFailures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.After["plan"] != "pro" || ev.Key[0] != int32(1) || ev.Seq.String() != "[10]" || !ev.ValidFrom.Equal(at) {
+		if afterOf(ev)["plan"] != "pro" || ev.Key[0] != int32(1) || ev.Seq.String() != "[10]" || !ev.ValidFrom.Equal(at) {
 			t.Fatalf("event %+v", ev)
 		}
 	})
@@ -146,7 +146,7 @@ func TestAvroRegistryFailures(t *testing.T) {
 		})
 		defer restore()
 		ev, err := d.Decode(context.Background(), o, key, value)
-		if err != nil || ev.After["plan"] != "pro" {
+		if err != nil || afterOf(ev)["plan"] != "pro" {
 			t.Fatalf("got %v, %v", ev, err)
 		}
 	})
@@ -167,7 +167,7 @@ func TestAvroRegistryFailures(t *testing.T) {
 		})
 		defer restore()
 		ev, err := d.Decode(context.Background(), o, key, value)
-		if err != nil || ev.After["plan"] != "pro" {
+		if err != nil || afterOf(ev)["plan"] != "pro" {
 			t.Fatalf("got %v, %v", ev, err)
 		}
 	})
@@ -186,4 +186,10 @@ func TestAvroRegistryFailures(t *testing.T) {
 			t.Errorf("tombstone: got %v, want ErrSkip", err)
 		}
 	})
+}
+
+// afterOf is an event's row image as a map, however the decoder kept it.
+func afterOf(ev *change.Event) map[string]any {
+	m, _ := ev.DecodeAfter()
+	return m
 }

@@ -130,7 +130,7 @@ func TestAvroFramings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ev.Op != change.OpUpdate || ev.After["plan"] != "pro" || len(ev.Key) != 1 || ev.Key[0] != int32(5) ||
+			if ev.Op != change.OpUpdate || afterOf(ev)["plan"] != "pro" || len(ev.Key) != 1 || ev.Key[0] != int32(5) ||
 				ev.Seq.String() != "[77]" || !ev.ValidFrom.Equal(at) {
 				t.Fatalf("event %+v", ev)
 			}

@@ -52,7 +52,7 @@ func keyID(key []any) string {
 func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
 	plans = map[string]*tablePlan{}
 	for i, ev := range evs {
-		if _, visit := ev.Visitor(); afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !visit {
+		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !ev.CanVisitAfter() {
 			continue // undecodable: already a dead letter
 		}
 		t := s.tables[ev.Table]
@@ -145,7 +145,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		key[i] = v
 	}
 	if ev.Op.HasAfter() {
-		visitor, visit := ev.Visitor()
+		visit := ev.CanVisitAfter()
 		if after == nil && !visit {
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
@@ -179,7 +179,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			return nil
 		}
 		if visit {
-			if err := visitor.VisitRow(ev.AfterJSON, ev.AfterValid, put); err != nil {
+			if err := ev.VisitAfter(put); err != nil {
 				return fe, nil, err
 			}
 		} else {
@@ -266,6 +266,9 @@ func typeMismatch(ev *change.Event, col *colInfo, err error) error {
 func eventDeadLetter(ev *change.Event, err error) DeadLetter {
 	key, _ := json.Marshal(ev.Key)
 	var after any = ev.After
+	if ev.After == nil && ev.AfterValues != nil {
+		after, _ = ev.DecodeAfter()
+	}
 	if ev.After == nil && ev.AfterJSON != nil {
 		after = json.RawMessage(ev.AfterJSON)
 		if !json.Valid(ev.AfterJSON) {

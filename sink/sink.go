@@ -452,7 +452,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	afters := make([]map[string]any, len(b.Events))
 	var bad []DeadLetter
 	for i, ev := range b.Events {
-		if _, ok := ev.Visitor(); ok && ev.Op.HasAfter() {
+		if ev.CanVisitAfter() && ev.Op.HasAfter() {
 			continue // decoded in plan, straight into its row
 		}
 		a, err := ev.DecodeAfter()

@@ -97,6 +97,11 @@ type Event struct {
 	// AfterValid: AfterJSON was cut from a message the decoder validated
 	// as JSON, and is not validated again.
 	AfterValid bool
+	// AfterValues is the row image as typed values in the order of
+	// Row.Columns(), kept instead of After by a decoder that decodes at
+	// once (Avro): a slice, not a map per image. Set at most one of
+	// After, AfterJSON and AfterValues.
+	AfterValues []any
 	Origin     Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
@@ -129,6 +134,7 @@ func (e *Event) Size() int {
 	if e.After != nil {
 		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
+	n += 40 * len(e.AfterValues) // boxed values
 	return n
 }
 
@@ -231,18 +237,47 @@ type RowVisitor interface {
 	VisitRow(raw []byte, valid bool, fn func(name string, v any) error) error
 }
 
-// Visitor returns the event's RowVisitor when its row image is raw and
-// its decoder can visit it.
-func (e *Event) Visitor() (RowVisitor, bool) {
-	if e.After != nil || e.AfterJSON == nil || e.Row == nil {
-		return nil, false
+// CanVisitAfter reports whether VisitAfter can hand the row image over
+// without a map: AfterValues, or AfterJSON with a RowVisitor.
+func (e *Event) CanVisitAfter() bool {
+	if e.After != nil || e.Row == nil {
+		return false
 	}
-	v, ok := e.Row.(RowVisitor)
-	return v, ok
+	if e.AfterValues != nil {
+		return true
+	}
+	_, ok := e.Row.(RowVisitor)
+	return ok && e.AfterJSON != nil
+}
+
+// VisitAfter hands the row image's columns to fn one by one (see
+// CanVisitAfter), stopping at fn's first error.
+func (e *Event) VisitAfter(fn func(name string, v any) error) error {
+	if e.AfterValues != nil {
+		cols := e.Row.Columns()
+		if len(cols) != len(e.AfterValues) {
+			return fmt.Errorf("row image has %d values for %d columns", len(e.AfterValues), len(cols))
+		}
+		for i, c := range cols {
+			if err := fn(c.Name, e.AfterValues[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return e.Row.(RowVisitor).VisitRow(e.AfterJSON, e.AfterValid, fn)
 }
 
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.
 func (e *Event) DecodeAfter() (map[string]any, error) {
+	if e.After == nil && e.AfterValues != nil && e.Row != nil {
+		m := make(map[string]any, len(e.AfterValues))
+		err := e.VisitAfter(func(name string, v any) error {
+			m[name] = v
+			return nil
+		})
+		return m, err
+	}
 	if e.After != nil || e.AfterJSON == nil {
 		return e.After, nil
 	}
