@@ -102,7 +102,7 @@ type Event struct {
 	// once (Avro): a slice, not a map per image. Set at most one of
 	// After, AfterJSON and AfterValues.
 	AfterValues []any
-	Origin     Origin
+	Origin      Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
 	// incremental snapshot's): its Seq is the snapshot's sequence.
