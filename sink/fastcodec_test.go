@@ -51,14 +51,16 @@ func TestFastCodecsMatchPgx(t *testing.T) {
 	fast.RegisterTypes(fastTypes())
 	fastPaths := 0
 	for _, v := range fastValues() {
-		oid := uint32(pgtype.NumericOID)
+		oids := []uint32{pgtype.NumericOID}
 		if _, ok := v.(time.Time); ok {
-			oid = pgtype.TimestamptzOID
+			oids = []uint32{pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID}
 		}
-		want, werr := plain.Encode(oid, pgtype.BinaryFormatCode, v, nil)
-		got, gerr := fast.Encode(oid, pgtype.BinaryFormatCode, v, nil)
-		if (werr == nil) != (gerr == nil) || !bytes.Equal(want, got) {
-			t.Fatalf("%#v: pgx gives %x (%v), the fast codec %x (%v)", v, want, werr, got, gerr)
+		for _, oid := range oids {
+			want, werr := plain.Encode(oid, pgtype.BinaryFormatCode, v, nil)
+			got, gerr := fast.Encode(oid, pgtype.BinaryFormatCode, v, nil)
+			if (werr == nil) != (gerr == nil) || !bytes.Equal(want, got) {
+				t.Fatalf("%#v as OID %d: pgx gives %x (%v), the fast codec %x (%v)", v, oid, want, werr, got, gerr)
+			}
 		}
 		if n, ok := v.(pgtype.Numeric); ok && n.Valid && n.Int != nil && n.Int.IsInt64() && n.Exp >= -16 {
 			fastPaths++
@@ -87,7 +89,7 @@ func TestFastCodecsRoundTrip(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	registerTypes(conn.TypeMap())
-	if _, err := conn.Exec(ctx, `CREATE TABLE v (i int, n numeric, t timestamptz)`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE TABLE v (i int, n numeric, t timestamptz, ts timestamp, d date)`); err != nil {
 		t.Fatal(err)
 	}
 	var rows [][]any
@@ -97,12 +99,12 @@ func TestFastCodecsRoundTrip(t *testing.T) {
 			continue // a sample: the bytes are compared for all in TestFastCodecsMatchPgx
 		}
 		if _, ok := v.(time.Time); ok {
-			rows = append(rows, []any{i, nil, v})
+			rows = append(rows, []any{i, nil, v, v, v})
 		} else {
-			rows = append(rows, []any{i, v, nil})
+			rows = append(rows, []any{i, v, nil, nil, nil})
 		}
 	}
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"v"}, []string{"i", "n", "t"}, pgx.CopyFromRows(rows)); err != nil {
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"v"}, []string{"i", "n", "t", "ts", "d"}, pgx.CopyFromRows(rows)); err != nil {
 		t.Fatal(err)
 	}
 	plain, err := pgx.Connect(ctx, conn.Config().ConnString())
@@ -112,14 +114,14 @@ func TestFastCodecsRoundTrip(t *testing.T) {
 	defer plain.Close(ctx)
 	for _, r := range rows {
 		var got, want *string
-		if err := conn.QueryRow(ctx, `SELECT coalesce(n::text, t::text) FROM v WHERE i = $1`, r[0]).Scan(&got); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT coalesce(n::text, t::text || ' ' || ts::text || ' ' || d::text) FROM v WHERE i = $1`, r[0]).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
 		v := r[1]
 		if v == nil {
 			v = r[2]
 		}
-		if err := plain.QueryRow(ctx, `SELECT coalesce($1::numeric::text, $2::timestamptz::text)`, r[1], r[2]).Scan(&want); err != nil {
+		if err := plain.QueryRow(ctx, `SELECT coalesce($1::numeric::text, $2::timestamptz::text || ' ' || $3::timestamp::text || ' ' || $4::date::text)`, r[1], r[2], r[3], r[4]).Scan(&want); err != nil {
 			t.Fatal(err)
 		}
 		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
