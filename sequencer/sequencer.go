@@ -28,7 +28,6 @@
 package sequencer
 
 import (
-	"container/heap"
 	"fmt"
 	"sort"
 	"time"
@@ -222,7 +221,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 	s.n++
 	if len(kb.items) == 1 {
 		kb.scheduled = dl
-		heap.Push(&s.due, dueEntry{at: dl, kb: kb})
+		s.due.push(dueEntry{at: dl, kb: kb})
 	}
 }
 
@@ -250,7 +249,7 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 		if s.keys[top.kb.ref] == top.kb && top.kb.scheduled == top.at {
 			return time.Unix(0, top.at), true
 		}
-		heap.Pop(&s.due)
+		s.due.pop()
 	}
 	return time.Time{}, false
 }
@@ -262,7 +261,7 @@ func (s *Sequencer) Release() Output {
 	clock := s.now().UnixNano()
 	out := s.takeReady()
 	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
-		e := heap.Pop(&s.due).(dueEntry)
+		e := s.due.pop()
 		kb := e.kb
 		if s.keys[kb.ref] != kb || kb.scheduled != e.at {
 			continue // stale entry
@@ -382,25 +381,29 @@ func (s *Sequencer) takeReady() Output {
 
 // releaseKey hands out the items of kb selected by take, in sequence order.
 func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
-	var taken []*change.Event
+	// Taken events go straight to out.Events, then are sorted there.
+	from := len(out.Events)
 	kept := kb.items[:0]
 	for _, it := range kb.items {
 		if take(it) {
-			taken = append(taken, it.ev)
+			out.Events = append(out.Events, it.ev)
 			s.bytes -= it.size
 		} else {
 			kept = append(kept, it)
 		}
 	}
+	clear(kb.items[len(kept):]) // no event kept alive past the end
 	kb.items = kept
-	sort.SliceStable(taken, func(i, j int) bool { return taken[i].Seq.Compare(taken[j].Seq) < 0 })
+	taken := out.Events[from:]
+	if len(taken) > 1 {
+		sort.SliceStable(taken, func(i, j int) bool { return taken[i].Seq.Compare(taken[j].Seq) < 0 })
+	}
 	for _, ev := range taken {
 		s.release(ev.Origin)
 		s.noteKeyChange(kb.ref, ev)
 	}
 	s.n -= len(taken)
 	s.stats.Released += int64(len(taken))
-	out.Events = append(out.Events, taken...)
 	s.reschedule(kb.ref, kb)
 }
 
@@ -416,7 +419,7 @@ func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
 	}
 	if kb.scheduled != first {
 		kb.scheduled = first
-		heap.Push(&s.due, dueEntry{at: first, kb: kb})
+		s.due.push(dueEntry{at: first, kb: kb})
 	}
 }
 
@@ -466,19 +469,48 @@ type dueEntry struct {
 	kb *keyBuf
 }
 
-// deadlineHeap orders keys by when their first buffered event is due
-// (container/heap interface; unexported type).
+// deadlineHeap orders keys by when their first buffered event is due: a
+// binary min-heap on at, typed (container/heap would box every entry).
 type deadlineHeap []dueEntry
 
-func (h deadlineHeap) Len() int           { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h deadlineHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *deadlineHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
-func (h *deadlineHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func (h deadlineHeap) Len() int { return len(h) }
+
+func (h *deadlineHeap) push(e dueEntry) {
+	*h = append(*h, e)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if q[parent].at <= q[i].at {
+			break
+		}
+		q[parent], q[i] = q[i], q[parent]
+		i = parent
+	}
+}
+
+func (h *deadlineHeap) pop() dueEntry {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q[n] = dueEntry{} // no pointer kept past the end
+	q = q[:n]
+	for i := 0; ; {
+		small, l, r := i, 2*i+1, 2*i+2
+		if l < n && q[l].at < q[small].at {
+			small = l
+		}
+		if r < n && q[r].at < q[small].at {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		q[i], q[small] = q[small], q[i]
+		i = small
+	}
+	*h = q
+	return top
 }
 
 func errConflict(first, second *change.Event) error {
