@@ -80,6 +80,11 @@ func TestAvroRegistryFailures(t *testing.T) {
 		if afterOf(ev)["plan"] != "pro" || ev.Key[0] != int32(1) || ev.Seq.String() != "[10]" || !ev.ValidFrom.Equal(at) {
 			t.Fatalf("event %+v", ev)
 		}
+		// The digest is that of the image as a map (what scd_hash holds
+		// for Avro events written before AfterValues), and covers it.
+		if ev.Hash() != change.ContentHash(ev.Op, ev.ValidFrom, afterOf(ev)) || ev.Hash() == change.ContentHash(ev.Op, ev.ValidFrom, nil) {
+			t.Fatalf("hash %x is not the image's", ev.Hash())
+		}
 	})
 	t.Run("unreachable until shutdown: ErrRetry", func(t *testing.T) {
 		d := New(d.ruleList(), cl, nil) // an empty cache

@@ -158,6 +158,13 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		carried := len(t.keyIdx)
 		put := func(name string, raw any) error {
 			if t.ignore[name] {
+				// Ignored, but a column the table has is carried: NULL,
+				// not absent (as the image's map had it).
+				if i, ok := t.colIdx[name]; ok {
+					has[i] = true
+				} else if i, ok := t.colIdx[pgIdent(name)]; ok {
+					has[i] = true
+				}
 				return nil
 			}
 			i, ok := t.colIdx[name]

@@ -89,6 +89,8 @@ type Event struct {
 	// AfterJSON is the row image as a JSON object, kept instead of After by
 	// the Kafka decoder to hold buffered events compactly; the sink decodes
 	// it (numbers as json.Number). Set at most one of After and AfterJSON.
+	// It is never written to once set: decoded string values share its
+	// bytes (RowVisitor), so it must not come from a reused buffer.
 	AfterJSON []byte
 	// Row, when set, decodes AfterJSON into typed values and names the
 	// source columns with their PostgreSQL types (events decoded with a
@@ -134,7 +136,17 @@ func (e *Event) Size() int {
 	if e.After != nil {
 		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
-	n += 40 * len(e.AfterValues) // boxed values
+	for _, v := range e.AfterValues {
+		n += 40 // a boxed value
+		switch x := v.(type) {
+		case string:
+			n += len(x)
+		case []byte:
+			n += len(x)
+		case json.RawMessage:
+			n += len(x)
+		}
+	}
 	return n
 }
 
@@ -154,9 +166,15 @@ func (e *Event) KeyID() string {
 // after image); two deliveries of the same change have the same hash.
 func (e *Event) Hash() [16]byte {
 	if !e.hashd {
-		if e.After == nil && e.AfterJSON != nil {
+		switch {
+		case e.After == nil && e.AfterValues != nil && e.Row != nil:
+			// The digest of the same image as a map: what the table
+			// holds for events decoded into maps (scd_hash) stays equal.
+			m, _ := e.DecodeAfter()
+			e.hash = ContentHash(e.Op, e.ValidFrom, m)
+		case e.After == nil && e.AfterJSON != nil:
 			e.hash = RawContentHash(e.Op, e.ValidFrom, e.AfterJSON)
-		} else {
+		default:
 			e.hash = ContentHash(e.Op, e.ValidFrom, e.After)
 		}
 		e.hashd = true
