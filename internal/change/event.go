@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -167,11 +168,10 @@ func (e *Event) KeyID() string {
 func (e *Event) Hash() [16]byte {
 	if !e.hashd {
 		switch {
-		case e.After == nil && e.AfterValues != nil && e.Row != nil:
+		case e.After == nil && e.AfterValues != nil && e.Row != nil && len(e.Row.Columns()) == len(e.AfterValues):
 			// The digest of the same image as a map: what the table
 			// holds for events decoded into maps (scd_hash) stays equal.
-			m, _ := e.DecodeAfter()
-			e.hash = ContentHash(e.Op, e.ValidFrom, m)
+			e.hash = contentHashValues(e.Op, e.ValidFrom, e.Row.Columns(), e.AfterValues)
 		case e.After == nil && e.AfterJSON != nil:
 			e.hash = RawContentHash(e.Op, e.ValidFrom, e.AfterJSON)
 		default:
@@ -203,6 +203,31 @@ func ContentHash(op Op, validFrom time.Time, after map[string]any) [16]byte {
 	if after != nil {
 		b = AppendCanon(b, after)
 	}
+	sum := sha256.Sum256(b)
+	var out [16]byte
+	copy(out[:], sum[:16])
+	return out
+}
+
+// contentHashValues is ContentHash of the map {cols[i].Name: values[i]}
+// (names unique), without building the map.
+func contentHashValues(op Op, validFrom time.Time, cols []Column, values []any) [16]byte {
+	order := make([]int, len(cols))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(cols[a].Name, cols[b].Name) })
+	b := make([]byte, 0, 1024)
+	b = append(b, byte(op))
+	b = binary.BigEndian.AppendUint64(b, uint64(validFrom.UnixNano()))
+	b = append(b, 'M')
+	b = strconv.AppendInt(b, int64(len(cols)), 10)
+	b = append(b, '{')
+	for _, i := range order {
+		b = appendLen(b, 'S', cols[i].Name)
+		b = AppendCanon(b, values[i])
+	}
+	b = append(b, '}')
 	sum := sha256.Sum256(b)
 	var out [16]byte
 	copy(out[:], sum[:16])
