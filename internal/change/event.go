@@ -327,13 +327,7 @@ func (e *Event) DecodeAfter() (map[string]any, error) {
 	if e.Row != nil {
 		return e.Row.DecodeRow(e.AfterJSON)
 	}
-	dec := json.NewDecoder(bytes.NewReader(e.AfterJSON))
-	dec.UseNumber()
-	var m map[string]any
-	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("row image is not a JSON object: %w", err)
-	}
-	return m, nil
+	return decodeObject(e.AfterJSON)
 }
 
 // Canon returns the canonical encoding of one value: a type tag followed by

@@ -1,0 +1,79 @@
+package change
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// decodeObject decodes a schemaless row image as encoding/json does into a
+// map with UseNumber: numbers as json.Number, objects as map[string]any,
+// arrays as []any. It parses with gjson, without reflection; images where
+// the two could differ (invalid UTF-8, escaped surrogates) take
+// encoding/json itself (TestDecodeObjectMatchesEncodingJSON).
+func decodeObject(raw []byte) (map[string]any, error) {
+	s := string(raw) // one copy: the strings below share it
+	if !utf8.ValidString(s) || strings.Contains(s, `\ud`) || strings.Contains(s, `\uD`) {
+		return decodeObjectStd(raw)
+	}
+	if !gjson.Valid(s) {
+		return nil, errors.New("row image is not a JSON object: invalid JSON")
+	}
+	res := gjson.Parse(s)
+	switch {
+	case res.Type == gjson.Null:
+		return nil, nil // as encoding/json leaves the map
+	case !res.IsObject():
+		return nil, fmt.Errorf("row image is not a JSON object: %s", res.Type)
+	}
+	return objectOf(res), nil
+}
+
+func objectOf(res gjson.Result) map[string]any {
+	m := map[string]any{}
+	res.ForEach(func(k, v gjson.Result) bool {
+		m[k.Str] = valueOf(v)
+		return true
+	})
+	return m
+}
+
+func valueOf(v gjson.Result) any {
+	switch v.Type {
+	case gjson.Null:
+		return nil
+	case gjson.True:
+		return true
+	case gjson.False:
+		return false
+	case gjson.Number:
+		return json.Number(v.Raw)
+	case gjson.String:
+		return v.Str
+	}
+	if v.IsArray() {
+		out := []any{}
+		v.ForEach(func(_, e gjson.Result) bool {
+			out = append(out, valueOf(e))
+			return true
+		})
+		return out
+	}
+	return objectOf(v)
+}
+
+// decodeObjectStd is encoding/json's decoding with UseNumber.
+func decodeObjectStd(raw []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("row image is not a JSON object: %w", err)
+	}
+	return m, nil
+}

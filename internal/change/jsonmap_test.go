@@ -1,0 +1,75 @@
+package change
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// randomJSON writes a random JSON value: nested objects and arrays,
+// numbers of every form, strings with escapes and non-ASCII text.
+func randomJSON(rng *rand.Rand, b *strings.Builder, depth int) {
+	switch k := rng.IntN(8); {
+	case k == 0 && depth < 3:
+		b.WriteByte('{')
+		for i := range rng.IntN(4) {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(b, "%q:", []string{"a", "b", "é", "a b", `q"`, "a"}[rng.IntN(6)]) // "a" twice: duplicate keys
+			randomJSON(rng, b, depth+1)
+		}
+		b.WriteByte('}')
+	case k == 1 && depth < 3:
+		b.WriteString("[ ")
+		for i := range rng.IntN(4) {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			randomJSON(rng, b, depth+1)
+		}
+		b.WriteByte(']')
+	case k == 2:
+		b.WriteString([]string{"0", "-0", "12", "-3.50", "1e3", "1E-7", "123456789012345678901234567890", "0.1e+2"}[rng.IntN(8)])
+	case k == 3:
+		b.WriteString([]string{"true", "false", "null"}[rng.IntN(3)])
+	default:
+		b.WriteString([]string{`"plain"`, `""`, `"tab\there"`, `"quote\" and \\ slash\/"`, `"\u00e9\u4e2d"`, `"snow ☃ \ud83d\ude00"`,
+			`"nul\u0000byte"`, `"line\nbreak\r"`, `"ü direct"`}[rng.IntN(9)])
+	}
+}
+
+// TestDecodeObjectMatchesEncodingJSON: schemaless images decode to what
+// encoding/json with UseNumber gives, value for value, and fail alike.
+func TestDecodeObjectMatchesEncodingJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	images := []string{`{}`, `null`, `{"a":1,"a":2}`, `{"x":[]}`, `{"x":{}}`, `[1]`, `"s"`, `{"a":}`, `{"a":1`, "{\"bad\":\"\xff\"}",
+		`{"lone":"\ud800"}`, `{"pair":"\uD83D\uDE00"}`, ` {"spaced" : [ 1 , 2 ] } `}
+	for range 3000 {
+		var b strings.Builder
+		b.WriteString(`{"k":`)
+		randomJSON(rng, &b, 0)
+		b.WriteString(`, "id": 7}`)
+		images = append(images, b.String())
+	}
+	fast := 0
+	for _, img := range images {
+		want, werr := decodeObjectStd([]byte(img))
+		got, gerr := decodeObject([]byte(img))
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("%s: encoding/json says %v, decodeObject %v", img, werr, gerr)
+		}
+		if werr == nil && !reflect.DeepEqual(want, got) {
+			t.Fatalf("%s:\n encoding/json %#v\n decodeObject  %#v", img, want, got)
+		}
+		if json.Valid([]byte(img)) && !strings.Contains(img, `\ud`) && !strings.Contains(img, `\uD`) {
+			fast++
+		}
+	}
+	if fast < 2000 {
+		t.Fatalf("only %d images took the gjson path", fast)
+	}
+}
