@@ -38,12 +38,24 @@ func (p *tablePlan) keyPlan(key []any) *keyPlan {
 	return kp
 }
 
+// keyID is change.KeyID of the keys' canon strings, built without them
+// for the common key types (whose canon is change.Canon).
 func keyID(key []any) string {
-	parts := make([]any, len(key))
+	var scratch [64]byte
+	var out [128]byte
+	b := out[:0]
 	for i, v := range key {
-		parts[i] = canon(v)
+		if i > 0 {
+			b = append(b, 0)
+		}
+		switch v.(type) {
+		case int64, int32, int16, string:
+			b = change.AppendKeyPart(b, change.AppendCanon(scratch[:0], v))
+		default:
+			b = change.AppendKeyPart(b, []byte(canon(v)))
+		}
 	}
-	return change.KeyID(parts)
+	return string(b)
 }
 
 // plan converts a batch's events into typed rows grouped by table and key.

@@ -184,7 +184,8 @@ func (e *Event) Hash() [16]byte {
 
 // KeyID canonically encodes key values.
 func KeyID(key []any) string {
-	var b []byte
+	var buf [96]byte // most keys: one allocation, the string
+	b := buf[:0]
 	for i, v := range key {
 		if i > 0 {
 			b = append(b, 0)
@@ -349,13 +350,13 @@ func AppendCanon(b []byte, v any) []byte {
 	case json.Number:
 		return appendNumber(b, string(x))
 	case int:
-		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+		return appendCanonInt(b, int64(x))
 	case int16:
-		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+		return appendCanonInt(b, int64(x))
 	case int32:
-		return appendLen(b, 'D', strconv.FormatInt(int64(x), 10))
+		return appendCanonInt(b, int64(x))
 	case int64:
-		return appendLen(b, 'D', strconv.FormatInt(x, 10))
+		return appendCanonInt(b, x)
 	case int8, uint8, uint16, uint32, uint64:
 		return appendNumber(b, fmt.Sprint(x))
 	case float32:
@@ -399,6 +400,25 @@ func AppendCanon(b []byte, v any) []byte {
 		}
 		return appendLen(b, 'J', string(raw))
 	}
+}
+
+// appendCanonInt is appendLen(b, 'D', the decimal of x), without a string.
+func appendCanonInt(b []byte, x int64) []byte {
+	var d [20]byte
+	digits := strconv.AppendInt(d[:0], x, 10)
+	b = append(b, 'D')
+	b = strconv.AppendInt(b, int64(len(digits)), 10)
+	b = append(b, ':')
+	return append(b, digits...)
+}
+
+// AppendKeyPart appends one part of a key identity, a canonical encoding
+// as bytes: what AppendCanon appends for the same encoding as a string.
+func AppendKeyPart(b, canon []byte) []byte {
+	b = append(b, 'S')
+	b = strconv.AppendInt(b, int64(len(canon)), 10)
+	b = append(b, ':')
+	return append(b, canon...)
 }
 
 func appendLen(b []byte, tag byte, s string) []byte {

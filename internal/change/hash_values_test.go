@@ -3,6 +3,7 @@ package change
 import (
 	"encoding/json"
 	"math/big"
+	"strconv"
 	"testing"
 	"time"
 
@@ -28,5 +29,26 @@ func TestContentHashValues(t *testing.T) {
 	vals[0] = "y"
 	if contentHashValues(OpCreate, at, cols, vals) == ContentHash(OpCreate, at, m) {
 		t.Fatal("a changed value gives the same digest")
+	}
+}
+
+// TestCanonOfIntegers: integers keep their canonical form (content
+// digests stored in scd_hash depend on it).
+func TestCanonOfIntegers(t *testing.T) {
+	for _, v := range []any{0, 7, int16(-300), int32(123456), int64(-9223372036854775808), int64(9223372036854775807)} {
+		var x int64
+		switch n := v.(type) {
+		case int:
+			x = int64(n)
+		case int16:
+			x = int64(n)
+		case int32:
+			x = int64(n)
+		case int64:
+			x = n
+		}
+		if got, want := string(AppendCanon(nil, v)), string(appendLen(nil, 'D', strconv.FormatInt(x, 10))); got != want {
+			t.Errorf("%#v: %q, want %q", v, got, want)
+		}
 	}
 }
