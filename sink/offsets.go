@@ -17,8 +17,14 @@ import (
 // fence serialises writers of the batch's partitions (a transaction-scoped
 // advisory lock per partition, taken in a fixed order) and empties the
 // cache if another writer applied one of them since this Sink did.
+//
+// It also sets the transaction's planner options (keyedPlans): the three
+// statements go to PostgreSQL as one pipeline, one round trip.
 func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, lock []change.Partition) error {
 	if len(offsets) == 0 && len(lock) == 0 {
+		if _, err := tx.Exec(ctx, keyedPlans); err != nil {
+			return fmt.Errorf("setting the batch's planner options: %w", err)
+		}
 		return nil
 	}
 	parts := make([]change.Partition, 0, len(offsets)+len(lock))
@@ -45,17 +51,26 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		locks[i] = int64(h.Sum64())
 		topics[i], nums[i] = p.Topic, p.Partition
 	}
-	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
-		return fmt.Errorf("locking partitions: %w", err)
-	}
+	b := &pgx.Batch{}
+	b.Queue(keyedPlans)
+	b.Queue(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks)
 	// With the offsets, the number of reconciled snapshots: a new one
 	// closed keys behind every writer's back (reconcile.go).
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
+	b.Queue(fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
 		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
 			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
 		LEFT JOIN (%[1]s.scd2sink_offsets o JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p)
 		ON o.consumer_group = $1`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("setting the batch's planner options: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("locking partitions: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
@@ -84,7 +99,11 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			s.cache.reset()
 		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading scd2sink_offsets: %w", err)
+	}
+	rows.Close()
+	return br.Close()
 }
 
 func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLetter) error {

@@ -507,9 +507,6 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			registerTypes(tx.Conn().TypeMap())
-			if _, err := tx.Exec(ctx, keyedPlans); err != nil {
-				return fmt.Errorf("setting the batch's planner options: %w", err)
-			}
 			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
 			}
