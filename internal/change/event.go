@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Op is a change operation as Debezium names it.
@@ -364,7 +366,20 @@ func AppendCanon(b []byte, v any) []byte {
 	case float64:
 		return appendFloat(b, x)
 	case time.Time:
-		return appendLen(b, 'T', x.UTC().Format(time.RFC3339Nano))
+		var d [40]byte
+		t := x.UTC().AppendFormat(d[:0], time.RFC3339Nano)
+		b = append(b, 'T')
+		b = strconv.AppendInt(b, int64(len(t)), 10)
+		b = append(b, ':')
+		return append(b, t...)
+	case pgtype.Numeric:
+		// What json.Marshal gives (a number or a JSON string, which it
+		// would compact as they are), without its reflection.
+		raw, err := x.MarshalJSON()
+		if err != nil {
+			raw = []byte(fmt.Sprintf("%#v", x))
+		}
+		return appendLen(b, 'J', string(raw))
 	case []byte:
 		return appendLen(b, 'X', string(x))
 	case json.RawMessage:

@@ -52,3 +52,26 @@ func TestCanonOfIntegers(t *testing.T) {
 		}
 	}
 }
+
+// TestCanonOfTimesAndDecimals: times and decimals keep their canonical
+// form (content digests stored in scd_hash depend on it).
+func TestCanonOfTimesAndDecimals(t *testing.T) {
+	zone := time.FixedZone("X", 5*3600+1800)
+	for _, v := range []any{time.Date(2026, 3, 1, 12, 0, 0, 5, zone), time.Time{}, time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		pgtype.Numeric{Int: big.NewInt(-1250), Exp: -2, Valid: true}, pgtype.Numeric{Int: big.NewInt(7), Exp: 3, Valid: true},
+		pgtype.Numeric{NaN: true, Valid: true}, pgtype.Numeric{InfinityModifier: pgtype.Infinity, Valid: true}, pgtype.Numeric{}} {
+		var want string
+		if tm, ok := v.(time.Time); ok {
+			want = string(appendLen(nil, 'T', tm.UTC().Format(time.RFC3339Nano)))
+		} else {
+			raw, err := json.Marshal(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = string(appendLen(nil, 'J', string(raw)))
+		}
+		if got := string(AppendCanon(nil, v)); got != want {
+			t.Errorf("%#v: %q, want %q", v, got, want)
+		}
+	}
+}
