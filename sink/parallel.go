@@ -49,12 +49,7 @@ var splitBatches atomic.Int64
 func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	if !p.cut {
 		p.cut = true
-		workers := s.cfg.ApplyWorkers
-		if s.pool != nil {
-			// Prepare and the consumer's bookkeeping need connections too.
-			workers = min(workers, max(1, int(s.pool.Config().MaxConns)-2))
-		}
-		p.parts = s.split(p, workers)
+		p.parts = s.split(p, s.parts)
 		if p.parts != nil {
 			splitBatches.Add(1)
 		}

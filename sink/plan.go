@@ -162,11 +162,11 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
 		row := make([]any, len(t.cols))
-		has := s.has[:0] // scratch: Prepare holds s.mu
-		for range t.cols {
-			has = append(has, false)
+		if cap(s.has) < len(t.cols) {
+			s.has = make([]bool, len(t.cols))
 		}
-		s.has = has
+		has := s.has[:len(t.cols)] // scratch: Prepare holds s.mu
+		clear(has)
 		carried := len(t.keyIdx)
 		put := func(name string, raw any) error {
 			if t.ignore[name] {

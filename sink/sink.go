@@ -55,6 +55,8 @@ type Sink struct {
 	reconciled       int64
 	// has is plan's scratch: the columns an image carries (under mu).
 	has []bool
+	// parts is how many parts a batch may be applied in (parallel.go).
+	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
 	snapDeletes map[string]bool
 }
@@ -69,6 +71,12 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
 		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{},
 		snapshotsPending: true, reconciled: -1}
+	// Parts of a batch applied side by side (parallel.go), each on its own
+	// connection: Prepare and the consumer's bookkeeping need two more.
+	s.parts = max(1, cfg.ApplyWorkers)
+	if pool != nil {
+		s.parts = min(s.parts, max(1, int(pool.Config().MaxConns)-2))
+	}
 	s.snapDeletes = map[string]bool{}
 	for _, t := range cfg.Tables {
 		s.specs[t.Target] = t
