@@ -15,8 +15,28 @@ import "encoding/json"
 // empties it on rebalances, and entries change only after a commit.
 type stateCache struct {
 	limit, maxBytes     int
-	cur, prev           map[cacheKey]*latest
+	cur, prev           map[cacheKey]cacheEntry
 	curBytes, prevBytes int
+}
+
+// cacheEntry is a key's state, packed (cachepack.go) or, when a value has
+// no packed form, as it is.
+type cacheEntry struct {
+	blob []byte
+	l    *latest
+	size int // estimated bytes
+}
+
+// state returns the entry's state: a fresh one for a packed entry; the
+// kept one, which its users never change, for another. A packed entry
+// that does not unpack (it cannot happen: it is pack's own output) is a
+// miss, and the key is read from the table.
+func (e cacheEntry) state() (*latest, bool) {
+	if e.l != nil {
+		return e.l, true
+	}
+	l, err := unpackLatest(e.blob)
+	return l, err == nil
 }
 
 // cacheKey names a key of one table as the sink knows it: when a column is
@@ -33,51 +53,70 @@ func newStateCache(limit, maxBytes int) *stateCache {
 }
 
 func (c *stateCache) reset() {
-	c.cur, c.prev = map[cacheKey]*latest{}, map[cacheKey]*latest{}
+	c.cur, c.prev = map[cacheKey]cacheEntry{}, map[cacheKey]cacheEntry{}
 	c.curBytes, c.prevBytes = 0, 0
 }
 
 func (c *stateCache) get(k cacheKey) (*latest, bool) {
-	if l, ok := c.cur[k]; ok {
-		return l, true
+	e, ok := c.entry(k)
+	if !ok {
+		return nil, false
 	}
-	if l, ok := c.prev[k]; ok {
+	return e.state()
+}
+
+// entry returns a key's entry, moving it to the newer generation; its
+// state is unpacked by the caller, outside any lock.
+func (c *stateCache) entry(k cacheKey) (cacheEntry, bool) {
+	e, ok := c.cur[k]
+	if !ok {
+		if e, ok = c.prev[k]; !ok {
+			return e, false
+		}
 		delete(c.prev, k)
-		c.prevBytes -= l.size
-		c.put(k, l)
-		return l, true
+		c.prevBytes -= e.size
+		c.store(k, e)
 	}
-	return nil, false
+	return e, true
 }
 
 func (c *stateCache) put(k cacheKey, l *latest) {
 	if c.limit <= 0 {
 		return
 	}
-	l.size = l.estimate(k)
+	e := cacheEntry{l: l}
+	if blob, ok := packLatest(l); ok {
+		e = cacheEntry{blob: blob, size: 96 + len(k.key) + cap(blob)}
+	} else {
+		e.size = l.estimate(k)
+	}
+	c.store(k, e)
+}
+
+func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	old, ok := c.cur[k]
 	if ok {
 		c.curBytes -= old.size
-	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+l.size > c.maxBytes/2) {
-		c.prev, c.cur = c.cur, map[cacheKey]*latest{}
+	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {
+		c.prev, c.cur = c.cur, map[cacheKey]cacheEntry{}
 		c.prevBytes, c.curBytes = c.curBytes, 0
 	}
 	if old, ok := c.prev[k]; ok { // a newer state replaces the older generation's
 		delete(c.prev, k)
 		c.prevBytes -= old.size
 	}
-	c.cur[k] = l
-	c.curBytes += l.size
+	c.cur[k] = e
+	c.curBytes += e.size
 }
 
 func (c *stateCache) drop(k cacheKey) {
-	if l, ok := c.cur[k]; ok {
+	if e, ok := c.cur[k]; ok {
 		delete(c.cur, k)
-		c.curBytes -= l.size
+		c.curBytes -= e.size
 	}
-	if l, ok := c.prev[k]; ok {
+	if e, ok := c.prev[k]; ok {
 		delete(c.prev, k)
-		c.prevBytes -= l.size
+		c.prevBytes -= e.size
 	}
 }
 

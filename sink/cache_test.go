@@ -39,9 +39,9 @@ func TestStateCacheBounds(t *testing.T) {
 				t.Fatal("the newest key missed")
 			}
 			sum := 0
-			for _, m := range []map[cacheKey]*latest{c.cur, c.prev} {
-				for _, l := range m {
-					sum += l.size
+			for _, m := range []map[cacheKey]cacheEntry{c.cur, c.prev} {
+				for _, e := range m {
+					sum += e.size
 				}
 			}
 			if sum != c.curBytes+c.prevBytes {

@@ -58,7 +58,6 @@ type latest struct {
 	openerSaved bool     // the latest version's opener is in the side table
 	sideMaxSeq  change.Seq
 	sideMaxT    *time.Time
-	size        int // estimated bytes, while in the cache
 }
 
 // maxSeq is the highest sequence the table knows for the key.

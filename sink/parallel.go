@@ -247,6 +247,10 @@ func partitionLess(a, b change.Partition) bool {
 // cached returns a key's state remembered between batches.
 func (s *Sink) cached(k cacheKey) (*latest, bool) {
 	s.amu.Lock()
-	defer s.amu.Unlock()
-	return s.cache.get(k)
+	e, ok := s.cache.entry(k)
+	s.amu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return e.state()
 }

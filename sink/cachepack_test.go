@@ -1,0 +1,264 @@
+package sink
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// randomValue returns a value of every type a converted row holds.
+func randomValue(r *rand.Rand) any {
+	switch r.IntN(16) {
+	case 0:
+		return nil
+	case 1:
+		return ""
+	case 2:
+		return fmt.Sprintf("välue %d\x00%d", r.Int64(), r.IntN(10))
+	case 3:
+		return r.Int64() - r.Int64()
+	case 4:
+		return int32(r.Uint32())
+	case 5:
+		return int16(r.Uint32())
+	case 6:
+		return r.IntN(2) == 0
+	case 7:
+		return r.NormFloat64() * 1e9
+	case 8:
+		return time.Unix(r.Int64N(1<<40)-1<<39, r.Int64N(1e9)).UTC()
+	case 9:
+		return time.Unix(r.Int64N(1<<34), r.Int64N(1e9)) // time.Local, as time.UnixMilli gives
+	case 10:
+		if r.IntN(3) == 0 {
+			return json.RawMessage(nil)
+		}
+		return json.RawMessage(fmt.Sprintf(`{"a":%d}`, r.IntN(100)))
+	case 11:
+		if r.IntN(3) == 0 {
+			return []byte(nil)
+		}
+		b := make([]byte, r.IntN(20))
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return b
+	case 12:
+		n := new(big.Int).Lsh(big.NewInt(r.Int64()), uint(r.IntN(100)))
+		if r.IntN(2) == 0 {
+			n.Neg(n)
+		}
+		return pgtype.Numeric{Int: n, Exp: int32(r.IntN(40) - 20), Valid: true}
+	case 13:
+		return pgtype.Numeric{NaN: true, Valid: true}
+	case 14:
+		return pgtype.Numeric{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	default:
+		return unavailable{}
+	}
+}
+
+func randomLatest(r *rand.Rand) *latest {
+	opt := func(s string) []byte {
+		switch r.IntN(3) {
+		case 0:
+			return nil
+		case 1:
+			return []byte{}
+		}
+		return []byte(s)
+	}
+	strs := func() []string {
+		switch r.IntN(3) {
+		case 0:
+			return nil
+		case 1:
+			return []string{}
+		}
+		return []string{"a", "", "col_" + fmt.Sprint(r.IntN(9))}
+	}
+	vals := func(n int) []any {
+		if n < 0 {
+			return nil
+		}
+		vs := make([]any, n)
+		for i := range vs {
+			vs[i] = randomValue(r)
+		}
+		return vs
+	}
+	l := &latest{openerSaved: r.IntN(2) == 0, sideMaxSeq: change.Seq(opt("side"))}
+	if r.IntN(2) == 0 {
+		t := time.UnixMilli(r.Int64N(1 << 42))
+		l.sideMaxT = &t
+	}
+	if r.IntN(5) == 0 {
+		return l
+	}
+	v := &version{key: vals(r.IntN(3)), id: r.Int64() - r.Int64(), stored: r.IntN(2) == 0, seq: change.Seq(opt("seq")),
+		op: change.Op(r.IntN(5)), hash: opt("hash"), closed: r.IntN(2) == 0, closeSeq: change.Seq(opt("close")),
+		row: vals(r.IntN(14) - 1), unavail: strs(), absent: strs()}
+	for _, t := range []*time.Time{&v.from, &v.raw, &v.to} {
+		if r.IntN(4) > 0 {
+			*t = time.UnixMicro(r.Int64N(1 << 52)).UTC()
+		}
+	}
+	switch r.IntN(3) {
+	case 0:
+		v.openAbsent = v.absent
+	case 1:
+		v.openAbsent = strs()
+	}
+	l.v = v
+	return l
+}
+
+// sameValue reports whether a and b are the same Go value: same type, same
+// nil-ness, same contents (times with the same location).
+func sameValue(a, b any) bool {
+	if fmt.Sprintf("%T", a) != fmt.Sprintf("%T", b) {
+		return false
+	}
+	switch x := a.(type) {
+	case []byte:
+		y := b.([]byte)
+		return (x == nil) == (y == nil) && bytes.Equal(x, y)
+	case json.RawMessage:
+		y := b.(json.RawMessage)
+		return (x == nil) == (y == nil) && bytes.Equal(x, y)
+	case pgtype.Numeric:
+		y := b.(pgtype.Numeric)
+		return x.Valid == y.Valid && x.NaN == y.NaN && x.InfinityModifier == y.InfinityModifier && x.Exp == y.Exp &&
+			(x.Int == nil) == (y.Int == nil) && (x.Int == nil || x.Int.Cmp(y.Int) == 0)
+	case float64:
+		return x == b.(float64) || (x != x && b.(float64) != b.(float64))
+	case time.Time:
+		y := b.(time.Time)
+		return x.Equal(y) && x.Location() == y.Location()
+	}
+	return a == b
+}
+
+func sameValues(a, b []any) bool {
+	if (a == nil) != (b == nil) || len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !sameValue(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameStrings(a, b []string) bool {
+	return (a == nil) == (b == nil) && fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+func sameOpt(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
+
+// diffLatest names the first field where a and b differ, or "".
+func diffLatest(a, b *latest) string {
+	switch {
+	case a.openerSaved != b.openerSaved:
+		return "openerSaved"
+	case !sameOpt(a.sideMaxSeq, b.sideMaxSeq):
+		return "sideMaxSeq"
+	case (a.sideMaxT == nil) != (b.sideMaxT == nil) || a.sideMaxT != nil && !sameValue(*a.sideMaxT, *b.sideMaxT):
+		return "sideMaxT"
+	case (a.v == nil) != (b.v == nil):
+		return "v"
+	case a.v == nil:
+		return ""
+	}
+	x, y := a.v, b.v
+	switch {
+	case !sameValues(x.key, y.key):
+		return "key"
+	case x.id != y.id || x.stored != y.stored || x.op != y.op || x.closed != y.closed:
+		return "id, stored, op or closed"
+	case !sameOpt(x.seq, y.seq) || !sameOpt(x.hash, y.hash) || !sameOpt(x.closeSeq, y.closeSeq):
+		return "seq, hash or closeSeq"
+	case !sameValue(x.from, y.from) || !sameValue(x.raw, y.raw) || !sameValue(x.to, y.to):
+		return "from, raw or to"
+	case !sameValues(x.row, y.row):
+		return "row"
+	case !sameStrings(x.unavail, y.unavail) || !sameStrings(x.absent, y.absent) || !sameStrings(x.openAbsent, y.openAbsent):
+		return "unavail, absent or openAbsent"
+	}
+	return ""
+}
+
+func TestPackLatestRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 17))
+	for i := range 20000 {
+		l := randomLatest(r)
+		blob, ok := packLatest(l)
+		if !ok {
+			t.Fatalf("case %d: no packed form for %+v", i, l)
+		}
+		got, err := unpackLatest(blob)
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if d := diffLatest(l, got); d != "" {
+			t.Fatalf("case %d: %s differs:\n%+v\n%+v", i, d, l.v, got.v)
+		}
+		// Shared bytes are capped: an append to them copies, the blob stays.
+		if got.v != nil && got.v.seq != nil {
+			before := string(blob)
+			_ = append(got.v.seq, 0xff, 0xff)
+			_ = append(got.v.hash, 0xff, 0xff)
+			if string(blob) != before {
+				t.Fatalf("case %d: an append wrote into the packed entry", i)
+			}
+		}
+		// A cut entry is an error, never a panic.
+		if _, err := unpackLatest(blob[:r.IntN(len(blob))]); err == nil {
+			t.Fatalf("case %d: a cut entry unpacked", i)
+		}
+	}
+}
+
+func TestCacheKeepsUnpackableStates(t *testing.T) {
+	zone := time.FixedZone("UTC+2", 7200)
+	tests := []struct {
+		name string
+		l    *latest
+	}{
+		{"array value", &latest{v: &version{row: []any{[]any{int64(1)}}}}},
+		{"time in a named zone", &latest{v: &version{row: []any{time.Unix(1, 0).In(zone)}}}},
+		{"version time in a named zone", &latest{v: &version{from: time.Unix(1, 0).In(zone)}}},
+		{"an opener", &latest{v: &version{opener: []any{"x"}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, ok := packLatest(tc.l); ok {
+				t.Fatal("packed")
+			}
+			c := newStateCache(10, 1<<20)
+			k := cacheKey{&table{}, "k"}
+			c.put(k, tc.l)
+			if got, ok := c.get(k); !ok || got != tc.l {
+				t.Fatalf("got %p %v, want the state itself", got, ok)
+			}
+		})
+	}
+	// A packed state is unpacked afresh on every hit: changing one does
+	// not change the next.
+	c := newStateCache(10, 1<<20)
+	k := cacheKey{&table{}, "k"}
+	c.put(k, &latest{v: &version{row: []any{"a", int64(300)}}})
+	first, _ := c.get(k)
+	first.v.row[0] = "changed"
+	if second, _ := c.get(k); second == first || second.v.row[0] != "a" {
+		t.Fatalf("the second hit saw the first one's change: %v", second.v.row)
+	}
+}
