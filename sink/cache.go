@@ -84,13 +84,18 @@ func (c *stateCache) put(k cacheKey, l *latest) {
 	if c.limit <= 0 {
 		return
 	}
-	e := cacheEntry{l: l}
-	if blob, ok := packLatest(l); ok {
-		e = cacheEntry{blob: blob, size: 96 + len(k.key) + cap(blob)}
-	} else {
-		e.size = l.estimate(k)
-	}
+	e, _ := newEntry(nil, k, l)
 	c.store(k, e)
+}
+
+// newEntry packs l, if it can, by way of scratch, which it returns for
+// the next one.
+func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
+	if b, ok := packLatest(scratch[:0], l); ok {
+		blob := append(make([]byte, 0, len(b)), b...)
+		return cacheEntry{blob: blob, size: 96 + len(k.key) + len(blob)}, b
+	}
+	return cacheEntry{l: l, size: l.estimate(k)}, scratch
 }
 
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
@@ -150,19 +155,25 @@ func valuesSize(vs []any) int {
 }
 
 // cacheOps are the changes one transaction makes to the cache, applied only
-// once it has committed.
+// once it has committed. States are packed as they are set, while the fold
+// has just touched them, not after the commit.
 type cacheOps struct {
-	put  map[cacheKey]*latest
+	put  []cachePut // in order: a later one for the same key wins
 	drop []cacheKey
 	// reset: forget every key (a truncate folded too many to drop).
-	reset bool
+	reset   bool
+	scratch []byte // where states are packed before their exact copy
+}
+
+type cachePut struct {
+	k cacheKey
+	e cacheEntry
 }
 
 func (o *cacheOps) set(k cacheKey, l *latest) {
-	if o.put == nil {
-		o.put = map[cacheKey]*latest{}
-	}
-	o.put[k] = l
+	var e cacheEntry
+	e, o.scratch = newEntry(o.scratch, k, l)
+	o.put = append(o.put, cachePut{k, e})
 }
 
 func (c *stateCache) apply(o *cacheOps) {
@@ -173,7 +184,10 @@ func (c *stateCache) apply(o *cacheOps) {
 	for _, k := range o.drop {
 		c.drop(k)
 	}
-	for k, l := range o.put {
-		c.put(k, l)
+	if c.limit <= 0 {
+		return
+	}
+	for _, p := range o.put {
+		c.store(p.k, p.e)
 	}
 }

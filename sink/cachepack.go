@@ -46,9 +46,9 @@ const (
 // errUnpackable: a value has no packed form.
 var errUnpackable = errors.New("no packed form")
 
-// packLatest encodes l, or reports false when a value has no packed form.
-func packLatest(l *latest) ([]byte, bool) {
-	b := make([]byte, 0, packedSize(l))
+// packLatest appends l's packed form to b, or reports false when a value
+// has no packed form.
+func packLatest(b []byte, l *latest) ([]byte, bool) {
 	var flags byte
 	if l.openerSaved {
 		flags |= 1
@@ -110,26 +110,6 @@ func packLatest(l *latest) ([]byte, bool) {
 		b = appendStrings(b, v.openAbsent)
 	}
 	return b, true
-}
-
-// packedSize is a first guess at the packed length, so that packing
-// allocates once.
-func packedSize(l *latest) int {
-	n := 32 + len(l.sideMaxSeq)
-	if v := l.v; v != nil {
-		n += 64 + len(v.seq) + len(v.hash) + len(v.closeSeq) + 12*(len(v.key)+len(v.row))
-		for _, x := range v.row {
-			switch x := x.(type) {
-			case string:
-				n += len(x)
-			case []byte:
-				n += len(x)
-			case json.RawMessage:
-				n += len(x)
-			}
-		}
-	}
-	return n
 }
 
 // appendOptBytes writes a byte slice whose nil-ness counts: its length plus

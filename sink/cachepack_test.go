@@ -200,7 +200,7 @@ func TestPackLatestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 17))
 	for i := range 20000 {
 		l := randomLatest(r)
-		blob, ok := packLatest(l)
+		blob, ok := packLatest(nil, l)
 		if !ok {
 			t.Fatalf("case %d: no packed form for %+v", i, l)
 		}
@@ -240,7 +240,7 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, ok := packLatest(tc.l); ok {
+			if _, ok := packLatest(nil, tc.l); ok {
 				t.Fatal("packed")
 			}
 			c := newStateCache(10, 1<<20)
