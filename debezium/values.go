@@ -31,7 +31,7 @@ const (
 // DecodeRow implements change.RowDecoder for JSON row images.
 func (r *rowSchema) DecodeRow(raw []byte) (map[string]any, error) {
 	out := make(map[string]any, len(r.cols))
-	err := r.VisitRow(raw, false, func(name string, v any) error {
+	err := r.VisitRow(raw, false, nil, func(name string, v any) error {
 		out[name] = v
 		return nil
 	})
@@ -42,7 +42,7 @@ func (r *rowSchema) DecodeRow(raw []byte) (map[string]any, error) {
 }
 
 // VisitRow implements change.RowVisitor: DecodeRow without the map.
-func (r *rowSchema) VisitRow(raw []byte, valid bool, fn func(name string, v any) error) error {
+func (r *rowSchema) VisitRow(raw []byte, valid bool, boxes *change.Boxes, fn func(name string, v any) error) error {
 	// No copy: string values below share raw, which the event owns and
 	// nobody writes to (they keep it alive, as they would a copy).
 	s := unsafe.String(unsafe.SliceData(raw), len(raw))
@@ -60,7 +60,7 @@ func (r *rowSchema) VisitRow(raw []byte, valid bool, fn func(name string, v any)
 			err = fn(k.Str, anyValue(v))
 			return err == nil
 		}
-		val, e := c.value(v)
+		val, e := c.boxedValue(v, boxes)
 		if e != nil {
 			err = fmt.Errorf("column %s: %w", c.name, e)
 			return false
@@ -93,6 +93,67 @@ func anyValue(v gjson.Result) any {
 	m := map[string]any{}
 	v.ForEach(func(k, e gjson.Result) bool { m[k.Str] = anyValue(e); return true })
 	return m
+}
+
+// boxedValue is value, with the common kinds boxed from boxes.
+func (c *column) boxedValue(v gjson.Result, boxes *change.Boxes) (any, error) {
+	if boxes == nil || v.Type == gjson.Null {
+		return c.value(v)
+	}
+	switch c.kind {
+	case kString:
+		if v.Type == gjson.String && v.Str != change.Unavailable {
+			return boxes.String(v.Str), nil
+		}
+	case kInt64:
+		if n, ok := intOf(v); ok {
+			return boxes.Int64(n), nil
+		}
+	case kInt32:
+		if n, ok := intOf(v); ok && n >= math.MinInt32 && n <= math.MaxInt32 {
+			return boxes.Int32(int32(n)), nil
+		}
+	case kDecimal:
+		if v.Type == gjson.String && v.Str != change.Unavailable {
+			if n, ok := smallDecimal(v.Str, c.scale, boxes); ok {
+				return boxes.Numeric(n), nil
+			}
+		}
+	case kDate, kTimestampMilli, kTimestampMicro, kTimestampNano:
+		if n, ok := intOf(v); ok && n > negInfinityMillis && n < posInfinityMillis {
+			switch c.kind {
+			case kDate:
+				return boxes.Time(time.Date(1970, 1, 1+int(n), 0, 0, 0, 0, time.UTC)), nil
+			case kTimestampMilli:
+				return boxes.Time(time.UnixMilli(n).UTC()), nil
+			case kTimestampMicro:
+				return boxes.Time(time.UnixMicro(n).UTC()), nil
+			}
+			return boxes.Time(time.Unix(0, n).UTC()), nil
+		}
+	case kZonedTimestamp:
+		if v.Type == gjson.String && v.Str != change.Unavailable {
+			if t, err := time.Parse(time.RFC3339Nano, v.Str); err == nil {
+				return boxes.Time(t), nil
+			}
+		}
+	}
+	return c.value(v)
+}
+
+// smallDecimal decodes a non-negative decimal of up to 24 bytes from the
+// slabs of boxes, as decimal would; ok is false for anything else.
+func smallDecimal(b64 string, scale int32, boxes *change.Boxes) (pgtype.Numeric, bool) {
+	var buf [24]byte
+	if base64.StdEncoding.DecodedLen(len(b64)) > len(buf) {
+		return pgtype.Numeric{}, false
+	}
+	n, err := base64.StdEncoding.Decode(buf[:], []byte(b64))
+	if err != nil || (n > 0 && buf[0]&0x80 != 0) {
+		return pgtype.Numeric{}, false
+	}
+	z := boxes.BigInt((n + 7) / 8).SetBytes(buf[:n])
+	return pgtype.Numeric{Int: z, Exp: -scale, Valid: true}, true
 }
 
 // value decodes one JSON value of the column.

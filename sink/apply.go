@@ -66,7 +66,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	var uncached []*keyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.cached(cacheKey{t, kp.id}); ok {
+		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.boxes); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)

@@ -1,6 +1,10 @@
 package sink
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
 
 // stateCache remembers, per table and key, what the append path last wrote
 // (the latest version and the side-table summary), so the next batch of the
@@ -31,11 +35,11 @@ type cacheEntry struct {
 // kept one, which its users never change, for another. A packed entry
 // that does not unpack (it cannot happen: it is pack's own output) is a
 // miss, and the key is read from the table.
-func (e cacheEntry) state() (*latest, bool) {
+func (e cacheEntry) state(boxes *change.Boxes) (*latest, bool) {
 	if e.l != nil {
 		return e.l, true
 	}
-	l, err := unpackLatest(e.blob)
+	l, err := unpackLatest(e.blob, boxes)
 	return l, err == nil
 }
 
@@ -62,7 +66,7 @@ func (c *stateCache) get(k cacheKey) (*latest, bool) {
 	if !ok {
 		return nil, false
 	}
-	return e.state()
+	return e.state(nil)
 }
 
 // entry returns a key's entry, moving it to the newer generation; its
@@ -163,6 +167,8 @@ type cacheOps struct {
 	// reset: forget every key (a truncate folded too many to drop).
 	reset   bool
 	scratch []byte // where states are packed before their exact copy
+	// boxes holds the values of the states unpacked for the transaction.
+	boxes change.Boxes
 }
 
 type cachePut struct {

@@ -222,8 +222,9 @@ func appendNumeric(b []byte, n pgtype.Numeric) []byte {
 
 // unpacker reads a packed state; the first error sticks.
 type unpacker struct {
-	b   []byte
-	err error
+	b     []byte
+	err   error
+	boxes *change.Boxes
 }
 
 func (u *unpacker) fail() {
@@ -341,11 +342,11 @@ func (u *unpacker) values() []any {
 		switch tag := u.byte(); tag {
 		case tagNil:
 		case tagString:
-			vs[i] = u.str()
+			vs[i] = u.boxes.String(u.str())
 		case tagInt64:
-			vs[i] = u.varint()
+			vs[i] = u.boxes.Int64(u.varint())
 		case tagInt32:
-			vs[i] = int32(u.varint())
+			vs[i] = u.boxes.Int32(int32(u.varint()))
 		case tagInt16:
 			vs[i] = int16(u.varint())
 		case tagFalse:
@@ -355,13 +356,13 @@ func (u *unpacker) values() []any {
 		case tagFloat64:
 			vs[i] = math.Float64frombits(u.u64())
 		case tagTime:
-			vs[i] = u.time()
+			vs[i] = u.boxes.Time(u.time())
 		case tagJSON:
-			vs[i] = json.RawMessage(u.optBytes())
+			vs[i] = u.boxes.JSON(u.optBytes())
 		case tagBytes:
-			vs[i] = u.optBytes()
+			vs[i] = u.boxes.Bytes(u.optBytes())
 		case tagNumeric:
-			vs[i] = u.numeric()
+			vs[i] = u.boxes.Numeric(u.numeric())
 		case tagUnavailable:
 			vs[i] = unavailable{}
 		default:
@@ -386,11 +387,16 @@ func (u *unpacker) numeric() pgtype.Numeric {
 			u.fail()
 			return n
 		}
-		ws := make([]big.Word, words)
+		n.Int = u.boxes.BigInt(int(words))
+		ws := n.Int.Bits()
+		if uint64(cap(ws)) < words {
+			ws = make([]big.Word, words)
+		}
+		ws = ws[:words]
 		for i := range ws {
 			ws[i] = big.Word(u.u64())
 		}
-		n.Int = new(big.Int).SetBits(ws)
+		n.Int.SetBits(ws)
 		if f&8 != 0 {
 			n.Int.Neg(n.Int)
 		}
@@ -398,9 +404,9 @@ func (u *unpacker) numeric() pgtype.Numeric {
 	return n
 }
 
-// unpackLatest decodes what packLatest encoded.
-func unpackLatest(blob []byte) (*latest, error) {
-	u := &unpacker{b: blob}
+// unpackLatest decodes what packLatest encoded, boxing values from boxes.
+func unpackLatest(blob []byte, boxes *change.Boxes) (*latest, error) {
+	u := &unpacker{b: blob, boxes: boxes}
 	flags := u.byte()
 	l := &latest{openerSaved: flags&1 != 0}
 	l.sideMaxSeq = change.Seq(u.optBytes())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -198,13 +199,20 @@ func diffLatest(a, b *latest) string {
 
 func TestPackLatestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 17))
+	var boxes change.Boxes // values from slabs, and (odd cases) boxed the ordinary way
+	type kept struct{ want, got *latest }
+	var keep []kept
 	for i := range 20000 {
 		l := randomLatest(r)
 		blob, ok := packLatest(nil, l)
 		if !ok {
 			t.Fatalf("case %d: no packed form for %+v", i, l)
 		}
-		got, err := unpackLatest(blob)
+		bx := &boxes
+		if i%2 == 1 {
+			bx = nil
+		}
+		got, err := unpackLatest(blob, bx)
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -221,8 +229,20 @@ func TestPackLatestRoundTrip(t *testing.T) {
 			}
 		}
 		// A cut entry is an error, never a panic.
-		if _, err := unpackLatest(blob[:r.IntN(len(blob))]); err == nil {
+		if _, err := unpackLatest(blob[:r.IntN(len(blob))], bx); err == nil {
 			t.Fatalf("case %d: a cut entry unpacked", i)
+		}
+		if i%50 == 0 {
+			keep = append(keep, kept{l, got})
+		}
+	}
+	// Values boxed from slabs survive the collector with nothing else
+	// holding their slabs.
+	runtime.GC()
+	runtime.GC()
+	for i, k := range keep {
+		if d := diffLatest(k.want, k.got); d != "" {
+			t.Fatalf("kept %d: %s differs after a collection", i, d)
 		}
 	}
 }

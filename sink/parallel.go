@@ -244,13 +244,14 @@ func partitionLess(a, b change.Partition) bool {
 	return a.Partition < b.Partition
 }
 
-// cached returns a key's state remembered between batches.
-func (s *Sink) cached(k cacheKey) (*latest, bool) {
+// cached returns a key's state remembered between batches, its values
+// boxed from boxes.
+func (s *Sink) cached(k cacheKey, boxes *change.Boxes) (*latest, bool) {
 	s.amu.Lock()
 	e, ok := s.cache.entry(k)
 	s.amu.Unlock()
 	if !ok {
 		return nil, false
 	}
-	return e.state()
+	return e.state(boxes)
 }

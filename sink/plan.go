@@ -198,7 +198,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			return nil
 		}
 		if visit {
-			if err := ev.VisitAfter(put); err != nil {
+			if err := ev.VisitAfter(&s.boxes, put); err != nil {
 				return fe, nil, err
 			}
 		} else {

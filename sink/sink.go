@@ -55,6 +55,9 @@ type Sink struct {
 	reconciled       int64
 	// has is plan's scratch: the columns an image carries (under mu).
 	has []bool
+	// boxes holds the values plan decodes into the rows of a batch
+	// (under mu); they die with the batch.
+	boxes change.Boxes
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).

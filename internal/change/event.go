@@ -280,7 +280,7 @@ type RowDecoder interface {
 // known to be valid JSON (the decoder validated it): it is not checked
 // again.
 type RowVisitor interface {
-	VisitRow(raw []byte, valid bool, fn func(name string, v any) error) error
+	VisitRow(raw []byte, valid bool, boxes *Boxes, fn func(name string, v any) error) error
 }
 
 // CanVisitAfter reports whether VisitAfter can hand the row image over
@@ -297,8 +297,9 @@ func (e *Event) CanVisitAfter() bool {
 }
 
 // VisitAfter hands the row image's columns to fn one by one (see
-// CanVisitAfter), stopping at fn's first error.
-func (e *Event) VisitAfter(fn func(name string, v any) error) error {
+// CanVisitAfter), stopping at fn's first error. Values decoded here are
+// boxed from boxes (nil: the ordinary way).
+func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) error {
 	if e.AfterValues != nil {
 		cols := e.Row.Columns()
 		if len(cols) != len(e.AfterValues) {
@@ -311,14 +312,14 @@ func (e *Event) VisitAfter(fn func(name string, v any) error) error {
 		}
 		return nil
 	}
-	return e.Row.(RowVisitor).VisitRow(e.AfterJSON, e.AfterValid, fn)
+	return e.Row.(RowVisitor).VisitRow(e.AfterJSON, e.AfterValid, boxes, fn)
 }
 
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.
 func (e *Event) DecodeAfter() (map[string]any, error) {
 	if e.After == nil && e.AfterValues != nil && e.Row != nil {
 		m := make(map[string]any, len(e.AfterValues))
-		err := e.VisitAfter(func(name string, v any) error {
+		err := e.VisitAfter(nil, func(name string, v any) error {
 			m[name] = v
 			return nil
 		})

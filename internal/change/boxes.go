@@ -1,0 +1,158 @@
+package change
+
+import (
+	"encoding/json"
+	"math/big"
+	"time"
+	"unsafe"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Boxes gives values their interface form from typed slabs: one allocation
+// per slab of a type instead of one per value, and a slab is a single
+// object for the collector to mark. A row of typed values is then a view
+// of a few column-typed arrays, not a dozen separate objects.
+//
+// A slab lives while any value from it does, so one Boxes serves values
+// that die together (the rows of the batches a Prepare converts), never
+// long-lived ones. A Boxes belongs to one goroutine. A nil *Boxes boxes
+// values the ordinary way. The values handed out are read-only: nothing
+// may write through them (nothing can, short of unsafe).
+type Boxes struct {
+	strs  []string
+	jsons []json.RawMessage
+	bytes [][]byte
+	i64s  []int64
+	i32s  []int32
+	times []time.Time
+	nums  []pgtype.Numeric
+	ints  []big.Int
+	words []big.Word
+}
+
+const slabLen = 256
+
+// eface is the layout of an empty interface: its type and a pointer to its
+// value (for every type below, which is not pointer-shaped).
+type eface struct {
+	typ, data unsafe.Pointer
+}
+
+func typeOf(v any) unsafe.Pointer { return (*eface)(unsafe.Pointer(&v)).typ }
+
+var (
+	stringType  = typeOf("")
+	int64Type   = typeOf(int64(0))
+	int32Type   = typeOf(int32(0))
+	timeType    = typeOf(time.Time{})
+	jsonType    = typeOf(json.RawMessage(nil))
+	bytesType   = typeOf([]byte(nil))
+	numericType = typeOf(pgtype.Numeric{})
+)
+
+// boxAt returns the interface of type typ whose value is at p.
+func boxAt(typ, p unsafe.Pointer) (v any) {
+	e := (*eface)(unsafe.Pointer(&v))
+	e.typ, e.data = typ, p
+	return v
+}
+
+// next returns the slab's next free slot, starting a new slab when full:
+// twice as long as the last one, from 8 up to slabLen, so that a Boxes
+// used for a few values allocates little.
+func next[T any](slab *[]T) *T {
+	if n := cap(*slab); len(*slab) == n {
+		*slab = make([]T, 0, min(max(8, 2*n), slabLen))
+	}
+	*slab = (*slab)[:len(*slab)+1]
+	return &(*slab)[len(*slab)-1]
+}
+
+// String returns s as an interface.
+func (b *Boxes) String(s string) any {
+	if b == nil || s == "" {
+		return s
+	}
+	p := next(&b.strs)
+	*p = s
+	return boxAt(stringType, unsafe.Pointer(p))
+}
+
+// JSON returns j as an interface.
+func (b *Boxes) JSON(j json.RawMessage) any {
+	if b == nil {
+		return j
+	}
+	p := next(&b.jsons)
+	*p = j
+	return boxAt(jsonType, unsafe.Pointer(p))
+}
+
+// Bytes returns v as an interface.
+func (b *Boxes) Bytes(v []byte) any {
+	if b == nil {
+		return v
+	}
+	p := next(&b.bytes)
+	*p = v
+	return boxAt(bytesType, unsafe.Pointer(p))
+}
+
+// Int64 returns n as an interface.
+func (b *Boxes) Int64(n int64) any {
+	if b == nil || (n >= 0 && n < 256) { // the runtime boxes these without allocating
+		return n
+	}
+	p := next(&b.i64s)
+	*p = n
+	return boxAt(int64Type, unsafe.Pointer(p))
+}
+
+// Int32 returns n as an interface.
+func (b *Boxes) Int32(n int32) any {
+	if b == nil || (n >= 0 && n < 256) {
+		return n
+	}
+	p := next(&b.i32s)
+	*p = n
+	return boxAt(int32Type, unsafe.Pointer(p))
+}
+
+// Time returns t as an interface.
+func (b *Boxes) Time(t time.Time) any {
+	if b == nil {
+		return t
+	}
+	p := next(&b.times)
+	*p = t
+	return boxAt(timeType, unsafe.Pointer(p))
+}
+
+// Numeric returns n as an interface.
+func (b *Boxes) Numeric(n pgtype.Numeric) any {
+	if b == nil {
+		return n
+	}
+	p := next(&b.nums)
+	*p = n
+	return boxAt(numericType, unsafe.Pointer(p))
+}
+
+// BigInt returns a zero big.Int with room for words words, from the slabs
+// (new(big.Int) for a nil Boxes). Its value is read-only once boxed.
+func (b *Boxes) BigInt(words int) *big.Int {
+	if b == nil {
+		return new(big.Int)
+	}
+	z := next(&b.ints)
+	if words > 0 && words <= slabLen/4 {
+		if cap(b.words)-len(b.words) < words {
+			b.words = make([]big.Word, 0, slabLen)
+		}
+		n := len(b.words)
+		b.words = b.words[:n+words]
+		z.SetBits(b.words[n : n : n+words]) // room, no value: SetBytes fills it in place
+	}
+	return z
+}
