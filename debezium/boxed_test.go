@@ -37,6 +37,7 @@ func TestBoxedValueMatchesValue(t *testing.T) {
 		kTimestampMicro: {`1700000000123456`, `-1`, `9223372036825200000`},
 		kTimestampNano:  {`1700000000123456789`, `-9223372036832400001`},
 		kZonedTimestamp: {`"2024-05-01T10:11:12.123456Z"`, `"2024-05-01T10:11:12+02:00"`, `"infinity"`, `"-infinity"`, `"+infinity"`, `"2024-13-01T00:00:00Z"`, `5`},
+		kJSON:           {`"{\"a\":[1,2]}"`, `"{}"`, `"not json"`, `"\"s\""`, `7`, `null`},
 		kDecimal:        {`""`, `"AA=="`, `"/w=="`, `"not base64"`, quote(change.Unavailable), `12`},
 	}
 	for range 300 {

@@ -131,6 +131,10 @@ func (c *column) boxedValue(v gjson.Result, boxes *change.Boxes) (any, error) {
 			}
 			return boxes.Time(time.Unix(0, n).UTC()), nil
 		}
+	case kJSON:
+		if v.Type == gjson.String && v.Str != change.Unavailable && gjson.Valid(v.Str) {
+			return boxes.JSON(boxes.Copy(v.Str)), nil
+		}
 	case kZonedTimestamp:
 		if v.Type == gjson.String && v.Str != change.Unavailable {
 			if t, err := time.Parse(time.RFC3339Nano, v.Str); err == nil {

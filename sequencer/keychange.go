@@ -1,7 +1,7 @@
 package sequencer
 
 import (
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -40,13 +40,14 @@ func (s *Sequencer) gated(kb *keyBuf, upto change.Seq, now int64) *heldItem {
 	if upto == nil {
 		return nil
 	}
-	idx := make([]int, 0, len(kb.items))
+	var buf [8]int
+	idx := buf[:0]
 	for i := range kb.items {
 		if kb.items[i].ev.Seq.Compare(upto) <= 0 {
 			idx = append(idx, i)
 		}
 	}
-	sort.Slice(idx, func(a, b int) bool { return kb.items[idx[a]].ev.Seq.Compare(kb.items[idx[b]].ev.Seq) < 0 })
+	slices.SortFunc(idx, func(a, b int) int { return kb.items[a].ev.Seq.Compare(kb.items[b].ev.Seq) })
 	var before change.Seq
 	for _, i := range idx {
 		it := &kb.items[i]

@@ -29,6 +29,7 @@ package sequencer
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -396,7 +397,7 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 	kb.items = kept
 	taken := out.Events[from:]
 	if len(taken) > 1 {
-		sort.SliceStable(taken, func(i, j int) bool { return taken[i].Seq.Compare(taken[j].Seq) < 0 })
+		slices.SortStableFunc(taken, func(a, b *change.Event) int { return a.Seq.Compare(b.Seq) })
 	}
 	for _, ev := range taken {
 		s.release(ev.Origin)

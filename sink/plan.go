@@ -119,12 +119,19 @@ type earlyTruncate struct {
 }
 
 func sortEvents(evs []fevent) {
+	sorted := true // most often: a key's events arrived in order
+	for i := 1; i < len(evs) && sorted; i++ {
+		sorted = evs[i-1].seq.Compare(evs[i].seq) <= 0
+	}
+	if sorted {
+		return
+	}
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].seq.Compare(evs[j].seq) < 0 })
 }
 
 func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fevent, []any, error) {
 	h := ev.Hash()
-	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: h[:], src: ev}
+	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: s.boxes.CopyBytes(h[:]), src: ev}
 	if len(ev.Seq) == 0 {
 		return fe, nil, fmt.Errorf("event has no sequence")
 	}
@@ -141,7 +148,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 	if len(ev.Key) != len(t.keyIdx) {
 		return fe, nil, fmt.Errorf("event has %d key values, table %s has %d key columns", len(ev.Key), t.spec.Target, len(t.keyIdx))
 	}
-	key := make([]any, len(ev.Key))
+	key := s.boxes.Anys(len(ev.Key))
 	for i, ki := range t.keyIdx {
 		col := &t.cols[ki]
 		if ev.Key[i] == nil {
@@ -161,53 +168,30 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		if after == nil && !visit {
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
-		row := make([]any, len(t.cols))
+		row := s.boxes.Anys(len(t.cols))
 		if cap(s.has) < len(t.cols) {
 			s.has = make([]bool, len(t.cols))
 		}
 		has := s.has[:len(t.cols)] // scratch: Prepare holds s.mu
 		clear(has)
-		carried := len(t.keyIdx)
-		put := func(name string, raw any) error {
-			if t.ignore[name] {
-				// Ignored, but a column the table has is carried: NULL,
-				// not absent (as the image's map had it).
-				if i, ok := t.colIdx[name]; ok {
-					has[i] = true
-				} else if i, ok := t.colIdx[pgIdent(name)]; ok {
-					has[i] = true
-				}
-				return nil
-			}
-			i, ok := t.colIdx[name]
-			if !ok {
-				i, ok = t.colIdx[pgIdent(name)]
-			}
-			if !ok {
-				return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
-			}
-			v, err := s.conv.convert(&t.cols[i], raw)
-			if err != nil {
-				return typeMismatch(ev, &t.cols[i], err)
-			}
-			row[i] = v
-			if !t.cols[i].key && !has[i] {
-				carried++
-			}
-			has[i] = true
-			return nil
+		f := &s.fill
+		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.keyIdx)}
+		if s.fillPut == nil {
+			s.fillPut = f.put // one closure for every event
 		}
 		if visit {
-			if err := ev.VisitAfter(&s.boxes, put); err != nil {
+			if err := ev.VisitAfter(&s.boxes, s.fillPut); err != nil {
 				return fe, nil, err
 			}
 		} else {
 			for name, raw := range after {
-				if err := put(name, raw); err != nil {
+				if err := f.put(name, raw); err != nil {
 					return fe, nil, err
 				}
 			}
 		}
+		carried := f.carried
+		*f = rowFill{}
 		if carried < len(t.cols) {
 			fe.absent = t.absentFrom(has)
 		}
@@ -232,6 +216,48 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		}
 	}
 	return fe, key, nil
+}
+
+// rowFill puts an image's values into a row of table t (toFevent's
+// scratch, under the Sink's mu).
+type rowFill struct {
+	s       *Sink
+	t       *table
+	ev      *change.Event
+	row     []any
+	has     []bool
+	carried int // the key's columns, and the other columns the image carries
+}
+
+func (f *rowFill) put(name string, raw any) error {
+	t := f.t
+	if t.ignore[name] {
+		// Ignored, but a column the table has is carried: NULL,
+		// not absent (as the image's map had it).
+		if i, ok := t.colIdx[name]; ok {
+			f.has[i] = true
+		} else if i, ok := t.colIdx[pgIdent(name)]; ok {
+			f.has[i] = true
+		}
+		return nil
+	}
+	i, ok := t.colIdx[name]
+	if !ok {
+		i, ok = t.colIdx[pgIdent(name)]
+	}
+	if !ok {
+		return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
+	}
+	v, err := f.s.conv.convert(&t.cols[i], raw)
+	if err != nil {
+		return typeMismatch(f.ev, &t.cols[i], err)
+	}
+	f.row[i] = v
+	if !t.cols[i].key && !f.has[i] {
+		f.carried++
+	}
+	f.has[i] = true
+	return nil
 }
 
 // absentFrom lists, in column order, the table's columns other than the key

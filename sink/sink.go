@@ -58,6 +58,9 @@ type Sink struct {
 	// boxes holds the values plan decodes into the rows of a batch
 	// (under mu); they die with the batch.
 	boxes change.Boxes
+	// fill and fillPut: toFevent's scratch (under mu).
+	fill    rowFill
+	fillPut func(name string, raw any) error
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).

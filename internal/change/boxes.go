@@ -29,6 +29,8 @@ type Boxes struct {
 	nums  []pgtype.Numeric
 	ints  []big.Int
 	words []big.Word
+	text  []byte
+	anys  []any
 }
 
 const slabLen = 256
@@ -77,6 +79,47 @@ func (b *Boxes) String(s string) any {
 	p := next(&b.strs)
 	*p = s
 	return boxAt(stringType, unsafe.Pointer(p))
+}
+
+// Copy returns a copy of s, from a slab when it is short, capped at its
+// length so that an append to it copies it again.
+func (b *Boxes) Copy(s string) []byte {
+	if b == nil || len(s) > slabLen*4 {
+		return []byte(s)
+	}
+	if cap(b.text)-len(b.text) < len(s) {
+		b.text = make([]byte, 0, slabLen*16)
+	}
+	n := len(b.text)
+	b.text = append(b.text, s...)
+	return b.text[n : n+len(s) : n+len(s)]
+}
+
+// CopyBytes is Copy for a byte slice.
+func (b *Boxes) CopyBytes(p []byte) []byte {
+	if b == nil || len(p) > slabLen*4 {
+		return append([]byte(nil), p...)
+	}
+	if cap(b.text)-len(b.text) < len(p) {
+		b.text = make([]byte, 0, slabLen*16)
+	}
+	n := len(b.text)
+	b.text = append(b.text, p...)
+	return b.text[n : n+len(p) : n+len(p)]
+}
+
+// Anys returns a slice of n nil values, from a slab when n is small,
+// capped at n so that an append to it copies it.
+func (b *Boxes) Anys(n int) []any {
+	if b == nil || n > slabLen/4 {
+		return make([]any, n)
+	}
+	if cap(b.anys)-len(b.anys) < n {
+		b.anys = make([]any, 0, slabLen*2)
+	}
+	m := len(b.anys)
+	b.anys = b.anys[:m+n]
+	return b.anys[m : m+n : m+n]
 }
 
 // JSON returns j as an interface.

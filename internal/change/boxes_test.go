@@ -38,7 +38,7 @@ func TestBoxes(t *testing.T) {
 			n.Int = b.BigInt(len(x.Int.Bits())).Set(x.Int)
 			return b.Numeric(n)
 		case json.RawMessage:
-			return b.JSON(x)
+			return b.JSON(b.Copy(string(x)))
 		case []byte:
 			return b.Bytes(x)
 		}
@@ -101,5 +101,23 @@ func TestBoxesAllocateBySlab(t *testing.T) {
 	})
 	if allocs > 20 { // 3,000 values: a dozen slabs; boxed one by one, 3,000 allocations
 		t.Fatalf("%.0f allocations for 3,000 values", allocs)
+	}
+}
+
+func TestBoxesSlicesAreCapped(t *testing.T) {
+	var b Boxes
+	x, y := b.Copy("abc"), b.CopyBytes([]byte("def"))
+	_ = append(x, 'Z')
+	if string(y) != "def" || string(x) != "abc" {
+		t.Fatalf("an append to one copy wrote into the next: %q %q", x, y)
+	}
+	r1, r2 := b.Anys(2), b.Anys(2)
+	r2[0], r2[1] = "a", "b"
+	_ = append(r1, "Z")
+	if len(r1) != 2 || r1[0] != nil || r2[0] != "a" || r2[1] != "b" {
+		t.Fatalf("an append to one row wrote into the next: %v %v", r1, r2)
+	}
+	if big := b.Anys(1000); len(big) != 1000 {
+		t.Fatalf("Anys(1000) has %d values", len(big))
 	}
 }
