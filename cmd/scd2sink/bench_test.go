@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,6 +178,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		cmd.Env = append(append(os.Environ(), "SCD2SINK_CPUPROFILE="+prof), strings.Fields(os.Getenv("BENCH_ENV"))...) // BENCH_ENV: the binary's own settings (GOGC=... GOMEMLIMIT=...)
 		b.StartTimer()
 		start := time.Now()
+		selfCPU, pgCPU := processCPU(b), postgresCPU()
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
@@ -207,6 +209,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 			}
 		}
 		done := time.Now()
+		selfCPU, pgCPU = processCPU(b)-selfCPU, postgresCPU()-pgCPU
 		b.StopTimer()
 		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count",
 			"scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count", "scd2sink_events_released_early_total")
@@ -240,9 +243,10 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		// The least SQL that SCD2 needs for the same events (leastsql_test.go).
 		var leastEvents int
 		var leastDur time.Duration
+		var leastPG time.Duration // PostgreSQL's CPU while the least SQL ran
 		for _, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
-			n, d := leastSQL(b, pool, src, work)
-			leastEvents, leastDur = leastEvents+n, leastDur+d
+			n, d, cpu := leastSQL(b, pool, src, work)
+			leastEvents, leastDur, leastPG = leastEvents+n, leastDur+d, leastPG+cpu
 		}
 		changes := 0
 		for _, r := range work {
@@ -278,6 +282,14 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		b.ReportMetric(applyBusy, "apply_busy")
 		b.Logf("the applier was busy %.0f%% of the time (%.0f transactions, %.1f s); %.0f events released early (buffer over its byte budget)",
 			100*applyBusy, m["scd2sink_batch_apply_seconds_count"], m["scd2sink_batch_apply_seconds_sum"], m["scd2sink_events_released_early_total"])
+		// On this machine's two cores the in-process Kafka and PostgreSQL
+		// share the CPU with scd2sink; the least SQL runs alone.
+		b.ReportMetric(selfCPU.Seconds()/done.Sub(start).Seconds(), "kafka_cores")
+		b.Logf("the in-process Kafka (and this benchmark's polling) used %.2f s of CPU while scd2sink ran: %.2f of the %d cores; "+
+			"PostgreSQL used %.2f s (%.2f cores), and %.2f s for the least SQL", selfCPU.Seconds(), selfCPU.Seconds()/done.Sub(start).Seconds(),
+			runtime.NumCPU(), pgCPU.Seconds(), pgCPU.Seconds()/done.Sub(start).Seconds(), leastPG.Seconds())
+		b.ReportMetric(pgCPU.Seconds(), "pg_cpu_s")
+		b.ReportMetric(leastPG.Seconds(), "least_sql_pg_cpu_s")
 		reportStages(b, prof, nEvents)
 		if dst := os.Getenv("BENCH_PROFILE_DIR"); dst != "" {
 			if data, err := os.ReadFile(prof); err == nil {
@@ -312,4 +324,42 @@ func watchHWM(pid int) <-chan int64 {
 		}
 	}()
 	return out
+}
+
+// processCPU is the CPU time this process has used so far.
+func processCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// postgresCPU is the CPU time the machine's running postgres processes
+// have used so far (Linux: /proc, at 100 ticks a second); 0 elsewhere.
+// Backends that exit take their share with them, so it reads low when
+// connections come and go.
+func postgresCPU() time.Duration {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var ticks int64
+	for _, p := range stats {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || !strings.HasSuffix(s[:i], "(postgres") {
+			continue
+		}
+		f := strings.Fields(s[i+1:]) // f[0] is field 3 (state): utime and stime are fields 14 and 15
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }

@@ -34,7 +34,7 @@ import (
 // updated as the real fold, and the same end. The table it produces must
 // equal the binary's history (checked). It returns the events applied and
 // the time of the batches' transactions.
-func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdtest.BenchRecord) (int, time.Duration) {
+func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdtest.BenchRecord) (int, time.Duration, time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	hist := pgx.Identifier{src.Table + "_history"}.Sanitize()
@@ -213,6 +213,7 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 	}
 	insertCols := append(append([]string(nil), cols...), "valid_from", "valid_to", "is_current")
 	var dur time.Duration
+	pgCPU := postgresCPU()
 	for i := range nBatches {
 		start := time.Now()
 		tx, err := pool.Begin(ctx)
@@ -247,6 +248,7 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 		}
 		dur += time.Since(start)
 	}
+	pgCPU = postgresCPU() - pgCPU
 	var diff int
 	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM ((SELECT %[1]s, valid_from, valid_to, is_current FROM %[2]s EXCEPT ALL
 		SELECT %[1]s, valid_from, valid_to, is_current FROM %[3]s) UNION ALL (SELECT %[1]s, valid_from, valid_to, is_current FROM %[3]s EXCEPT ALL
@@ -256,7 +258,7 @@ func leastSQL(b *testing.B, pool *pgxpool.Pool, src *scdtest.Source, work []scdt
 	if diff != 0 {
 		b.Fatalf("the least-SQL table of %s differs from the binary's history in %d rows", src.Table, diff)
 	}
-	return len(seqs), dur
+	return len(seqs), dur, pgCPU
 }
 
 // column gathers one value of each element.
