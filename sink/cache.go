@@ -99,7 +99,7 @@ func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 		blob := append(make([]byte, 0, len(b)), b...)
 		return cacheEntry{blob: blob, size: 96 + len(k.key) + len(blob)}, b
 	}
-	return cacheEntry{l: l, size: l.estimate(k)}, scratch
+	return cacheEntry{l: detach(l), size: l.estimate(k)}, scratch
 }
 
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
@@ -169,6 +169,9 @@ type cacheOps struct {
 	scratch []byte // where states are packed before their exact copy
 	// boxes holds the values of the states unpacked for the transaction.
 	boxes change.Boxes
+	// off: nothing set is kept (no cache, or a batch applied isolating
+	// values, after which the cache is emptied).
+	off bool
 }
 
 type cachePut struct {
@@ -177,6 +180,9 @@ type cachePut struct {
 }
 
 func (o *cacheOps) set(k cacheKey, l *latest) {
+	if o.off {
+		return
+	}
 	var e cacheEntry
 	e, o.scratch = newEntry(o.scratch, k, l)
 	o.put = append(o.put, cachePut{k, e})

@@ -1,11 +1,13 @@
 package sink
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
 	"math/big"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -18,8 +20,10 @@ import (
 // slices around them (some thirty objects per key). With the default
 // cache of tens of thousands of keys those objects were most of what the
 // collector traced on every cycle (docs/benchmarks.md). A hit unpacks a
-// fresh latest; a state holding a value of a type with no packed form
-// (arrays, timetz, times in a named zone, ...) is kept as it is.
+// fresh latest. A state holding a value of a type with no packed form
+// (arrays, timetz, inet, times in a named zone, ...) is kept as a detached
+// copy (detach): its values, boxed from the batch's slabs, must not keep
+// those slabs, and the events whose values share them, alive.
 //
 // The packed form is exact: unpack(pack(l)) holds the same Go types and
 // values, nil and empty slices told apart (TestPackLatestRoundTrip).
@@ -41,6 +45,13 @@ const (
 	tagBytes
 	tagNumeric
 	tagUnavailable
+	tagFloat32
+	tagUUID
+	tagPgTime
+	tagInterval
+	tagTimestamp
+	tagTimestamptz
+	tagDate
 )
 
 // errUnpackable: a value has no packed form.
@@ -110,6 +121,13 @@ func packLatest(b []byte, l *latest) ([]byte, bool) {
 		b = appendStrings(b, v.openAbsent)
 	}
 	return b, true
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // appendOptBytes writes a byte slice whose nil-ness counts: its length plus
@@ -187,6 +205,28 @@ func appendValues(b []byte, vs []any) ([]byte, bool) {
 			b = appendNumeric(append(b, tagNumeric), x)
 		case unavailable:
 			b = append(b, tagUnavailable)
+		case float32:
+			b = binary.LittleEndian.AppendUint32(append(b, tagFloat32), math.Float32bits(x))
+		case [16]byte:
+			b = append(append(b, tagUUID), x[:]...)
+		case pgtype.Time:
+			b = binary.AppendVarint(append(b, tagPgTime, boolByte(x.Valid)), x.Microseconds)
+		case pgtype.Interval:
+			b = binary.AppendVarint(append(b, tagInterval, boolByte(x.Valid)), x.Microseconds)
+			b = binary.AppendVarint(b, int64(x.Days))
+			b = binary.AppendVarint(b, int64(x.Months))
+		case pgtype.Timestamp:
+			if b, ok = appendTime(append(b, tagTimestamp, boolByte(x.Valid), byte(int8(x.InfinityModifier))), x.Time); !ok {
+				return nil, false
+			}
+		case pgtype.Timestamptz:
+			if b, ok = appendTime(append(b, tagTimestamptz, boolByte(x.Valid), byte(int8(x.InfinityModifier))), x.Time); !ok {
+				return nil, false
+			}
+		case pgtype.Date:
+			if b, ok = appendTime(append(b, tagDate, boolByte(x.Valid), byte(int8(x.InfinityModifier))), x.Time); !ok {
+				return nil, false
+			}
 		default:
 			return nil, false
 		}
@@ -285,6 +325,16 @@ func (u *unpacker) u64() uint64 {
 	return x
 }
 
+func (u *unpacker) u32() uint32 {
+	if len(u.b) < 4 {
+		u.fail()
+		return 0
+	}
+	x := binary.LittleEndian.Uint32(u.b)
+	u.b = u.b[4:]
+	return x
+}
+
 func (u *unpacker) optBytes() []byte {
 	n := u.uvarint()
 	if n == 0 {
@@ -365,6 +415,32 @@ func (u *unpacker) values() []any {
 			vs[i] = u.boxes.Numeric(u.numeric())
 		case tagUnavailable:
 			vs[i] = unavailable{}
+		case tagFloat32:
+			vs[i] = math.Float32frombits(uint32(u.u32()))
+		case tagUUID:
+			var id [16]byte
+			copy(id[:], u.take(16))
+			vs[i] = id
+		case tagPgTime:
+			valid := u.byte() != 0
+			vs[i] = pgtype.Time{Valid: valid, Microseconds: u.varint()}
+		case tagInterval:
+			valid := u.byte() != 0
+			us := u.varint()
+			days := int32(u.varint())
+			vs[i] = pgtype.Interval{Valid: valid, Microseconds: us, Days: days, Months: int32(u.varint())}
+		case tagTimestamp, tagTimestamptz, tagDate:
+			valid := u.byte() != 0
+			inf := pgtype.InfinityModifier(int8(u.byte()))
+			t := u.time()
+			switch tag {
+			case tagTimestamp:
+				vs[i] = pgtype.Timestamp{Valid: valid, InfinityModifier: inf, Time: t}
+			case tagTimestamptz:
+				vs[i] = pgtype.Timestamptz{Valid: valid, InfinityModifier: inf, Time: t}
+			default:
+				vs[i] = pgtype.Date{Valid: valid, InfinityModifier: inf, Time: t}
+			}
 		default:
 			if u.err == nil {
 				u.err = errUnpackable
@@ -441,4 +517,57 @@ func unpackLatest(blob []byte, boxes *change.Boxes) (*latest, error) {
 		return nil, u.err
 	}
 	return l, nil
+}
+
+// detach returns a copy of l that shares no memory with the batch it came
+// from: its slices are its own, its strings and byte slices copied (the
+// batch's strings share the raw messages), and the values Boxes gave it
+// boxed again the ordinary way. Other values were never boxed from slabs.
+func detach(l *latest) *latest {
+	c := *l
+	c.sideMaxSeq = change.Seq(bytes.Clone(l.sideMaxSeq))
+	if l.sideMaxT != nil {
+		t := *l.sideMaxT
+		c.sideMaxT = &t
+	}
+	if v := l.v; v != nil {
+		w := *v
+		w.key, w.row, w.opener = detachValues(v.key), detachValues(v.row), detachValues(v.opener)
+		w.seq, w.closeSeq, w.hash = change.Seq(bytes.Clone(v.seq)), change.Seq(bytes.Clone(v.closeSeq)), bytes.Clone(v.hash)
+		c.v = &w
+	}
+	return &c
+}
+
+func detachValues(vs []any) []any {
+	if vs == nil {
+		return nil
+	}
+	out := make([]any, len(vs))
+	for i, v := range vs {
+		switch x := v.(type) {
+		case string:
+			out[i] = strings.Clone(x)
+		case int64:
+			out[i] = x
+		case int32:
+			out[i] = x
+		case time.Time:
+			out[i] = x
+		case []byte:
+			out[i] = bytes.Clone(x)
+		case json.RawMessage:
+			out[i] = json.RawMessage(bytes.Clone(x))
+		case pgtype.Numeric:
+			if x.Int != nil {
+				x.Int = new(big.Int).Set(x.Int)
+			}
+			out[i] = x
+		case []any:
+			out[i] = detachValues(x)
+		default:
+			out[i] = v
+		}
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -16,7 +17,7 @@ import (
 
 // randomValue returns a value of every type a converted row holds.
 func randomValue(r *rand.Rand) any {
-	switch r.IntN(16) {
+	switch r.IntN(23) {
 	case 0:
 		return nil
 	case 1:
@@ -61,6 +62,24 @@ func randomValue(r *rand.Rand) any {
 		return pgtype.Numeric{NaN: true, Valid: true}
 	case 14:
 		return pgtype.Numeric{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	case 16:
+		return float32(r.NormFloat64())
+	case 17:
+		var id [16]byte
+		for i := range id {
+			id[i] = byte(r.Uint32())
+		}
+		return id
+	case 18:
+		return pgtype.Time{Microseconds: r.Int64N(86_400_000_000), Valid: true}
+	case 19:
+		return pgtype.Interval{Microseconds: r.Int64() >> 8, Days: int32(r.Uint32()), Months: -int32(r.IntN(100)), Valid: r.IntN(9) > 0}
+	case 20:
+		return pgtype.Timestamp{InfinityModifier: pgtype.InfinityModifier(r.IntN(3) - 1), Valid: true}
+	case 21:
+		return pgtype.Timestamptz{Time: time.Unix(r.Int64N(1<<33), 0).UTC(), Valid: true}
+	case 22:
+		return pgtype.Date{InfinityModifier: pgtype.Infinity, Valid: true}
 	default:
 		return unavailable{}
 	}
@@ -143,6 +162,8 @@ func sameValue(a, b any) bool {
 	case time.Time:
 		y := b.(time.Time)
 		return x.Equal(y) && x.Location() == y.Location()
+	case []any:
+		return sameValues(x, b.([]any))
 	}
 	return a == b
 }
@@ -266,15 +287,41 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 			c := newStateCache(10, 1<<20)
 			k := cacheKey{&table{}, "k"}
 			c.put(k, tc.l)
-			if got, ok := c.get(k); !ok || got != tc.l {
-				t.Fatalf("got %p %v, want the state itself", got, ok)
+			got, ok := c.get(k)
+			if !ok {
+				t.Fatal("missed")
+			}
+			if d := diffLatest(tc.l, got); d != "" {
+				t.Fatalf("%s differs", d)
 			}
 		})
 	}
-	// A packed state is unpacked afresh on every hit: changing one does
-	// not change the next.
+	// A state kept unpacked shares nothing with the batch it came from:
+	// not the slabs its values were boxed from, not the raw message its
+	// strings point into.
+	var boxes change.Boxes
+	raw := []byte(`"shared text"`)
+	text := unsafe.String(&raw[1], 11)
+	row := boxes.Anys(3)
+	row[0], row[1], row[2] = boxes.String(text), boxes.Int64(1<<40), []any{"array"}
+	l := &latest{v: &version{row: row, hash: boxes.CopyBytes([]byte("digest")), key: row[:1:1]}}
 	c := newStateCache(10, 1<<20)
 	k := cacheKey{&table{}, "k"}
+	c.put(k, l)
+	got, _ := c.get(k)
+	if d := diffLatest(l, got); d != "" {
+		t.Fatalf("the kept state's %s differs", d)
+	}
+	if &got.v.row[0] == &row[0] || &got.v.key[0] == &row[0] || &got.v.hash[0] == &l.v.hash[0] ||
+		unsafe.StringData(got.v.row[0].(string)) == unsafe.StringData(text) {
+		t.Fatal("the kept state shares memory with the batch")
+	}
+	if (*[2]unsafe.Pointer)(unsafe.Pointer(&got.v.row[1]))[1] == (*[2]unsafe.Pointer)(unsafe.Pointer(&row[1]))[1] {
+		t.Fatal("the kept state's integer is still boxed in the batch's slab")
+	}
+	// A packed state is unpacked afresh on every hit: changing one does
+	// not change the next.
+	c = newStateCache(10, 1<<20)
 	c.put(k, &latest{v: &version{row: []any{"a", int64(300)}}})
 	first, _ := c.get(k)
 	first.v.row[0] = "changed"

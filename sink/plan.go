@@ -176,6 +176,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		clear(has)
 		f := &s.fill
 		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.keyIdx)}
+		defer func() { *f = rowFill{} }() // keeps no event alive
 		if s.fillPut == nil {
 			s.fillPut = f.put // one closure for every event
 		}
@@ -191,7 +192,6 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			}
 		}
 		carried := f.carried
-		*f = rowFill{}
 		if carried < len(t.cols) {
 			fe.absent = t.absentFrom(has)
 		}

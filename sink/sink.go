@@ -56,7 +56,8 @@ type Sink struct {
 	// has is plan's scratch: the columns an image carries (under mu).
 	has []bool
 	// boxes holds the values plan decodes into the rows of a batch
-	// (under mu); they die with the batch.
+	// (under mu); they die with the batch (the cache packs or detaches
+	// what it keeps).
 	boxes change.Boxes
 	// fill and fillPut: toFevent's scratch (under mu).
 	fill    rowFill
@@ -517,7 +518,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	// applied again isolating the events that carry such values.
 	isolate := false
 	attempt := func(ctx context.Context) error {
-		res, ops = Result{}, &cacheOps{}
+		res, ops = Result{}, &cacheOps{off: isolate || s.cache.limit <= 0}
 		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			registerTypes(tx.Conn().TypeMap())

@@ -16,9 +16,11 @@ import (
 //
 // A slab lives while any value from it does, so one Boxes serves values
 // that die together (the rows of the batches a Prepare converts), never
-// long-lived ones. A Boxes belongs to one goroutine. A nil *Boxes boxes
-// values the ordinary way. The values handed out are read-only: nothing
-// may write through them (nothing can, short of unsafe).
+// long-lived ones (a state the sink keeps is packed or detached first). A
+// Boxes belongs to one goroutine. A nil *Boxes boxes values the ordinary
+// way. The values handed out are read-only: nothing may write through the
+// byte slices, json.RawMessage values, rows (Anys) or big.Int words it
+// hands out, or through a boxed pgtype.Numeric's Int.
 type Boxes struct {
 	strs  []string
 	jsons []json.RawMessage
