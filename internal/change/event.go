@@ -376,15 +376,16 @@ func AppendCanon(b []byte, v any) []byte {
 	case pgtype.Numeric:
 		// What json.Marshal gives (a number or a JSON string, which it
 		// would compact as they are), without its reflection.
-		raw, err := x.MarshalJSON()
-		if err != nil {
-			raw = []byte(fmt.Sprintf("%#v", x))
-		}
-		return appendLen(b, 'J', string(raw))
+		var buf [64]byte
+		return appendLenBytes(b, 'J', appendNumericJSON(buf[:0], x))
 	case []byte:
 		return appendLen(b, 'X', string(x))
 	case json.RawMessage:
-		return appendLen(b, 'J', string(CanonJSON(x)))
+		var buf [512]byte
+		if out, ok := appendCanonJSON(buf[:0], x); ok {
+			return appendLenBytes(b, 'J', out)
+		}
+		return appendLen(b, 'J', string(canonJSONSlow(x)))
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {
@@ -435,6 +436,13 @@ func AppendKeyPart(b, canon []byte) []byte {
 	b = strconv.AppendInt(b, int64(len(canon)), 10)
 	b = append(b, ':')
 	return append(b, canon...)
+}
+
+func appendLenBytes(b []byte, tag byte, p []byte) []byte {
+	b = append(b, tag)
+	b = strconv.AppendInt(b, int64(len(p)), 10)
+	b = append(b, ':')
+	return append(b, p...)
 }
 
 func appendLen(b []byte, tag byte, s string) []byte {
@@ -489,6 +497,15 @@ func appendFloat(b []byte, f float64) []byte {
 // kept), numbers and strings with their exact value. Invalid JSON is
 // returned as it is.
 func CanonJSON(raw []byte) []byte {
+	if out, ok := appendCanonJSON(nil, raw); ok {
+		return out
+	}
+	return canonJSONSlow(raw)
+}
+
+// canonJSONSlow is CanonJSON by way of encoding/json, for what
+// appendCanonJSON leaves to it.
+func canonJSONSlow(raw []byte) []byte {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
