@@ -18,7 +18,7 @@ import (
 
 // unavailable marks Debezium's unavailable-value placeholder inside a typed
 // row until the fold replaces it with the previous event's value.
-type unavailable struct{}
+type unavailable = change.UnavailableValue
 
 // converter turns decoded event values into the Go values pgx returns when it
 // scans the column, so that a value from an event and the same value read back
