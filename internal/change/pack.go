@@ -433,4 +433,3 @@ func (u *Unpacker) numeric() pgtype.Numeric {
 	}
 	return n
 }
-
