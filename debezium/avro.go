@@ -319,6 +319,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if ev.ValidFrom, err = avroValidFrom(r, s, rec); err != nil {
 		return nil, err
 	}
+	ev.PackAfterValues() // compact while it waits in the buffer (digested first, with its time)
 	if op == change.OpTruncate {
 		return ev, nil
 	}

@@ -2,7 +2,6 @@ package debezium
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 
@@ -64,14 +63,14 @@ func (c *column) native(v any) (any, error) {
 		}
 	case kDecimal:
 		if b, ok := v.([]byte); ok {
-			return decimal(base64.StdEncoding.EncodeToString(b), c.scale)
+			return decimalBytes(b, c.scale), nil
 		}
 	case kVarDecimal:
 		if m, ok := v.(map[string]any); ok {
 			sc, ok1 := m["scale"].(int32)
 			val, ok2 := m["value"].([]byte)
 			if ok1 && ok2 {
-				return decimal(base64.StdEncoding.EncodeToString(val), sc)
+				return decimalBytes(val, sc), nil
 			}
 		}
 	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:

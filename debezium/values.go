@@ -369,11 +369,16 @@ func decimal(b64 string, scale int32) (pgtype.Numeric, error) {
 	if err != nil {
 		return pgtype.Numeric{}, fmt.Errorf("decimal is not base64: %w", err)
 	}
+	return decimalBytes(raw, scale), nil
+}
+
+// decimalBytes is decimal from the integer's bytes, as Avro carries them.
+func decimalBytes(raw []byte, scale int32) pgtype.Numeric {
 	n := new(big.Int).SetBytes(raw)
 	if len(raw) > 0 && raw[0]&0x80 != 0 {
 		n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(len(raw)*8)))
 	}
-	return pgtype.Numeric{Int: n, Exp: -scale, Valid: true}, nil
+	return pgtype.Numeric{Int: n, Exp: -scale, Valid: true}
 }
 
 // isoInterval parses the ISO 8601 duration Debezium writes for

@@ -311,7 +311,7 @@ func typeMismatch(ev *change.Event, col *colInfo, err error) error {
 func eventDeadLetter(ev *change.Event, err error) DeadLetter {
 	key, _ := json.Marshal(ev.Key)
 	var after any = ev.After
-	if ev.After == nil && ev.AfterValues != nil {
+	if ev.After == nil && ev.AfterJSON == nil && ev.CanVisitAfter() { // typed values (Avro)
 		after, _ = ev.DecodeAfter()
 	}
 	if ev.After == nil && ev.AfterJSON != nil {

@@ -123,6 +123,46 @@ type Event struct {
 	keyID string
 	hash  [16]byte
 	hashd bool
+	// afterPacked is AfterValues packed (PackAfterValues) while the event
+	// waits in the buffer; AfterValues is then nil.
+	afterPacked []byte
+}
+
+// PackAfterValues keeps AfterValues packed (AppendValues) until the row is
+// visited: one byte slice instead of a boxed value per column while the
+// event waits in the sequencer's buffer. It digests the event first (Hash),
+// from the values. An image with a value of a type with no packed form
+// stays as it is.
+func (e *Event) PackAfterValues() {
+	if e.AfterValues == nil {
+		return
+	}
+	e.Hash()
+	n := 2
+	for _, v := range e.AfterValues {
+		n += 10
+		switch x := v.(type) {
+		case string:
+			n += len(x)
+		case []byte:
+			n += len(x)
+		case json.RawMessage:
+			n += len(x)
+		}
+	}
+	if b, ok := AppendValues(make([]byte, 0, n), e.AfterValues); ok {
+		e.afterPacked, e.AfterValues = b, nil
+	}
+}
+
+// afterValues returns AfterValues, unpacked from afterPacked if packed.
+func (e *Event) afterValues(boxes *Boxes) ([]any, error) {
+	if e.afterPacked == nil {
+		return e.AfterValues, nil
+	}
+	u := NewUnpacker(e.afterPacked, boxes)
+	vs := u.Values()
+	return vs, u.Done()
 }
 
 // Size estimates the memory an event holds, in bytes: the struct, the raw
@@ -139,6 +179,7 @@ func (e *Event) Size() int {
 	if e.After != nil {
 		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
+	n += len(e.afterPacked)
 	for _, v := range e.AfterValues {
 		n += 40 // a boxed value
 		switch x := v.(type) {
@@ -169,11 +210,12 @@ func (e *Event) KeyID() string {
 // after image); two deliveries of the same change have the same hash.
 func (e *Event) Hash() [16]byte {
 	if !e.hashd {
+		vals, _ := e.afterValues(nil) // PackAfterValues digests before it packs
 		switch {
-		case e.After == nil && e.AfterValues != nil && e.Row != nil && len(e.Row.Columns()) == len(e.AfterValues):
+		case e.After == nil && vals != nil && e.Row != nil && len(e.Row.Columns()) == len(vals):
 			// The digest of the same image as a map: what the table
 			// holds for events decoded into maps (scd_hash) stays equal.
-			e.hash = contentHashValues(e.Op, e.ValidFrom, e.Row.Columns(), e.AfterValues)
+			e.hash = contentHashValues(e.Op, e.ValidFrom, e.Row.Columns(), vals)
 		case e.After == nil && e.AfterJSON != nil:
 			e.hash = RawContentHash(e.Op, e.ValidFrom, e.AfterJSON)
 		default:
@@ -289,7 +331,7 @@ func (e *Event) CanVisitAfter() bool {
 	if e.After != nil || e.Row == nil {
 		return false
 	}
-	if e.AfterValues != nil {
+	if e.AfterValues != nil || e.afterPacked != nil {
 		return true
 	}
 	_, ok := e.Row.(RowVisitor)
@@ -300,13 +342,17 @@ func (e *Event) CanVisitAfter() bool {
 // CanVisitAfter), stopping at fn's first error. Values decoded here are
 // boxed from boxes (nil: the ordinary way).
 func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) error {
-	if e.AfterValues != nil {
+	if e.AfterValues != nil || e.afterPacked != nil {
+		vals, err := e.afterValues(boxes)
+		if err != nil {
+			return fmt.Errorf("row image: %w", err)
+		}
 		cols := e.Row.Columns()
-		if len(cols) != len(e.AfterValues) {
-			return fmt.Errorf("row image has %d values for %d columns", len(e.AfterValues), len(cols))
+		if len(cols) != len(vals) {
+			return fmt.Errorf("row image has %d values for %d columns", len(vals), len(cols))
 		}
 		for i, c := range cols {
-			if err := fn(c.Name, e.AfterValues[i]); err != nil {
+			if err := fn(c.Name, vals[i]); err != nil {
 				return err
 			}
 		}
@@ -317,8 +363,8 @@ func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) erro
 
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.
 func (e *Event) DecodeAfter() (map[string]any, error) {
-	if e.After == nil && e.AfterValues != nil && e.Row != nil {
-		m := make(map[string]any, len(e.AfterValues))
+	if e.After == nil && (e.AfterValues != nil || e.afterPacked != nil) && e.Row != nil {
+		m := make(map[string]any, len(e.Row.Columns()))
 		err := e.VisitAfter(nil, func(name string, v any) error {
 			m[name] = v
 			return nil

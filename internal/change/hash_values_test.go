@@ -2,6 +2,7 @@ package change
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/big"
 	"strconv"
 	"testing"
@@ -73,5 +74,62 @@ func TestCanonOfTimesAndDecimals(t *testing.T) {
 		if got := string(AppendCanon(nil, v)); got != want {
 			t.Errorf("%#v: %q, want %q", v, got, want)
 		}
+	}
+}
+
+// testRow is a RowDecoder of fixed columns.
+type testRow []Column
+
+func (r testRow) Columns() []Column                        { return r }
+func (r testRow) DecodeRow([]byte) (map[string]any, error) { return nil, nil }
+
+// TestPackAfterValues: an image packed while it waits is handed over as it
+// was, digested as it was, and smaller in the buffer's books.
+func TestPackAfterValues(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
+	cols := testRow{{Name: "id"}, {Name: "name"}, {Name: "amount"}, {Name: "doc"}, {Name: "at"}, {Name: "gone"}, {Name: "b"}, {Name: "tags"}}
+	vals := func() []any {
+		return []any{int64(1) << 40, "Ann", pgtype.Numeric{Int: big.NewInt(-1250), Exp: -2, Valid: true},
+			json.RawMessage(`{"k": [1, 2]}`), at, Unavailable, []byte{0, 1}, []any{"a"}}
+	}
+	for _, tc := range []struct {
+		name   string
+		values []any
+		packed bool
+	}{{"packable", vals()[:7], true}, {"an array stays as it is", vals(), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain := &Event{Op: OpUpdate, ValidFrom: at, Row: cols[:len(tc.values)], AfterValues: tc.values}
+			ev := &Event{Op: OpUpdate, ValidFrom: at, Row: cols[:len(tc.values)], AfterValues: tc.values}
+			ev.PackAfterValues()
+			if (ev.afterPacked != nil) != tc.packed || (ev.AfterValues == nil) != tc.packed {
+				t.Fatalf("packed %v, want %v", ev.afterPacked != nil, tc.packed)
+			}
+			if ev.Hash() != plain.Hash() {
+				t.Fatal("the packed event's digest differs")
+			}
+			if !ev.CanVisitAfter() {
+				t.Fatal("a packed image cannot be visited")
+			}
+			for _, boxes := range []*Boxes{nil, {}} {
+				i := 0
+				err := ev.VisitAfter(boxes, func(name string, v any) error {
+					if name != cols[i].Name || Canon(v) != Canon(tc.values[i]) || fmt.Sprintf("%T", v) != fmt.Sprintf("%T", tc.values[i]) {
+						t.Fatalf("column %d: %s %T %v, want %s %T %v", i, name, v, v, cols[i].Name, tc.values[i], tc.values[i])
+					}
+					i++
+					return nil
+				})
+				if err != nil || i != len(tc.values) {
+					t.Fatalf("visited %d columns: %v", i, err)
+				}
+			}
+			m, err := ev.DecodeAfter()
+			if err != nil || len(m) != len(tc.values) {
+				t.Fatalf("DecodeAfter: %v %v", m, err)
+			}
+			if tc.packed && ev.Size() >= plain.Size() {
+				t.Fatalf("packed %d bytes, as values %d", ev.Size(), plain.Size())
+			}
+		})
 	}
 }
