@@ -204,3 +204,17 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return nil
 }
+
+// hasAll reports whether t (nil: no table yet) has a column for every name
+// of an image.
+func (t *table) hasAll(image map[string]any) bool {
+	if t == nil {
+		return false
+	}
+	for name := range image {
+		if _, ok := t.colIdx[pgIdent(name)]; !ok {
+			return false
+		}
+	}
+	return true
+}
