@@ -206,13 +206,13 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // hasAll reports whether t (nil: no table yet) has a column for every name
-// of an image.
-func (t *table) hasAll(image map[string]any) bool {
+// of an image but those ignored.
+func (t *table) hasAll(image map[string]any, ignored []string) bool {
 	if t == nil {
 		return false
 	}
 	for name := range image {
-		if _, ok := t.colIdx[pgIdent(name)]; !ok {
+		if _, ok := t.colIdx[pgIdent(name)]; !ok && !contains(ignored, name) {
 			return false
 		}
 	}

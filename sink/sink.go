@@ -311,7 +311,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				note(k, "text", true)
 			}
 		}
-		if ev.Row == nil && !t.hasAll(afters[i]) { // most often it has them: noting them would change nothing
+		if ev.Row == nil && !t.hasAll(afters[i], spec.IgnoreColumns) { // most often it has them: noting them would change nothing
 			names := make([]string, 0, len(afters[i]))
 			for name := range afters[i] {
 				names = append(names, name)

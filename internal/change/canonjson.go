@@ -14,7 +14,8 @@ import (
 // the JSON PostgreSQL's jsonb prints (TestCanonJSONFast): ok is false, and
 // dst unchanged, for anything it leaves to CanonJSON: invalid JSON, escapes
 // other than \" \\ \/ \n \r \t, invalid UTF-8, U+2028 and U+2029, keys with
-// escapes, duplicate keys, nesting deeper than 64.
+// escapes, duplicate keys, nesting deeper than 64. (Unchanged is dst's
+// length: its spare capacity may have been written.)
 func appendCanonJSON(dst, raw []byte) ([]byte, bool) {
 	c := canonizer{src: raw}
 	start := len(dst)

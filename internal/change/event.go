@@ -131,8 +131,9 @@ type Event struct {
 // PackAfterValues keeps AfterValues packed (AppendValues) until the row is
 // visited: one byte slice instead of a boxed value per column while the
 // event waits in the sequencer's buffer. It digests the event first (Hash),
-// from the values. An image with a value of a type with no packed form
-// stays as it is.
+// from the values, so call it once Op, ValidFrom and the image are final:
+// the digest is not taken again. An image with a value of a type with no
+// packed form stays as it is.
 func (e *Event) PackAfterValues() {
 	if e.AfterValues == nil {
 		return
