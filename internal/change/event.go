@@ -139,18 +139,7 @@ func (e *Event) PackAfterValues() {
 		return
 	}
 	e.Hash()
-	n := 2
-	for _, v := range e.AfterValues {
-		n += 10
-		switch x := v.(type) {
-		case string:
-			n += len(x)
-		case []byte:
-			n += len(x)
-		case json.RawMessage:
-			n += len(x)
-		}
-	}
+	n := 2 + valuesSize(e.AfterValues, 10)
 	if b, ok := AppendValues(make([]byte, 0, n), e.AfterValues); ok {
 		e.afterPacked, e.AfterValues = b, nil
 	}
@@ -180,9 +169,14 @@ func (e *Event) Size() int {
 	if e.After != nil {
 		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
-	n += len(e.afterPacked)
-	for _, v := range e.AfterValues {
-		n += 40 // a boxed value
+	return n + len(e.afterPacked) + valuesSize(e.AfterValues, 40) // 40: a boxed value
+}
+
+// valuesSize is per bytes for each value, plus the text of strings, byte
+// slices and JSON.
+func valuesSize(vs []any, per int) int {
+	n := per * len(vs)
+	for _, v := range vs {
 		switch x := v.(type) {
 		case string:
 			n += len(x)

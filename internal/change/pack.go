@@ -314,17 +314,28 @@ func (u *Unpacker) Time() time.Time {
 	return t
 }
 
-// Strings reads what AppendStrings wrote.
-func (u *Unpacker) Strings() []string {
+// count reads a list's length plus one; ok is false for a nil list (0)
+// and for a length the bytes left cannot hold (each entry takes one at
+// least).
+func (u *Unpacker) count() (int, bool) {
 	n := u.uvarint()
 	if n == 0 {
-		return nil
+		return 0, false
 	}
 	if n-1 > uint64(len(u.b)) {
 		u.fail()
+		return 0, false
+	}
+	return int(n - 1), true
+}
+
+// Strings reads what AppendStrings wrote.
+func (u *Unpacker) Strings() []string {
+	n, ok := u.count()
+	if !ok {
 		return nil
 	}
-	ss := make([]string, n-1)
+	ss := make([]string, n)
 	for i := range ss {
 		ss[i] = u.str()
 	}
@@ -333,15 +344,11 @@ func (u *Unpacker) Strings() []string {
 
 // Values reads what AppendValues wrote.
 func (u *Unpacker) Values() []any {
-	n := u.uvarint()
-	if n == 0 {
+	n, ok := u.count()
+	if !ok {
 		return nil
 	}
-	if n-1 > uint64(len(u.b)) {
-		u.fail()
-		return nil
-	}
-	vs := make([]any, n-1)
+	vs := make([]any, n)
 	for i := range vs {
 		switch tag := u.Byte(); tag {
 		case tagNil:
