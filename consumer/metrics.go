@@ -19,6 +19,7 @@ type Metrics struct {
 	VersionsOpened prometheus.Counter
 	VersionsClosed prometheus.Counter
 	Repaired       prometheus.Counter
+	RepairRead     *prometheus.CounterVec
 	Duplicates     prometheus.Counter
 	TypeMismatch   prometheus.Counter
 	Rejected       prometheus.Counter
@@ -59,6 +60,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "History versions closed."}),
 		Repaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_late_events_repaired_total",
 			Help: "Keys whose history was re-folded because of late or repeated events."}),
+		RepairRead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_repair_rows_read_total",
+			Help: "Rows those repairs read: of the history table (table=\"history\") and of the side table (table=\"side\")."}, []string{"table"}),
 		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_duplicates_dropped_total",
 			Help: "Events dropped as already applied."}),
 		TypeMismatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_type_mismatches_total",
@@ -87,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired,
+		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
 			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped, m.WatermarkLag)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
@@ -100,6 +103,8 @@ func (m *Metrics) record(r sink.Result) {
 	m.VersionsOpened.Add(float64(r.VersionsOpened))
 	m.VersionsClosed.Add(float64(r.VersionsClosed))
 	m.Repaired.Add(float64(r.Repaired))
+	m.RepairRead.WithLabelValues("history").Add(float64(r.RepairVersionsRead))
+	m.RepairRead.WithLabelValues("side").Add(float64(r.RepairSideRowsRead))
 	m.Duplicates.Add(float64(r.Duplicates))
 	m.TypeMismatch.Add(float64(r.TypeMismatches))
 	m.Rejected.Add(float64(r.Rejected))

@@ -119,6 +119,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	if err != nil {
 		return res, nil, err
 	}
+	for _, h := range hists {
+		res.RepairVersionsRead += len(h.versions)
+		res.RepairSideRowsRead += len(h.side)
+	}
 	for i, kp := range repair {
 		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)
 		if !ok {
@@ -127,6 +131,8 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			if err != nil {
 				return res, nil, err
 			}
+			res.RepairVersionsRead += len(again[0].versions)
+			res.RepairSideRowsRead += len(again[0].side)
 			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.id] != nil, w, &res)
 		}
 		dead = append(dead, d...)

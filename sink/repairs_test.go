@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,3 +78,47 @@ func TestRepairAudit(t *testing.T) {
 }
 
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+// TestRepairReadsLittleOfTheSideTable: a late event reads the part of its
+// key's history it can change (the version live at its sequence, up to the
+// first version it cannot move), not the key's whole side table: here 1,000
+// versions and 1,000 side rows (Type 1 changes between them), and a late
+// tracked change in the middle and one before everything.
+func TestRepairReadsLittleOfTheSideTable(t *testing.T) {
+	const pairs = 1000
+	pool := sharedPool(t)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		lateSeq int64 // between two events: seqs are 10 apart
+	}{{"in the middle", 10*pairs + 5}, {"before everything", 5}} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := "side_read_" + strings.ReplaceAll(tc.name, " ", "_")
+			s := newSink(t, pool, schema, custSpec(schema))
+			var evs []*change.Event
+			plans := []string{"basic", "pro"}
+			for i := range 2 * pairs {
+				op := change.OpUpdate
+				if i == 0 {
+					op = change.OpCreate
+				}
+				// Even events change the plan (a version), odd ones the visits (a side row).
+				evs = append(evs, cust(op, int64(10*(i+1)), start.Add(time.Duration(i)*time.Minute), "K",
+					"name", "Kim", "plan", plans[(i/2)%2], "city", "Wien", "visits", i/2+i%2))
+			}
+			apply(t, s, evs...)
+			late := cust(change.OpUpdate, tc.lateSeq, start.Add(time.Duration(tc.lateSeq/10)*time.Minute-30*time.Second), "K",
+				"name", "Kim", "plan", "team", "city", "Wien", "visits", 7)
+			res := apply(t, s, late)
+			t.Logf("late event at sequence %d: read %d versions and %d side rows of %d and %d", tc.lateSeq,
+				res.RepairVersionsRead, res.RepairSideRowsRead, pairs, pairs)
+			if res.Repaired != 1 {
+				t.Fatalf("%d keys repaired", res.Repaired)
+			}
+			if res.RepairVersionsRead == 0 || res.RepairVersionsRead > 4 || res.RepairSideRowsRead > 4 {
+				t.Errorf("the repair read %d versions and %d side rows, want at most 4 of each", res.RepairVersionsRead, res.RepairSideRowsRead)
+			}
+			verifyClean(t, s, "customers_history")
+		})
+	}
+}

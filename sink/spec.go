@@ -198,7 +198,12 @@ type Result struct {
 	VersionsOpened int
 	VersionsClosed int
 	Repaired       int // keys whose history was re-folded because of late events
-	Retries        int
+	// RepairVersionsRead and RepairSideRowsRead count what those repairs
+	// read of the history table and of the side table (the part of a key's
+	// history a late event can change, docs/benchmarks.md).
+	RepairVersionsRead int
+	RepairSideRowsRead int
+	Retries            int
 	// TypeMismatches counts dead letters whose value no longer fits its
 	// column's type; Rejected those PostgreSQL refused. Both are among
 	// DeadLetters.
@@ -213,6 +218,8 @@ func (r *Result) add(o Result) {
 	r.VersionsOpened += o.VersionsOpened
 	r.VersionsClosed += o.VersionsClosed
 	r.Repaired += o.Repaired
+	r.RepairVersionsRead += o.RepairVersionsRead
+	r.RepairSideRowsRead += o.RepairSideRowsRead
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
 }
