@@ -282,7 +282,8 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	next := &latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
 	if n := len(out.versions); n > 0 {
 		last := out.versions[n-1]
-		next.v = last.clone()
+		v := *last // its row is not copied: ops.set packs (or detaches) the state at once
+		next.v = &v
 		next.v.stored = true
 		next.openerSaved = (last.stored && l.openerSaved) || t.openerDiffers(last)
 		next.v.opener = nil // appendKey takes the opener from the row (or the side table)

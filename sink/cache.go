@@ -179,6 +179,8 @@ type cachePut struct {
 	e cacheEntry
 }
 
+// set records l as k's state once the transaction commits. l is packed, or
+// detached, before set returns: it may share rows with the batch.
 func (o *cacheOps) set(k cacheKey, l *latest) {
 	if o.off {
 		return

@@ -36,6 +36,9 @@ type writes struct {
 	insVersions []*version
 	insSide     []sideRow
 	repairs     []repairNote // late repairs, audited in <target>_scd_repairs
+	// boxes holds the bookkeeping values of the rows written (by one
+	// goroutine at a time: this one, or pgx's COPY while this one waits).
+	boxes change.Boxes
 }
 
 // unnest renders "unnest($a::t[], ...) AS alias(n1, ...)" for column arrays.
@@ -157,7 +160,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	if len(w.insVersions) > 0 {
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 		rows := copyRows(len(w.insVersions), len(cols), func(i int, row []any) []any {
-			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i])
+			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i], &w.boxes)
 		})
 		if _, err := tx.CopyFrom(ctx, t.hist, cols, rows); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
@@ -176,7 +179,8 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 					row[ki] = sr.key[k]
 				}
 			}
-			return append(row, []byte(sr.ev.seq), opText[sr.ev.op], sr.ev.t, sr.ev.hash, sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw), t.attnum)
+			b := &w.boxes
+			return append(row, b.Bytes(sr.ev.seq), opText[sr.ev.op], b.Time(sr.ev.t), b.Bytes(sr.ev.hash), sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw, b), t.attnum)
 		})
 		if _, err := tx.CopyFrom(ctx, t.side, cols, rows); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
@@ -204,24 +208,25 @@ func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte) 
 const bookWidth = 11
 
 // appendBook appends a version's bookkeeping columns, in insert order.
-func (t *table) appendBook(row []any, v *version) []any {
+// Values are boxed from b.
+func (t *table) appendBook(row []any, v *version, b *change.Boxes) []any {
 	var to any
 	var cs any
 	if v.closed {
-		to = v.to
+		to = b.Time(v.to)
 	}
 	if v.closeSeq != nil {
-		cs = []byte(v.closeSeq)
+		cs = b.Bytes(v.closeSeq)
 	}
-	return append(row, v.from, to, !v.closed, []byte(v.seq), cs, opText[v.op], v.hash, v.unavail, v.absent, timeOrNil(v.raw), t.attnum)
+	return append(row, b.Time(v.from), to, !v.closed, b.Bytes(v.seq), cs, opText[v.op], b.Bytes(v.hash), v.unavail, v.absent, timeOrNil(v.raw, b), t.attnum)
 }
 
 // timeOrNil is t, or NULL for the zero time.
-func timeOrNil(t time.Time) any {
+func timeOrNil(t time.Time, b *change.Boxes) any {
 	if t.IsZero() {
 		return nil
 	}
-	return t
+	return b.Time(t)
 }
 
 // opText holds each operation's text, boxed once.
@@ -274,7 +279,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	books := make([]any, 0, len(vs)*bookWidth)
 	for _, v := range vs {
-		books = t.appendBook(books, v)
+		books = t.appendBook(books, v, &w.boxes)
 	}
 	for bi, b := range book {
 		if b.col == "scd_seq" || b.typ == "" {
