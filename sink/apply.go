@@ -178,6 +178,13 @@ func boundOf(evs []fevent) bound {
 // sequence with the same content is a duplicate, with other content a
 // conflict (the first one wins).
 func dedupeBatch(evs []fevent) ([]fevent, []DeadLetter, int) {
+	repeated := false
+	for i := 1; i < len(evs) && !repeated; i++ {
+		repeated = evs[i-1].seq.Compare(evs[i].seq) == 0
+	}
+	if !repeated {
+		return evs, nil, 0 // the common case: nothing to drop, nothing copied
+	}
 	var out []fevent
 	var dead []DeadLetter
 	dups := 0
@@ -220,7 +227,7 @@ func mergeTruncates(evs, truncs []fevent, after change.Seq) []fevent {
 // the key: only the latest version can change. It returns what the table
 // will hold for the key once the batch commits.
 func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs []fevent, w *writes, res *Result) *latest {
-	st := foldState{}
+	st := foldState{w: w}
 	var orig *version
 	if v := l.v; v != nil {
 		st.prevRow, st.prevT, st.hasPrev = v.row, v.from, true
@@ -229,7 +236,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		}
 		if !v.closed {
 			orig = v
-			live := v.clone()
+			live := v.clone(w)
 			live.opener = v.row
 			st.live = live
 		}
@@ -282,14 +289,14 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	next := &latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
 	if n := len(out.versions); n > 0 {
 		last := out.versions[n-1]
-		v := *last // its row is not copied: ops.set packs (or detaches) the state at once
-		next.v = &v
+		next.v = w.version()
+		*next.v = *last // its row is not copied: ops.set packs (or detaches) the state at once
 		next.v.stored = true
 		next.openerSaved = (last.stored && l.openerSaved) || t.openerDiffers(last)
 		next.v.opener = nil // appendKey takes the opener from the row (or the side table)
 		next.v.openAbsent = next.v.absent
 	} else if l.v != nil && t.spec.Type1Scope == AllVersions && st.prevRow != nil {
-		next.v = l.v.clone() // its Type 1 columns changed with the key's
+		next.v = l.v.clone(w) // its Type 1 columns changed with the key's
 		t.spreadType1([]*version{next.v}, st.prevRow)
 	}
 	if n := len(out.side); n > 0 {
@@ -357,7 +364,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		}
 	}
 	sortEvents(evs)
-	st := foldState{}
+	st := foldState{w: w}
 	out := t.fold(&st, evs)
 	var boundary *version // as the table holds it
 	if h.until != nil {

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"encoding/json"
+	"strings"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -104,6 +105,9 @@ func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	old, ok := c.cur[k]
+	if !ok {
+		k.key = strings.Clone(k.key) // a batch's identities share its memory (tablePlan.intern)
+	}
 	if ok {
 		c.curBytes -= old.size
 	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {

@@ -67,10 +67,12 @@ func (v *version) event(row []any, absent []string) fevent {
 	return fevent{seq: v.seq, op: v.op, t: v.from, raw: v.raw, row: row, hash: v.hash, unavail: v.unavail, absent: absent}
 }
 
-func (v *version) clone() *version {
-	c := *v
-	c.row = append([]any(nil), v.row...)
-	return &c
+// clone returns a copy of v with its own row, from w's slabs.
+func (v *version) clone(w *writes) *version {
+	c := w.version()
+	*c = *v
+	c.row = w.row(v.row)
+	return c
 }
 
 func (v *version) sameAs(o *version) bool {
@@ -96,6 +98,8 @@ type foldState struct {
 	prevT   time.Time
 	hasPrev bool
 	prevRow []any
+	// w gives the fold its versions and their rows (nil: the heap).
+	w *writes
 }
 
 // foldOut is what folding a key's events produced.
@@ -112,15 +116,8 @@ type foldOut struct {
 // which versions exist.
 func (t *table) fold(st *foldState, evs []fevent) foldOut {
 	var out foldOut
-	touched := map[*version]bool{}
-	touch := func(v *version) {
-		if !touched[v] {
-			touched[v] = true
-			out.versions = append(out.versions, v)
-		}
-	}
 	if st.live != nil {
-		touch(st.live)
+		out.versions = append(out.versions, st.live) // touched: its Type 1 values may change
 	}
 	closeLive := func(at time.Time, seq change.Seq) {
 		st.live.to, st.live.closed, st.live.closeSeq = at, true, seq
@@ -161,9 +158,10 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 				closeLive(at, e.seq)
 			}
 			if st.live == nil {
-				v := &version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: append([]any(nil), row...), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent}
+				v := st.w.version()
+				*v = version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: st.w.row(row), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent}
 				st.live = v
-				touch(v)
+				out.versions = append(out.versions, v) // new: not touched before
 				out.opened++
 				continue
 			}

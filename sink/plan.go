@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -17,6 +18,7 @@ type keyPlan struct {
 	id     string // canonical key identity
 	key    []any  // typed key values, in key column order
 	events []fevent
+	n      int // events planned for the key (plan's count, before events is filled)
 }
 
 // tablePlan is one table's share of a batch.
@@ -25,25 +27,54 @@ type tablePlan struct {
 	keys      map[string]*keyPlan
 	order     []*keyPlan
 	truncates []fevent
+	// slab and ids are where keyPlan takes new keys' plans and writes
+	// their identities: a chunk at a time, not one allocation per key.
+	// Bytes written to ids are never written again (identities are
+	// strings over them); the cache copies an identity it keeps.
+	slab []keyPlan
+	ids  []byte
 }
 
 func (p *tablePlan) keyPlan(key []any) *keyPlan {
-	id := keyID(key)
-	kp := p.keys[id]
+	var buf [128]byte
+	id := appendKeyID(buf[:0], key)
+	kp := p.keys[string(id)]
 	if kp == nil {
-		kp = &keyPlan{id: id, key: key}
-		p.keys[id] = kp
+		if len(p.slab) == cap(p.slab) {
+			p.slab = make([]keyPlan, 0, 128)
+		}
+		p.slab = p.slab[:len(p.slab)+1]
+		kp = &p.slab[len(p.slab)-1]
+		*kp = keyPlan{id: p.intern(id), key: key}
+		p.keys[kp.id] = kp
 		p.order = append(p.order, kp)
 	}
 	return kp
 }
 
+// intern returns b as a string over p.ids.
+func (p *tablePlan) intern(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if cap(p.ids)-len(p.ids) < len(b) {
+		p.ids = make([]byte, 0, max(4096, len(b)))
+	}
+	at := len(p.ids)
+	p.ids = append(p.ids, b...)
+	return unsafe.String(&p.ids[at], len(b))
+}
+
 // keyID is change.KeyID of the keys' canon strings, built without them
 // for the common key types (whose canon is change.Canon).
 func keyID(key []any) string {
-	var scratch [64]byte
 	var out [128]byte
-	b := out[:0]
+	return string(appendKeyID(out[:0], key))
+}
+
+// appendKeyID appends keyID(key) to b.
+func appendKeyID(b []byte, key []any) []byte {
+	var scratch [64]byte
 	for i, v := range key {
 		if i > 0 {
 			b = append(b, 0)
@@ -55,7 +86,7 @@ func keyID(key []any) string {
 			b = change.AppendKeyPart(b, []byte(canon(v)))
 		}
 	}
-	return string(b)
+	return b
 }
 
 // plan converts a batch's events into typed rows grouped by table and key.
@@ -63,6 +94,10 @@ func keyID(key []any) string {
 // that do not exist yet are returned apart: they are only recorded.
 func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
 	plans = map[string]*tablePlan{}
+	// The keys' events are gathered first and then laid out in one slice,
+	// a key's events side by side: one allocation per batch, not per key.
+	pending := make([]fevent, 0, len(evs))
+	owners := make([]*keyPlan, 0, len(evs))
 	for i, ev := range evs {
 		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !ev.CanVisitAfter() {
 			continue // undecodable: already a dead letter
@@ -99,7 +134,19 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 			continue
 		}
 		kp := p.keyPlan(key)
-		kp.events = append(kp.events, fe)
+		kp.n++
+		pending, owners = append(pending, fe), append(owners, kp)
+	}
+	all := make([]fevent, len(pending))
+	off := 0
+	for _, p := range plans {
+		for _, kp := range p.order {
+			kp.events = all[off : off : off+kp.n] // capped: an append never reaches the next key's events
+			off += kp.n
+		}
+	}
+	for i, kp := range owners {
+		kp.events = append(kp.events, pending[i])
 	}
 	for _, p := range plans {
 		for _, kp := range p.order {

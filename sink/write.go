@@ -39,6 +39,32 @@ type writes struct {
 	// boxes holds the bookkeeping values of the rows written (by one
 	// goroutine at a time: this one, or pgx's COPY while this one waits).
 	boxes change.Boxes
+	// vers is where the transaction's fold and appendKey take versions
+	// from, a slab at a time; nothing keeps them past the transaction
+	// (the cache packs or detaches the states it keeps).
+	vers []version
+}
+
+// version returns a new zero version, from w's slab (nil w: the heap).
+func (w *writes) version() *version {
+	if w == nil {
+		return new(version)
+	}
+	if len(w.vers) == cap(w.vers) {
+		w.vers = make([]version, 0, min(max(8, 2*cap(w.vers)), 128))
+	}
+	w.vers = w.vers[:len(w.vers)+1]
+	return &w.vers[len(w.vers)-1]
+}
+
+// row returns a copy of r that its caller may write, from w's slabs.
+func (w *writes) row(r []any) []any {
+	if w == nil || r == nil {
+		return append([]any(nil), r...)
+	}
+	c := w.boxes.Anys(len(r))
+	copy(c, r)
+	return c
 }
 
 // unnest renders "unnest($a::t[], ...) AS alias(n1, ...)" for column arrays.

@@ -19,8 +19,9 @@ import (
 // long-lived ones (a state the sink keeps is packed or detached first). A
 // Boxes belongs to one goroutine. A nil *Boxes boxes values the ordinary
 // way. The values handed out are read-only: nothing may write through the
-// byte slices, json.RawMessage values, rows (Anys) or big.Int words it
-// hands out, or through a boxed pgtype.Numeric's Int.
+// byte slices, json.RawMessage values or big.Int words it
+// hands out, or through a boxed pgtype.Numeric's Int. A row from Anys is
+// its caller's alone: it may write its elements.
 type Boxes struct {
 	strs  []string
 	jsons []json.RawMessage
@@ -113,7 +114,7 @@ func (b *Boxes) CopyBytes(p []byte) []byte {
 // Anys returns a slice of n nil values, from a slab when n is small,
 // capped at n so that an append to it copies it.
 func (b *Boxes) Anys(n int) []any {
-	if b == nil || n > slabLen/4 {
+	if b == nil || n == 0 || n > slabLen/4 {
 		return make([]any, n)
 	}
 	if cap(b.anys)-len(b.anys) < n {

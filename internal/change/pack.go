@@ -348,7 +348,7 @@ func (u *Unpacker) Values() []any {
 	if !ok {
 		return nil
 	}
-	vs := make([]any, n)
+	vs := u.boxes.Anys(n)
 	for i := range vs {
 		switch tag := u.Byte(); tag {
 		case tagNil:
