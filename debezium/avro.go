@@ -415,7 +415,7 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header,
 			kerr = err
 		}
 	} else {
-		fields, ks, err := d.keyFields(raw, &r.lastKey)
+		fields, ks, err := d.keyFields(nil, raw, &r.lastKey)
 		kerr = err
 		for _, f := range fields {
 			v, err := typed(ks, f.name, f.v)

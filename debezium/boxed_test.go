@@ -38,8 +38,10 @@ func TestBoxedValueMatchesValue(t *testing.T) {
 		kTimestampNano:  {`1700000000123456789`, `-9223372036832400001`},
 		kZonedTimestamp: {`"2024-05-01T10:11:12.123456Z"`, `"2024-05-01T10:11:12+02:00"`, `"infinity"`, `"-infinity"`, `"+infinity"`, `"2024-13-01T00:00:00Z"`, `5`},
 		kJSON:           {`"{\"a\":[1,2]}"`, `"{}"`, `"not json"`, `"\"s\""`, `7`, `null`},
-		kDecimal:        {`""`, `"AA=="`, `"/w=="`, `"not base64"`, quote(change.Unavailable), `12`},
+		kDecimal:        {`""`, `"AA=="`, `"/w=="`, `"gA=="`, `"gAAA"`, `"//8="`, `"AP8="`, `"/wAA"`, `"not base64"`, quote(change.Unavailable), `12`},
 	}
+	edge := new(big.Int).Lsh(big.NewInt(1), 191) // -2^191: the widest two's complement that fits 24 bytes
+	inputs[kDecimal] = append(inputs[kDecimal], quote(b64(new(big.Int).Neg(edge), 24)), quote(b64(new(big.Int).Sub(edge, big.NewInt(1)), 24)))
 	for range 300 {
 		n := new(big.Int)
 		for range r.IntN(4) {

@@ -250,7 +250,7 @@ const NewKeyHeader = "__debezium.newkey"
 
 // oldKey decodes the old key in the order of ev.Key.
 func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {
-	fields, ks, err := d.keyFields(raw, &d.rule(ev.Origin.Topic).lastHeader)
+	fields, ks, err := d.keyFields(nil, raw, &d.rule(ev.Origin.Topic).lastHeader)
 	if err != nil {
 		return nil, err
 	}

@@ -301,7 +301,19 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	}
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
 	ev.Source = r.connector(func() string { return sourceKey(env.get(sourceName).Str, env.get(sourceDB).Str) })
-	seq := make([]byte, 0, 12*len(r.seqPaths))
+	var after gjson.Result
+	if opv.HasAfter() {
+		after = env.field("after") // checked below, after the sequence
+	}
+	afterLen := 0
+	if after.IsObject() {
+		afterLen = len(after.Raw)
+	}
+	// The image and the sequence share one allocation: both live as long
+	// as the event (an append past the estimate moves the sequence alone).
+	buf := make([]byte, afterLen, afterLen+12*len(r.seqPaths))
+	copy(buf, after.Raw[:afterLen])
+	seq := buf[afterLen:afterLen]
 	for i, p := range r.seqPaths {
 		if seq, err = appendSeq(seq, env.get(p)); err != nil {
 			if errors.Is(err, errMissing) && opv == change.OpRead {
@@ -320,14 +332,13 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		row = env.schema.row
 	}
 	if opv.HasAfter() {
-		after := env.field("after")
 		if !after.IsObject() {
 			if after.Exists() && after.Type != gjson.Null {
 				return nil, fmt.Errorf("%s event: after image is not a JSON object", op.Str)
 			}
 			return nil, fmt.Errorf("%s event: no after image", op.Str)
 		}
-		ev.AfterJSON = []byte(after.Raw)
+		ev.AfterJSON = buf[:afterLen:afterLen]
 		ev.AfterValid = true // unwrapJSON validated the payload
 	}
 	if row != nil {

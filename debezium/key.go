@@ -15,7 +15,8 @@ import (
 // order. Values are typed by the key's schema (or the row's) when there is
 // one.
 func (d *Decoder) keyOf(r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchema) ([]any, []string, error) {
-	fields, ks, kerr := d.keyFields(rawKey, &r.lastKey)
+	var buf [4]keyField
+	fields, ks, kerr := d.keyFields(buf[:0], rawKey, &r.lastKey)
 	if len(r.Keys) == 0 {
 		if kerr != nil {
 			return nil, nil, fmt.Errorf("message key: %w", kerr)
@@ -69,9 +70,9 @@ type keyField struct {
 	v    gjson.Result
 }
 
-// keyFields returns the fields of a JSON Kafka key in their order, and the
-// key's schema when it was written with one.
-func (d *Decoder) keyFields(raw []byte, last *atomic.Pointer[cached]) ([]keyField, *rowSchema, error) {
+// keyFields appends the fields of a JSON Kafka key to dst in their order,
+// and returns the key's schema when it was written with one.
+func (d *Decoder) keyFields(dst []keyField, raw []byte, last *atomic.Pointer[cached]) ([]keyField, *rowSchema, error) {
 	s := trimSpace(bytesString(raw))
 	if s == "" {
 		return nil, nil, errors.New("key is empty")
@@ -90,7 +91,7 @@ func (d *Decoder) keyFields(raw []byte, last *atomic.Pointer[cached]) ([]keyFiel
 		}
 		ks = sc.row
 	}
-	fields := make([]keyField, 0, 2)
+	fields := dst
 	payload.ForEach(func(k, v gjson.Result) bool {
 		fields = append(fields, keyField{name: k.Str, v: v})
 		return true

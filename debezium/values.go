@@ -145,7 +145,7 @@ func (c *column) boxedValue(v gjson.Result, boxes *change.Boxes) (any, error) {
 	return c.value(v)
 }
 
-// smallDecimal decodes a non-negative decimal of up to 24 bytes from the
+// smallDecimal decodes a decimal of up to 24 bytes from the
 // slabs of boxes, as decimal would; ok is false for anything else.
 func smallDecimal(b64 string, scale int32, boxes *change.Boxes) (pgtype.Numeric, bool) {
 	var buf [24]byte
@@ -153,10 +153,24 @@ func smallDecimal(b64 string, scale int32, boxes *change.Boxes) (pgtype.Numeric,
 		return pgtype.Numeric{}, false
 	}
 	n, err := base64.StdEncoding.Decode(buf[:], []byte(b64))
-	if err != nil || (n > 0 && buf[0]&0x80 != 0) {
+	if err != nil {
 		return pgtype.Numeric{}, false
 	}
+	neg := n > 0 && buf[0]&0x80 != 0
+	if neg { // two's complement: the magnitude is the bytes inverted, plus one
+		carry := true
+		for i := n - 1; i >= 0; i-- {
+			buf[i] = ^buf[i]
+			if carry {
+				buf[i]++
+				carry = buf[i] == 0
+			}
+		}
+	}
 	z := boxes.BigInt((n + 7) / 8).SetBytes(buf[:n])
+	if neg {
+		z.Neg(z)
+	}
 	return pgtype.Numeric{Int: z, Exp: -scale, Valid: true}, true
 }
 
