@@ -95,8 +95,9 @@ type item struct {
 
 type keyBuf struct {
 	ref       keyRef
-	items     []item // arrival order
+	items     []item // arrival order; starts in first
 	scheduled int64
+	first     [1]item // most keys wait with one event: no second allocation
 }
 
 type partState struct {
@@ -197,6 +198,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 	kb := s.keys[ref]
 	if kb == nil {
 		kb = &keyBuf{ref: ref}
+		kb.items = kb.first[:0]
 		s.keys[ref] = kb
 	}
 	for _, it := range kb.items {
@@ -218,7 +220,11 @@ func (s *Sequencer) Add(ev *change.Event) {
 	if ev.OldKey != nil && ev.Op == change.OpCreate {
 		it.gate = s.now().Add(s.cfg.KeyChangeWait).UnixNano()
 	}
+	inFirst := len(kb.items) == 1 && &kb.items[0] == &kb.first[0]
 	kb.items = append(kb.items, it)
+	if inFirst {
+		kb.first[0] = item{} // moved: no event kept alive by the old place
+	}
 	s.n++
 	if len(kb.items) == 1 {
 		kb.scheduled = dl
