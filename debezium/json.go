@@ -301,19 +301,8 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	}
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
 	ev.Source = r.connector(func() string { return sourceKey(env.get(sourceName).Str, env.get(sourceDB).Str) })
-	var after gjson.Result
-	if opv.HasAfter() {
-		after = env.field("after") // checked below, after the sequence
-	}
-	afterLen := 0
-	if after.IsObject() {
-		afterLen = len(after.Raw)
-	}
-	// The image and the sequence share one allocation: both live as long
-	// as the event (an append past the estimate moves the sequence alone).
-	buf := make([]byte, afterLen, afterLen+12*len(r.seqPaths))
-	copy(buf, after.Raw[:afterLen])
-	seq := buf[afterLen:afterLen]
+	var seqBuf [64]byte
+	seq := seqBuf[:0]
 	for i, p := range r.seqPaths {
 		if seq, err = appendSeq(seq, env.get(p)); err != nil {
 			if errors.Is(err, errMissing) && opv == change.OpRead {
@@ -323,7 +312,6 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 			return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
 		}
 	}
-	ev.Seq = seq
 	if opv == change.OpRead && seq != nil {
 		ev.SnapshotEnd = snapshotEnd(env.get(sourceSnapshot).Str)
 	}
@@ -331,14 +319,16 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	if env.schema != nil {
 		row = env.schema.row
 	}
+	var after string
 	if opv.HasAfter() {
-		if !after.IsObject() {
-			if after.Exists() && after.Type != gjson.Null {
+		a := env.field("after")
+		if !a.IsObject() {
+			if a.Exists() && a.Type != gjson.Null {
 				return nil, fmt.Errorf("%s event: after image is not a JSON object", op.Str)
 			}
 			return nil, fmt.Errorf("%s event: no after image", op.Str)
 		}
-		ev.AfterJSON = buf[:afterLen:afterLen]
+		after = a.Raw
 		ev.AfterValid = true // unwrapJSON validated the payload
 	}
 	if row != nil {
@@ -347,11 +337,28 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	if ev.ValidFrom, err = validFrom(r, env, row); err != nil {
 		return nil, err
 	}
-	if opv == change.OpTruncate {
-		return ev, nil
+	var idBuf [64]byte
+	id := idBuf[:0]
+	if opv != change.OpTruncate {
+		if ev.Key, ev.KeyNames, err = d.keyOf(ev, r, key, env, row); err != nil {
+			return nil, err
+		}
+		id = change.AppendKeyID(id, ev.Key)
 	}
-	if ev.Key, ev.KeyNames, err = d.keyOf(r, key, env, row); err != nil {
-		return nil, err
+	// The image, the sequence and the key's identity share one
+	// allocation: all three live as long as the event, and none is
+	// written again.
+	buf := make([]byte, 0, len(after)+len(seq)+len(id))
+	buf = append(append(append(buf, after...), seq...), id...)
+	if opv.HasAfter() {
+		ev.AfterJSON = buf[:len(after):len(after)]
+	}
+	if seq != nil {
+		n := len(after) + len(seq)
+		ev.Seq = buf[len(after):n:n]
+	}
+	if len(id) > 0 {
+		ev.SetKeyID(unsafe.String(&buf[len(after)+len(seq)], len(id)))
 	}
 	return ev, nil
 }

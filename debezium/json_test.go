@@ -87,6 +87,30 @@ func TestDecode(t *testing.T) {
 			t.Fatalf("event %+v", ev)
 		}
 	})
+	t.Run("image, sequence and key identity share an allocation, apart", func(t *testing.T) {
+		for _, c := range []struct{ topic, key, value string }{
+			{"shop.public.customers", `{"customer_id":"C1"}`, withSchema},
+			{"shop.public.orders", `{"shop":1,"order_id":"A-9","region":"eu"}`, // three key fields: more than the event holds in itself
+				`{"before":null,"after":{"shop":1,"order_id":"A-9","region":"eu","n":2},"source":{"sequence":"[\"100\",\"120\"]","lsn":120},"op":"u","ts_ms":1767225600000}`},
+		} {
+			ev, err := d.Decode(context.Background(), origin(c.topic), []byte(c.key), []byte(c.value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, seq, id := string(ev.AfterJSON), ev.Seq.String(), ev.KeyID()
+			if want := change.KeyID(ev.Key); id != want {
+				t.Fatalf("%s: key identity %q, want %q", c.topic, id, want)
+			}
+			if !strings.HasPrefix(img, `{"`) || !strings.HasSuffix(img, `}`) {
+				t.Fatalf("%s: image %q", c.topic, img)
+			}
+			_ = append(ev.Seq, 0xff, 0xff, 0xff)
+			_ = append(ev.AfterJSON, 0xff, 0xff, 0xff)
+			if string(ev.AfterJSON) != img || ev.Seq.String() != seq || ev.KeyID() != id || change.KeyID(ev.Key) != id {
+				t.Fatalf("%s: an append to one part wrote into another", c.topic)
+			}
+		}
+	})
 	t.Run("truncate", func(t *testing.T) {
 		ev, err := d.Decode(context.Background(), origin("shop.public.customers"), nil, []byte(`{"source":{"lsn":5,"ts_ms":1767225600000},"op":"t"}`))
 		if err != nil || ev.Op != change.OpTruncate || ev.Key != nil {

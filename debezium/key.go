@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
 )
 
@@ -14,7 +15,7 @@ import (
 // row images; with no key configured, every field of the Kafka key, in
 // order. Values are typed by the key's schema (or the row's) when there is
 // one.
-func (d *Decoder) keyOf(r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchema) ([]any, []string, error) {
+func (d *Decoder) keyOf(ev *change.Event, r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchema) ([]any, []string, error) {
 	var buf [4]keyField
 	fields, ks, kerr := d.keyFields(buf[:0], rawKey, &r.lastKey)
 	if len(r.Keys) == 0 {
@@ -25,7 +26,7 @@ func (d *Decoder) keyOf(r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchem
 			return nil, nil, errors.New("message has no key and the table configures no keys")
 		}
 		names := ks.keyNames(fields)
-		vals := make([]any, len(fields))
+		vals := ev.KeyRoom(len(fields))
 		for i, f := range fields {
 			v, err := typed(ks, f.name, f.v)
 			if err != nil {
@@ -35,7 +36,7 @@ func (d *Decoder) keyOf(r *rule, rawKey []byte, env *jsonEnvelope, row *rowSchem
 		}
 		return vals, names, nil
 	}
-	out := make([]any, len(r.Keys))
+	out := ev.KeyRoom(len(r.Keys))
 	for i, k := range r.Keys {
 		var v any
 		var err error

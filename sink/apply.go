@@ -66,7 +66,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	var uncached []*keyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.boxes); ok {
+		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
@@ -286,10 +286,11 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	res.VersionsOpened += out.opened
 	res.VersionsClosed += out.closed
 
-	next := &latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
+	next := w.slabs().latest()
+	*next = latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
 	if n := len(out.versions); n > 0 {
 		last := out.versions[n-1]
-		next.v = w.version()
+		next.v = w.slabs().version()
 		*next.v = *last // its row is not copied: ops.set packs (or detaches) the state at once
 		next.v.stored = true
 		next.openerSaved = (last.stored && l.openerSaved) || t.openerDiffers(last)
@@ -300,8 +301,8 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		t.spreadType1([]*version{next.v}, st.prevRow)
 	}
 	if n := len(out.side); n > 0 {
-		at := out.side[n-1].t
-		next.sideMaxSeq, next.sideMaxT = out.side[n-1].seq, &at
+		next.sideMaxSeq = out.side[n-1].seq
+		next.setSideMaxT(out.side[n-1].t)
 	}
 	return next
 }

@@ -36,11 +36,11 @@ type cacheEntry struct {
 // kept one, which its users never change, for another. A packed entry
 // that does not unpack (it cannot happen: it is pack's own output) is a
 // miss, and the key is read from the table.
-func (e cacheEntry) state(boxes *change.Boxes) (*latest, bool) {
+func (e cacheEntry) state(boxes *change.Boxes, mem *slabs) (*latest, bool) {
 	if e.l != nil {
 		return e.l, true
 	}
-	l, err := unpackLatest(e.blob, boxes)
+	l, err := unpackLatest(e.blob, boxes, mem)
 	return l, err == nil
 }
 
@@ -67,7 +67,7 @@ func (c *stateCache) get(k cacheKey) (*latest, bool) {
 	if !ok {
 		return nil, false
 	}
-	return e.state(nil)
+	return e.state(nil, nil)
 }
 
 // entry returns a key's entry, moving it to the newer generation; its
@@ -171,8 +171,10 @@ type cacheOps struct {
 	// reset: forget every key (a truncate folded too many to drop).
 	reset   bool
 	scratch []byte // where states are packed before their exact copy
-	// boxes holds the values of the states unpacked for the transaction.
+	// boxes and mem hold the values and structs of the states unpacked
+	// for the transaction.
 	boxes change.Boxes
+	mem   slabs
 	// off: nothing set is kept (no cache, or a batch applied isolating
 	// values, after which the cache is emptied).
 	off bool

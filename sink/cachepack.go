@@ -94,19 +94,21 @@ func packLatest(b []byte, l *latest) ([]byte, bool) {
 	return b, true
 }
 
-// unpackLatest decodes what packLatest encoded, boxing values from boxes.
-func unpackLatest(blob []byte, boxes *change.Boxes) (*latest, error) {
+// unpackLatest decodes what packLatest encoded, boxing values from boxes
+// and taking the structs from mem.
+func unpackLatest(blob []byte, boxes *change.Boxes, mem *slabs) (*latest, error) {
 	u := change.NewUnpacker(blob, boxes)
 	flags := u.Byte()
-	l := &latest{openerSaved: flags&1 != 0}
+	l := mem.latest()
+	l.openerSaved = flags&1 != 0
 	l.sideMaxSeq = change.Seq(u.OptBytes())
 	if flags&4 != 0 {
-		t := u.Time()
-		l.sideMaxT = &t
+		l.setSideMaxT(u.Time())
 	}
 	if flags&2 != 0 {
 		vf := u.Byte()
-		v := &version{stored: vf&1 != 0, closed: vf&2 != 0, op: change.Op(u.Byte())}
+		v := mem.version()
+		v.stored, v.closed, v.op = vf&1 != 0, vf&2 != 0, change.Op(u.Byte())
 		v.id = u.Varint()
 		v.seq = change.Seq(u.OptBytes())
 		v.hash = u.OptBytes()

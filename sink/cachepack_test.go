@@ -221,6 +221,7 @@ func diffLatest(a, b *latest) string {
 func TestPackLatestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 17))
 	var boxes change.Boxes // values from slabs, and (odd cases) boxed the ordinary way
+	var slabs slabs        // and the structs
 	type kept struct{ want, got *latest }
 	var keep []kept
 	for i := range 20000 {
@@ -229,11 +230,11 @@ func TestPackLatestRoundTrip(t *testing.T) {
 		if !ok {
 			t.Fatalf("case %d: no packed form for %+v", i, l)
 		}
-		bx := &boxes
+		bx, mem := &boxes, &slabs
 		if i%2 == 1 {
-			bx = nil
+			bx, mem = nil, nil
 		}
-		got, err := unpackLatest(blob, bx)
+		got, err := unpackLatest(blob, bx, mem)
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -250,7 +251,7 @@ func TestPackLatestRoundTrip(t *testing.T) {
 			}
 		}
 		// A cut entry is an error, never a panic.
-		if _, err := unpackLatest(blob[:r.IntN(len(blob))], bx); err == nil {
+		if _, err := unpackLatest(blob[:r.IntN(len(blob))], bx, mem); err == nil {
 			t.Fatalf("case %d: a cut entry unpacked", i)
 		}
 		if i%50 == 0 {

@@ -69,7 +69,7 @@ func (v *version) event(row []any, absent []string) fevent {
 
 // clone returns a copy of v with its own row, from w's slabs.
 func (v *version) clone(w *writes) *version {
-	c := w.version()
+	c := w.slabs().version()
 	*c = *v
 	c.row = w.row(v.row)
 	return c
@@ -116,6 +116,7 @@ type foldOut struct {
 // which versions exist.
 func (t *table) fold(st *foldState, evs []fevent) foldOut {
 	var out foldOut
+	out.versions, out.side = st.w.slabs().versionList(), st.w.slabs().sideList()
 	if st.live != nil {
 		out.versions = append(out.versions, st.live) // touched: its Type 1 values may change
 	}
@@ -158,7 +159,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 				closeLive(at, e.seq)
 			}
 			if st.live == nil {
-				v := st.w.version()
+				v := st.w.slabs().version()
 				*v = version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: st.w.row(row), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent}
 				st.live = v
 				out.versions = append(out.versions, v) // new: not touched before

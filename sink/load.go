@@ -58,6 +58,7 @@ type latest struct {
 	openerSaved bool     // the latest version's opener is in the side table
 	sideMaxSeq  change.Seq
 	sideMaxT    *time.Time
+	sideT       time.Time // where setSideMaxT points sideMaxT
 }
 
 // maxSeq is the highest sequence the table knows for the key.

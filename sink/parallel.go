@@ -246,12 +246,12 @@ func partitionLess(a, b change.Partition) bool {
 
 // cached returns a key's state remembered between batches, its values
 // boxed from boxes.
-func (s *Sink) cached(k cacheKey, boxes *change.Boxes) (*latest, bool) {
+func (s *Sink) cached(k cacheKey, boxes *change.Boxes, mem *slabs) (*latest, bool) {
 	s.amu.Lock()
 	e, ok := s.cache.entry(k)
 	s.amu.Unlock()
 	if !ok {
 		return nil, false
 	}
-	return e.state(boxes)
+	return e.state(boxes, mem)
 }

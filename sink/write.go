@@ -39,22 +39,17 @@ type writes struct {
 	// boxes holds the bookkeeping values of the rows written (by one
 	// goroutine at a time: this one, or pgx's COPY while this one waits).
 	boxes change.Boxes
-	// vers is where the transaction's fold and appendKey take versions
-	// from, a slab at a time; nothing keeps them past the transaction
-	// (the cache packs or detaches the states it keeps).
-	vers []version
+	// mem is where the transaction's fold and appendKey take versions,
+	// states and lists from.
+	mem slabs
 }
 
-// version returns a new zero version, from w's slab (nil w: the heap).
-func (w *writes) version() *version {
+// slabs returns w's slabs (nil for a nil w: the heap).
+func (w *writes) slabs() *slabs {
 	if w == nil {
-		return new(version)
+		return nil
 	}
-	if len(w.vers) == cap(w.vers) {
-		w.vers = make([]version, 0, min(max(8, 2*cap(w.vers)), 128))
-	}
-	w.vers = w.vers[:len(w.vers)+1]
-	return &w.vers[len(w.vers)-1]
+	return &w.mem
 }
 
 // row returns a copy of r that its caller may write, from w's slabs.

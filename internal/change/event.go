@@ -121,8 +121,10 @@ type Event struct {
 	Source string
 
 	keyID string
-	hash  [16]byte
-	hashd bool
+	// keyRoom holds a short Key in the event itself (KeyRoom).
+	keyRoom [2]any
+	hash    [16]byte
+	hashd   bool
 	// afterPacked is AfterValues packed (PackAfterValues) while the event
 	// waits in the buffer; AfterValues is then nil.
 	afterPacked []byte
@@ -192,6 +194,19 @@ func valuesSize(vs []any, per int) int {
 // eventOverhead is an Event's struct and the allocations around it.
 const eventOverhead = 320
 
+// KeyRoom returns n nil values for Key, held in the event itself when n
+// is small: no allocation of their own.
+func (e *Event) KeyRoom(n int) []any {
+	if n <= len(e.keyRoom) {
+		return e.keyRoom[:n:n]
+	}
+	return make([]any, n)
+}
+
+// SetKeyID records id, which must be KeyID(e.Key), as the key's identity:
+// for a decoder that builds it into memory it allocates anyway.
+func (e *Event) SetKeyID(id string) { e.keyID = id }
+
 // KeyID returns a canonical string identifying the event's business key
 // within its table; equal keys give equal strings.
 func (e *Event) KeyID() string {
@@ -224,14 +239,18 @@ func (e *Event) Hash() [16]byte {
 // KeyID canonically encodes key values.
 func KeyID(key []any) string {
 	var buf [96]byte // most keys: one allocation, the string
-	b := buf[:0]
+	return string(AppendKeyID(buf[:0], key))
+}
+
+// AppendKeyID appends KeyID(key) to b.
+func AppendKeyID(b []byte, key []any) []byte {
 	for i, v := range key {
 		if i > 0 {
 			b = append(b, 0)
 		}
 		b = AppendCanon(b, v)
 	}
-	return string(b)
+	return b
 }
 
 // ContentHash digests an event's content. Values are encoded with a type tag,
