@@ -38,7 +38,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 		return v, nil // already what the column holds: no copy, no new box
 	}
 	switch col.oid {
-	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID:
+	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID: // isText
 		return asText(v), nil
 	case pgtype.BoolOID:
 		switch x := v.(type) {
@@ -241,6 +241,11 @@ func sizedInt(col *colInfo, n int64) (any, error) {
 		return int32(n), nil
 	}
 	return n, nil
+}
+
+// isText reports whether a column of type oid holds text (asText).
+func isText(oid uint32) bool {
+	return oid == pgtype.TextOID || oid == pgtype.VarcharOID || oid == pgtype.BPCharOID || oid == pgtype.NameOID
 }
 
 func asText(v any) string {

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -205,8 +206,16 @@ func TestRetriesLostConnections(t *testing.T) {
 
 // TestSchemaEvolutionAndTypes: a table created from schemaless events alone
 // gains the columns later events bring, as text; an existing table's column types are kept and
-// values are cast into them, compared by value (12.5 = 12.50).
+// values are cast into them, compared by value (12.5 = 12.50). The images
+// come as maps, and as the raw JSON the Kafka decoder keeps (visited
+// member by member, never a map).
 func TestSchemaEvolutionAndTypes(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		t.Run(fmt.Sprintf("raw JSON %v", raw), func(t *testing.T) { testSchemaEvolutionAndTypes(t, raw) })
+	}
+}
+
+func testSchemaEvolutionAndTypes(t *testing.T, raw bool) {
 	pool := newPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE prices_history (sku varchar(20), price numeric(10,2), seen date,
@@ -217,8 +226,16 @@ func TestSchemaEvolutionAndTypes(t *testing.T) {
 	events := sink.TableSpec{Target: "events_history", Keys: []string{"id"}}
 	s := newSink(t, pool, "public", prices, events)
 	ev := func(table string, seq int64, key any, after map[string]any) *change.Event {
-		return &change.Event{Table: table, Key: []any{key}, Seq: change.MustSeq(seq), Op: change.OpUpdate,
+		e := &change.Event{Table: table, Key: []any{key}, Seq: change.MustSeq(seq), Op: change.OpUpdate,
 			ValidFrom: day.Add(time.Duration(seq) * time.Hour), After: after}
+		if raw {
+			b, err := json.Marshal(after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.After, e.AfterJSON, e.AfterValid = nil, b, true
+		}
+		return e
 	}
 	apply(t, s,
 		ev("prices_history", 1, "A", map[string]any{"sku": "A", "price": json.Number("12.5"), "seen": "2026-01-01"}),

@@ -295,8 +295,11 @@ func (f *rowFill) put(name string, raw any) error {
 	if !ok {
 		return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
 	}
-	v, err := f.s.conv.convert(&t.cols[i], raw)
-	if err != nil {
+	var v any
+	var err error
+	if n, ok := raw.(json.Number); ok && isText(t.cols[i].oid) {
+		v = f.s.boxes.String(string(n)) // convert's asText, boxed from the batch's slabs
+	} else if v, err = f.s.conv.convert(&t.cols[i], raw); err != nil {
 		return typeMismatch(f.ev, &t.cols[i], err)
 	}
 	f.row[i] = v

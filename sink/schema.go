@@ -212,9 +212,15 @@ func (t *table) hasAll(image map[string]any, ignored []string) bool {
 		return false
 	}
 	for name := range image {
-		if _, ok := t.colIdx[pgIdent(name)]; !ok && !contains(ignored, name) {
+		if !t.has(name, ignored) {
 			return false
 		}
 	}
 	return true
+}
+
+// has reports whether the table has the image's column name, or ignores it.
+func (t *table) has(name string, ignored []string) bool {
+	_, ok := t.colIdx[pgIdent(name)]
+	return ok || contains(ignored, name)
 }

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -311,7 +312,29 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 				note(k, "text", true)
 			}
 		}
-		if ev.Row == nil && !t.hasAll(afters[i], spec.IgnoreColumns) { // most often it has them: noting them would change nothing
+		if ev.Row == nil && afters[i] == nil && ev.Op.HasAfter() && ev.CanVisitAfter() {
+			// An image plan visits without a map: its names alone.
+			all := t != nil
+			if all {
+				ev.VisitAfterNames(func(name string) bool {
+					all = t.has(name, spec.IgnoreColumns)
+					return all
+				})
+			}
+			if !all { // most often it has them: noting them would change nothing
+				var names []string
+				ev.VisitAfterNames(func(name string) bool {
+					if !slices.Contains(names, name) {
+						names = append(names, name)
+					}
+					return true
+				})
+				sort.Strings(names)
+				for _, name := range names {
+					note(name, "text", true)
+				}
+			}
+		} else if ev.Row == nil && !t.hasAll(afters[i], spec.IgnoreColumns) { // most often it has them: noting them would change nothing
 			names := make([]string, 0, len(afters[i]))
 			for name := range afters[i] {
 				names = append(names, name)

@@ -48,6 +48,7 @@ func typeOf(v any) unsafe.Pointer { return (*eface)(unsafe.Pointer(&v)).typ }
 
 var (
 	stringType  = typeOf("")
+	numberType  = typeOf(json.Number(""))
 	int64Type   = typeOf(int64(0))
 	int32Type   = typeOf(int32(0))
 	timeType    = typeOf(time.Time{})
@@ -82,6 +83,17 @@ func (b *Boxes) String(s string) any {
 	p := next(&b.strs)
 	*p = s
 	return boxAt(stringType, unsafe.Pointer(p))
+}
+
+// Number returns n as an interface (a json.Number shares a string's
+// layout, and its slab).
+func (b *Boxes) Number(n json.Number) any {
+	if b == nil || n == "" {
+		return n
+	}
+	p := next(&b.strs)
+	*p = string(n)
+	return boxAt(numberType, unsafe.Pointer(p))
 }
 
 // Copy returns a copy of s, from a slab when it is short, capped at its

@@ -121,6 +121,9 @@ type Event struct {
 	Source string
 
 	keyID string
+	// visitable caches visitableObject(AfterJSON) for an image without a
+	// schema: 0 unknown, 1 yes, -1 no.
+	visitable int8
 	// keyRoom holds a short Key in the event itself (KeyRoom).
 	keyRoom [2]any
 	hash    [16]byte
@@ -342,8 +345,20 @@ type RowVisitor interface {
 // CanVisitAfter reports whether VisitAfter can hand the row image over
 // without a map: AfterValues, or AfterJSON with a RowVisitor.
 func (e *Event) CanVisitAfter() bool {
-	if e.After != nil || e.Row == nil {
+	if e.After != nil {
 		return false
+	}
+	if e.Row == nil {
+		if e.AfterJSON == nil || e.AfterValues != nil || e.afterPacked != nil {
+			return false
+		}
+		if e.visitable == 0 {
+			e.visitable = -1
+			if visitableObject(e.AfterJSON) {
+				e.visitable = 1
+			}
+		}
+		return e.visitable > 0
 	}
 	if e.AfterValues != nil || e.afterPacked != nil {
 		return true
@@ -372,7 +387,18 @@ func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) erro
 		}
 		return nil
 	}
+	if e.Row == nil {
+		return visitObject(e.AfterJSON, e.AfterValid, boxes, fn)
+	}
 	return e.Row.(RowVisitor).VisitRow(e.AfterJSON, e.AfterValid, boxes, fn)
+}
+
+// VisitAfterNames hands the names of a schemaless image's columns to fn
+// until it returns false (an event CanVisitAfter, without a Row).
+func (e *Event) VisitAfterNames(fn func(name string) bool) {
+	if e.Row == nil && e.CanVisitAfter() {
+		visitNames(e.AfterJSON, fn)
+	}
 }
 
 // DecodeAfter returns the event's row image, decoding AfterJSON if needed.

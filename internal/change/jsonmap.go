@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -65,6 +66,52 @@ func valueOf(v gjson.Result) any {
 		return out
 	}
 	return objectOf(v)
+}
+
+// visitableObject reports whether visitObject takes a schemaless image:
+// a JSON object (by its first byte) that decodeObject would parse with
+// gjson, not hand to encoding/json.
+func visitableObject(raw []byte) bool {
+	s := strings.TrimLeft(unsafe.String(unsafe.SliceData(raw), len(raw)), " \t\r\n")
+	return len(s) > 0 && s[0] == '{' && utf8.Valid(raw) && !bytes.Contains(raw, []byte(`\ud`)) && !bytes.Contains(raw, []byte(`\uD`))
+}
+
+// visitObject hands a schemaless image's members to fn in their order,
+// with the values decodeObject gives them (a repeated member is handed
+// each time: the last one is the map's), scalars boxed from boxes. The
+// strings share raw, which nobody writes to. The image must be
+// visitableObject.
+func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v any) error) error {
+	s := unsafe.String(unsafe.SliceData(raw), len(raw))
+	if !valid && !gjson.Valid(s) {
+		return errors.New("row image is not a JSON object: invalid JSON")
+	}
+	var err error
+	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+		var val any
+		switch v.Type {
+		case gjson.Null:
+		case gjson.True:
+			val = true
+		case gjson.False:
+			val = false
+		case gjson.Number:
+			val = boxes.Number(json.Number(v.Raw))
+		case gjson.String:
+			val = boxes.String(v.Str)
+		default:
+			val = valueOf(v)
+		}
+		err = fn(k.Str, val)
+		return err == nil
+	})
+	return err
+}
+
+// visitNames hands a schemaless image's member names to fn (see
+// visitObject).
+func visitNames(raw []byte, fn func(name string) bool) {
+	gjson.Parse(unsafe.String(unsafe.SliceData(raw), len(raw))).ForEach(func(k, _ gjson.Result) bool { return fn(k.Str) })
 }
 
 // decodeObjectStd is encoding/json's decoding with UseNumber.

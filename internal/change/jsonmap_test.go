@@ -2,11 +2,14 @@ package change
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // randomJSON writes a random JSON value: nested objects and arrays,
@@ -71,5 +74,72 @@ func TestDecodeObjectMatchesEncodingJSON(t *testing.T) {
 	}
 	if fast < 2000 {
 		t.Fatalf("only %d images took the gjson path", fast)
+	}
+}
+
+// TestVisitObjectMatchesDecodeObject: a schemaless image visited member by
+// member (the sink's path, values boxed from slabs) gives what
+// decodeObject's map holds, the last of repeated members winning; images
+// it does not take are left to decodeObject.
+func TestVisitObjectMatchesDecodeObject(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	images := []string{`{}`, `{"a":1,"a":"x"}`, `{"x":[]}`, `{"n":-1.5e3,"b":true,"f":false,"z":null,"s":"q\"\\u00e9"}`,
+		` {"spaced" : [ 1 , 2 ] } `, `null`, `[1]`, `"s"`, "{\"bad\":\"\xff\"}", `{"lone":"\ud800"}`, `{"pair":"\uD83D\uDE00"}`}
+	for range 3000 {
+		var b strings.Builder
+		b.WriteString(`{"k":`)
+		randomJSON(rng, &b, 0)
+		b.WriteString(`, "id": 7, "s": "v\"w", "k2": `)
+		randomJSON(rng, &b, 0)
+		b.WriteString(`}`)
+		images = append(images, b.String())
+	}
+	var boxes Boxes
+	visited := 0
+	type kept struct{ got, want map[string]any }
+	var keep []kept
+	for i, img := range images {
+		raw := []byte(img)
+		if !visitableObject(raw) {
+			if m, err := decodeObject(raw); err == nil && m != nil && json.Valid(raw) && !strings.Contains(img, `\ud`) && !strings.Contains(img, `\uD`) && utf8.ValidString(img) {
+				t.Fatalf("%s: an object decodeObject parses with gjson was not taken", img)
+			}
+			continue
+		}
+		visited++
+		want, werr := decodeObject(raw)
+		got := map[string]any{}
+		bx := &boxes
+		if i%2 == 1 {
+			bx = nil
+		}
+		gerr := visitObject(raw, false, bx, func(name string, v any) error {
+			got[name] = v
+			return nil
+		})
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("%s: decodeObject says %v, visitObject %v", img, werr, gerr)
+		}
+		if werr == nil && !reflect.DeepEqual(want, got) {
+			t.Fatalf("%s:\n decodeObject %#v\n visitObject  %#v", img, want, got)
+		}
+		if i%10 == 0 {
+			keep = append(keep, kept{got, want})
+		}
+	}
+	runtime.GC()
+	for _, k := range keep {
+		if !reflect.DeepEqual(k.got, k.want) {
+			t.Fatalf("visited values changed after a collection: %#v, want %#v", k.got, k.want)
+		}
+	}
+	if visited < 2500 {
+		t.Fatalf("only %d images visited", visited)
+	}
+	// A member's error stops the visit and is returned as it is.
+	stop := errors.New("stop")
+	n := 0
+	if err := visitObject([]byte(`{"a":1,"b":2}`), true, nil, func(string, any) error { n++; return stop }); err != stop || n != 1 {
+		t.Fatalf("error %v after %d members", err, n)
 	}
 }
