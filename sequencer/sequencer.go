@@ -29,6 +29,7 @@ package sequencer
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"time"
@@ -88,15 +89,22 @@ type keyRef struct {
 
 type item struct {
 	ev       *change.Event
-	deadline int64 // unix nanoseconds: compact, for large buffers
-	gate     int64 // a primary-key change's create: wait for the old key until then
-	size     int64 // ev.Size() when added
+	deadline int64  // unix nanoseconds: compact, for large buffers
+	gate     int64  // a primary-key change's create: wait for the old key until then
+	size     int64  // ev.Size() when added
+	seqTag   uint64 // a digest of ev.Seq: repeats are looked for without reading the events
 }
+
+// seqTag digests a sequence for item.seqTag.
+func seqTag(seq change.Seq) uint64 { return maphash.Bytes(seqSeed, seq) }
+
+var seqSeed = maphash.MakeSeed()
 
 type keyBuf struct {
 	ref       keyRef
 	items     []item // arrival order; starts in first
 	scheduled int64
+	gone      bool    // out of Sequencer.keys (for good): its heap entries are stale
 	first     [1]item // most keys wait with one event: no second allocation
 }
 
@@ -201,8 +209,9 @@ func (s *Sequencer) Add(ev *change.Event) {
 		kb.items = kb.first[:0]
 		s.keys[ref] = kb
 	}
+	tag := seqTag(ev.Seq)
 	for _, it := range kb.items {
-		if it.ev.Seq.Compare(ev.Seq) != 0 {
+		if it.seqTag != tag || it.ev.Seq.Compare(ev.Seq) != 0 {
 			continue
 		}
 		if it.ev.Hash() == ev.Hash() {
@@ -215,7 +224,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 		return
 	}
 	dl := s.now().Add(s.cfg.ReorderWindow).UnixNano()
-	it := item{ev: ev, deadline: dl, size: int64(ev.Size())}
+	it := item{ev: ev, deadline: dl, size: int64(ev.Size()), seqTag: tag}
 	s.bytes += it.size
 	if ev.OldKey != nil && ev.Op == change.OpCreate {
 		it.gate = s.now().Add(s.cfg.KeyChangeWait).UnixNano()
@@ -253,7 +262,7 @@ func (s *Sequencer) Stats() Stats { return s.stats }
 func (s *Sequencer) NextDeadline() (time.Time, bool) {
 	for s.due.Len() > 0 {
 		top := s.due[0]
-		if s.keys[top.kb.ref] == top.kb && top.kb.scheduled == top.at {
+		if !top.kb.gone && top.kb.scheduled == top.at {
 			return time.Unix(0, top.at), true
 		}
 		s.due.pop()
@@ -270,7 +279,7 @@ func (s *Sequencer) Release() Output {
 	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
 		e := s.due.pop()
 		kb := e.kb
-		if s.keys[kb.ref] != kb || kb.scheduled != e.at {
+		if kb.gone || kb.scheduled != e.at {
 			continue // stale entry
 		}
 		now := max(clock, e.at) // over budget: as if the clock were at the key's deadline
@@ -417,7 +426,7 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
 	if len(kb.items) == 0 {
 		delete(s.keys, ref)
-		kb.scheduled = 0
+		kb.scheduled, kb.gone = 0, true
 		return
 	}
 	first := kb.items[0].deadline
