@@ -31,11 +31,11 @@ type jsonEnvelope struct {
 // read takes the payload's top-level fields.
 func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
 	e.payload, e.schema, e.n = payload, schema, 0
-	payload.ForEach(func(k, v gjson.Result) bool {
+	change.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
 		if e.n == len(e.names) {
 			return false
 		}
-		e.names[e.n], e.values[e.n] = k.Str, v
+		e.names[e.n], e.values[e.n] = k, v
 		e.n++
 		return true
 	})

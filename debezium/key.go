@@ -93,8 +93,8 @@ func (d *Decoder) keyFields(dst []keyField, raw []byte, last *atomic.Pointer[cac
 		ks = sc.row
 	}
 	fields := dst
-	payload.ForEach(func(k, v gjson.Result) bool {
-		fields = append(fields, keyField{name: k.Str, v: v})
+	change.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
+		fields = append(fields, keyField{name: k, v: v})
 		return true
 	})
 	return fields, ks, nil

@@ -54,10 +54,10 @@ func (r *rowSchema) VisitRow(raw []byte, valid bool, boxes *change.Boxes, fn fun
 		return errors.New("row image is not a JSON object")
 	}
 	var err error
-	res.ForEach(func(k, v gjson.Result) bool {
-		c := r.byName[k.Str]
+	change.ForEachMember(s, func(k string, v gjson.Result) bool {
+		c := r.byName[k]
 		if c == nil {
-			err = fn(k.Str, anyValue(v))
+			err = fn(k, anyValue(v))
 			return err == nil
 		}
 		val, e := c.boxedValue(v, boxes)

@@ -87,7 +87,7 @@ func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v an
 		return errors.New("row image is not a JSON object: invalid JSON")
 	}
 	var err error
-	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+	ForEachMember(s, func(k string, v gjson.Result) bool {
 		var val any
 		switch v.Type {
 		case gjson.Null:
@@ -102,7 +102,7 @@ func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v an
 		default:
 			val = valueOf(v)
 		}
-		err = fn(k.Str, val)
+		err = fn(k, val)
 		return err == nil
 	})
 	return err
@@ -111,7 +111,7 @@ func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v an
 // visitNames hands a schemaless image's member names to fn (see
 // visitObject).
 func visitNames(raw []byte, fn func(name string) bool) {
-	gjson.Parse(unsafe.String(unsafe.SliceData(raw), len(raw))).ForEach(func(k, _ gjson.Result) bool { return fn(k.Str) })
+	ForEachMember(unsafe.String(unsafe.SliceData(raw), len(raw)), func(k string, _ gjson.Result) bool { return fn(k) })
 }
 
 // decodeObjectStd is encoding/json's decoding with UseNumber.
