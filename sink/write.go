@@ -180,16 +180,15 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.insVersions) > 0 {
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		rows := copyRows(len(w.insVersions), len(cols), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.hist, cols, &t.histCopy, len(w.insVersions), func(i int, row []any) []any {
 			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i], &w.boxes)
-		})
-		if _, err := tx.CopyFrom(ctx, t.hist, cols, rows); err != nil {
+		}); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
 	}
 	if len(w.insSide) > 0 {
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		rows := copyRows(len(w.insSide), len(cols), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.side, cols, &t.sideCopy, len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.row != nil {
 				row = append(row, sr.ev.row...)
@@ -202,8 +201,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 			}
 			b := &w.boxes
 			return append(row, b.Bytes(sr.ev.seq), opText[sr.ev.op], b.Time(sr.ev.t), b.Bytes(sr.ev.hash), sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw, b), t.attnum)
-		})
-		if _, err := tx.CopyFrom(ctx, t.side, cols, rows); err != nil {
+		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
 	}
@@ -259,21 +257,6 @@ var opText = func() map[change.Op]any {
 	return m
 }()
 
-// copyRows streams n rows to COPY, each built by fill into one slice of
-// capacity width that is reused from row to row (pgx encodes a row before
-// it asks for the next).
-func copyRows(n, width int, fill func(i int, row []any) []any) pgx.CopyFromSource {
-	buf := make([]any, 0, width)
-	i := 0
-	return pgx.CopyFromFunc(func() ([]any, error) {
-		if i == n {
-			return nil, nil
-		}
-		row := fill(i, buf[:0])
-		i++
-		return row, nil
-	})
-}
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
