@@ -257,7 +257,6 @@ var opText = func() map[change.Op]any {
 	return m
 }()
 
-
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
 	types, names, args := t.versionKeys(vs)
