@@ -116,7 +116,7 @@ type foldOut struct {
 // which versions exist.
 func (t *table) fold(st *foldState, evs []fevent) foldOut {
 	var out foldOut
-	out.versions, out.side = st.w.slabs().versionList(), st.w.slabs().sideList()
+	out.versions = st.w.slabs().versionList() // out.side takes its room at its first row
 	if st.live != nil {
 		out.versions = append(out.versions, st.live) // touched: its Type 1 values may change
 	}
@@ -172,10 +172,16 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			if len(st.live.absent) > 0 {
 				t.learn(st.live, row, e.absent)
 			}
+			if out.side == nil {
+				out.side = st.w.slabs().sideList()
+			}
 			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, row: row, hash: e.hash, unavail: e.unavail, absent: e.absent, src: e.src})
 		case e.op == change.OpDelete:
 			if t.spec.Deletes == DeletesClose && st.live != nil {
 				closeLive(at, e.seq)
+			}
+			if out.side == nil {
+				out.side = st.w.slabs().sideList()
 			}
 			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, hash: e.hash, src: e.src})
 		}

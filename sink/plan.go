@@ -96,8 +96,12 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 	plans = map[string]*tablePlan{}
 	// The keys' events are gathered first and then laid out in one slice,
 	// a key's events side by side: one allocation per batch, not per key.
-	pending := make([]fevent, 0, len(evs))
-	owners := make([]*keyPlan, 0, len(evs))
+	pending, owners := s.pending[:0], s.owners[:0]
+	defer func() {
+		clear(pending) // nothing of this batch kept alive by the scratch
+		clear(owners)
+		s.pending, s.owners = pending[:0], owners[:0]
+	}()
 	for i, ev := range evs {
 		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !ev.CanVisitAfter() {
 			continue // undecodable: already a dead letter

@@ -60,6 +60,9 @@ type Sink struct {
 	// (under mu); they die with the batch (the cache packs or detaches
 	// what it keeps).
 	boxes change.Boxes
+	// pending and owners: plan's scratch (under mu), emptied after use.
+	pending []fevent
+	owners  []*keyPlan
 	// fill and fillPut: toFevent's scratch (under mu).
 	fill    rowFill
 	fillPut func(name string, raw any) error
