@@ -32,6 +32,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -205,9 +206,11 @@ func (s *Sequencer) Add(ev *change.Event) {
 	ref := keyRef{ev.Table, ev.KeyID()}
 	kb := s.keys[ref]
 	if kb == nil {
-		kb = &keyBuf{ref: ref}
+		// The identity is copied: the event's shares its image's memory,
+		// which the key's buffer (and keyEnds) may outlive.
+		kb = &keyBuf{ref: keyRef{ref.table, strings.Clone(ref.key)}}
 		kb.items = kb.first[:0]
-		s.keys[ref] = kb
+		s.keys[kb.ref] = kb
 	}
 	tag := seqTag(ev.Seq)
 	for _, it := range kb.items {
@@ -350,6 +353,7 @@ func (s *Sequencer) DropPartitions(parts []change.Partition) {
 				kept = append(kept, it)
 			}
 		}
+		clear(kb.items[len(kept):]) // no dropped event kept alive
 		kb.items = kept
 		s.reschedule(ref, kb)
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -206,6 +207,23 @@ func TestRandomised(t *testing.T) {
 		}
 		if cp := s.CommitPoints()[p0]; cp != off {
 			t.Fatalf("seed %d: final commit point %d, want %d", seed, cp, off)
+		}
+	}
+}
+
+// TestKeyIdentityCopied: a key's buffer keeps its own copy of the key's
+// identity, not the event's, which shares the event's image memory
+// (debezium's decoder builds it there) and would keep it alive as long as
+// the key has events buffered.
+func TestKeyIdentityCopied(t *testing.T) {
+	s, _ := newSeq(t, time.Second, 100)
+	e := ev(p0, 1, "k", 1, "a")
+	buf := []byte(change.KeyID(e.Key))
+	e.SetKeyID(unsafe.String(&buf[0], len(buf)))
+	s.Add(e)
+	for ref := range s.keys {
+		if unsafe.StringData(ref.key) == &buf[0] || unsafe.StringData(s.keys[ref].ref.key) == &buf[0] {
+			t.Fatal("the key's buffer keeps the event's identity bytes")
 		}
 	}
 }

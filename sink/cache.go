@@ -30,6 +30,11 @@ type cacheEntry struct {
 	blob []byte
 	l    *latest
 	size int // estimated bytes
+	// key is the entry's own copy of its key's identity, which the map
+	// keeps: a batch's identities share its memory (tablePlan.intern),
+	// and a map assignment stores the key it is given, even over an
+	// existing entry.
+	key string
 }
 
 // state returns the entry's state: a fresh one for a packed entry; the
@@ -105,9 +110,15 @@ func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	old, ok := c.cur[k]
-	if !ok {
-		k.key = strings.Clone(k.key) // a batch's identities share its memory (tablePlan.intern)
+	switch {
+	case ok:
+		k.key = old.key
+	case e.key != "": // moved from the older generation
+		k.key = e.key
+	default:
+		k.key = strings.Clone(k.key)
 	}
+	e.key = k.key
 	if ok {
 		c.curBytes -= old.size
 	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func TestStateCacheBounds(t *testing.T) {
@@ -53,4 +54,45 @@ func TestStateCacheBounds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStateCacheKeepsItsOwnKeys: the cache's map keeps copies of the key
+// identities it is given, which share a batch's memory
+// (tablePlan.intern): neither a new entry nor one stored over an
+// existing entry, nor one moved between generations, keeps the batch's
+// bytes alive.
+func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
+	tbl := &table{}
+	l := &latest{v: &version{key: []any{int64(1)}, row: []any{"x"}}}
+	var given []*byte
+	batchKey := func() cacheKey {
+		p := &tablePlan{}
+		id := p.intern([]byte("key-1"))
+		given = append(given, unsafe.StringData(id))
+		return cacheKey{tbl, id}
+	}
+	c := newStateCache(4, 0)
+	check := func(when string) {
+		t.Helper()
+		for _, m := range []map[cacheKey]cacheEntry{c.cur, c.prev} {
+			for k := range m {
+				for _, g := range given {
+					if unsafe.StringData(k.key) == g {
+						t.Fatalf("%s: the cache's key is a batch's bytes", when)
+					}
+				}
+			}
+		}
+	}
+	c.put(batchKey(), l)
+	check("new entry")
+	c.put(batchKey(), l)
+	check("stored over an entry")
+	for i := range 3 { // the older generation takes key-1
+		c.put(cacheKey{tbl, fmt.Sprint(i)}, l)
+	}
+	if _, ok := c.entry(batchKey()); !ok {
+		t.Fatal("key-1 missed")
+	}
+	check("moved between generations")
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,41 +20,35 @@ import (
 // connection sends from, without a pipe. Other values go to pgx's type
 // map exactly as CopyFrom would hand them (appendCopyValue,
 // TestCopyValueMatchesPgx). The columns' types come from a description of
-// the table, kept in oids (*table.histOIDs or sideOIDs) and dropped when
-// a COPY fails, so that one after a change of type describes it anew.
-func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, oids *copyTypes, n int, fill func(i int, row []any) []any) (int64, error) {
+// the table in the same transaction, every time: its lock (ACCESS SHARE,
+// held to the end) keeps them from changing before the COPY, and a type
+// changed by another instance (a widened column) is never sent in its
+// old binary form, which for bigint to numeric PostgreSQL would take
+// without an error.
+func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, n int, fill func(i int, row []any) []any) (int64, error) {
 	quoted := make([]string, len(cols))
 	for i, c := range cols {
 		quoted[i] = pgx.Identifier{c}.Sanitize()
 	}
 	list := strings.Join(quoted, ", ")
-	types := oids.Load()
-	if types == nil || len(*types) != len(cols) {
-		sd, err := tx.Conn().PgConn().Prepare(ctx, "", fmt.Sprintf("SELECT %s FROM %s", list, table.Sanitize()), nil)
-		if err != nil {
-			return 0, fmt.Errorf("describing %s: %w", table.Sanitize(), err)
-		}
-		t := make([]uint32, len(sd.Fields))
-		for i, f := range sd.Fields {
-			t[i] = f.DataTypeOID
-		}
-		types = &t
-		oids.Store(types)
+	sd, err := tx.Conn().PgConn().Prepare(ctx, "", fmt.Sprintf("SELECT %s FROM %s", list, table.Sanitize()), nil)
+	if err != nil {
+		return 0, fmt.Errorf("describing %s: %w", table.Sanitize(), err)
 	}
-	r := &copyReader{n: n, fill: fill, oids: *types, m: tx.Conn().TypeMap(), row: make([]any, 0, len(cols)), buf: make([]byte, 0, 1<<16)}
+	types := make([]uint32, len(sd.Fields))
+	for i, f := range sd.Fields {
+		types[i] = f.DataTypeOID
+	}
+	r := &copyReader{n: n, fill: fill, oids: types, m: tx.Conn().TypeMap(), row: make([]any, 0, len(cols)), buf: make([]byte, 0, 1<<16)}
 	r.buf = append(r.buf, "PGCOPY\n\377\r\n\000"...)
 	r.buf = binary.BigEndian.AppendUint32(r.buf, 0) // flags
 	r.buf = binary.BigEndian.AppendUint32(r.buf, 0) // header extension
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, r, fmt.Sprintf("COPY %s ( %s ) FROM STDIN BINARY", table.Sanitize(), list))
 	if err != nil {
-		oids.Store(nil)
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
 }
-
-// copyTypes holds the column types of one COPY target, described once.
-type copyTypes = atomic.Pointer[[]uint32]
 
 // copyReader encodes rows as the connection reads them (on the
 // connection's goroutine, while copyIn's caller waits).

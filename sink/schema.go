@@ -45,9 +45,6 @@ type table struct {
 	// known to be absent from the rows written before (DESIGN.md section
 	// 11), not NULL in them.
 	attnum int16
-	// histCopy and sideCopy are the column types of the COPYs into hist
-	// and side (copyIn), once described.
-	histCopy, sideCopy copyTypes
 }
 
 func quoteIdents(names []string) string {

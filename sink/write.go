@@ -180,7 +180,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.insVersions) > 0 {
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := copyIn(ctx, tx, t.hist, cols, &t.histCopy, len(w.insVersions), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.hist, cols, len(w.insVersions), func(i int, row []any) []any {
 			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i], &w.boxes)
 		}); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
@@ -188,7 +188,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.insSide) > 0 {
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := copyIn(ctx, tx, t.side, cols, &t.sideCopy, len(w.insSide), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.side, cols, len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.row != nil {
 				row = append(row, sr.ev.row...)

@@ -16,8 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/tidwall/gjson"
 )
 
 // Op is a change operation as Debezium names it.
@@ -354,8 +356,8 @@ func (e *Event) CanVisitAfter() bool {
 		}
 		if e.visitable == 0 {
 			e.visitable = -1
-			if visitableObject(e.AfterJSON) {
-				e.visitable = 1
+			if visitableObject(e.AfterJSON) && (e.AfterValid || gjson.Valid(unsafe.String(unsafe.SliceData(e.AfterJSON), len(e.AfterJSON)))) {
+				e.visitable = 1 // valid JSON: VisitAfterNames reads it as it is
 			}
 		}
 		return e.visitable > 0
