@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -144,6 +145,32 @@ func appendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, erro
 			buf = binary.BigEndian.AppendUint32(buf, 8)
 			return binary.BigEndian.AppendUint64(buf, math.Float64bits(x)), nil
 		}
+	case pgtype.Numeric:
+		if oid == pgtype.NumericOID { // the fast codec's plan, without its lookup
+			at := len(buf)
+			buf = binary.BigEndian.AppendUint32(buf, math.MaxUint32)
+			out, err := numericBinary{slow: mapPlan{m, oid}}.Encode(x, buf)
+			switch {
+			case err != nil:
+				return encodeCopyValue(m, buf[:at], oid, v)
+			case out == nil: // NULL: the -1 stays
+				return buf, nil
+			}
+			binary.BigEndian.PutUint32(out[at:], uint32(len(out)-at-4))
+			return out, nil
+		}
+	case json.RawMessage:
+		if x != nil && (oid == pgtype.JSONOID || oid == pgtype.JSONBOID) {
+			n := len(x)
+			if oid == pgtype.JSONBOID {
+				n++
+			}
+			buf = binary.BigEndian.AppendUint32(buf, uint32(n))
+			if oid == pgtype.JSONBOID {
+				buf = append(buf, 1) // jsonb's binary format: version 1, then the text
+			}
+			return append(buf, x...), nil
+		}
 	case time.Time:
 		switch oid {
 		case pgtype.TimestamptzOID:
@@ -158,6 +185,16 @@ func appendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, erro
 		}
 	}
 	return encodeCopyValue(m, buf, oid, v)
+}
+
+// mapPlan encodes a value by m, as an EncodePlan.
+type mapPlan struct {
+	m   *pgtype.Map
+	oid uint32
+}
+
+func (p mapPlan) Encode(value any, buf []byte) ([]byte, error) {
+	return p.m.Encode(p.oid, pgtype.BinaryFormatCode, value, buf)
 }
 
 // encodeCopyValue is how pgx's CopyFrom encodes a value: by m, in binary;

@@ -31,9 +31,12 @@ func TestCopyValueMatchesPgx(t *testing.T) {
 			rng.NormFloat64()*1e6, strings.Repeat("é", rng.IntN(5)), []byte(strings.Repeat("b", rng.IntN(3))),
 			time.Unix(rng.Int64N(1<<36)-1<<35, rng.Int64N(1e9)).In(zones[rng.IntN(3)]))
 	}
-	values = append(values, nil, []byte(nil), math.Inf(1), math.NaN(), "", time.Time{}, int64(math.MinInt64))
+	values = append(values, nil, []byte(nil), math.Inf(1), math.NaN(), "", time.Time{}, int64(math.MinInt64),
+		json.RawMessage(nil), json.RawMessage(`{"a": [1, 2.50], "b": "é"}`), json.RawMessage(`null`), json.RawMessage(``))
+	values = append(values, fastValues()...) // decimals of every shape, on the fast codec's path and off it
 	oids := []uint32{pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID, pgtype.ByteaOID, pgtype.Int8OID, pgtype.Int4OID,
-		pgtype.Int2OID, pgtype.BoolOID, pgtype.Float8OID, pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID}
+		pgtype.Int2OID, pgtype.BoolOID, pgtype.Float8OID, pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID,
+		pgtype.NumericOID, pgtype.JSONOID, pgtype.JSONBOID}
 	for _, v := range values {
 		for _, oid := range oids {
 			// As pgx's CopyFrom: the length is written over -1 unless
