@@ -77,7 +77,7 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 			rid, keys, seqs = append(rid, ids[i]), append(keys, r.key), append(seqs, sq)
 		}
 	}
-	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] })
+	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.boxes)
 	types, names, args = append(types, "bigint"), append(names, "id"), append(args, rid)
 	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
 			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' - 'scd_absent' - 'scd_raw_t' - 'scd_attnum' ORDER BY h.scd_seq) AS arr
@@ -111,7 +111,7 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 		return nil, err
 	}
 	types, names, args := t.keySeqColumns(len(w.repairs),
-		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause })
+		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
 	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
 		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }))

@@ -127,7 +127,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.delSide) > 0 {
 		types, names, args := t.keySeqColumns(len(w.delSide),
-			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.seq })
+			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.seq }, &w.boxes)
 		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), t.keyMatch("e", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("deleting side rows of %s: %w", side, err)
@@ -140,7 +140,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
 		}
 		types, names = append(types, "bytea"), append(names, "below")
-		args = append(args, column(len(w.t1Bulk), func(j int) []byte { return w.t1Bulk[j].below }))
+		args = append(args, column(len(w.t1Bulk), func(j int) any { return w.boxes.Bytes(w.t1Bulk[j].below) }))
 		var sets, lhs, rhs []string
 		for n, ci := range t.t1Idx {
 			typ, arg, val, err := t.unnestColumn(tx, ci, len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }, fmt.Sprintf("x.c%d", n))
@@ -163,10 +163,10 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.closeOnly) > 0 {
 		vs := w.closeOnly
-		types, names, args := t.versionKeys(vs)
+		types, names, args := t.versionKeys(vs, &w.boxes)
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
-		args = append(args, column(len(vs), func(i int) time.Time { return vs[i].to }),
-			column(len(vs), func(i int) []byte { return vs[i].closeSeq }))
+		args = append(args, column(len(vs), func(i int) any { return w.boxes.Time(vs[i].to) }),
+			column(len(vs), func(i int) any { return w.boxes.Bytes(vs[i].closeSeq) }))
 		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq",
 			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
@@ -209,17 +209,19 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
-func (t *table) versionKeys(vs []*version) (types, names []string, args []any) {
-	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].key }, func(j int) []byte { return vs[j].seq })
+func (t *table) versionKeys(vs []*version, b *change.Boxes) (types, names []string, args []any) {
+	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].key }, func(j int) []byte { return vs[j].seq }, b)
 }
 
-// keySeqColumns renders n (key, sequence) pairs as unnest columns k0.., seq.
-func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte) (types, names []string, args []any) {
+// keySeqColumns renders n (key, sequence) pairs as unnest columns k0..,
+// seq; the sequences are boxed from b (an array of byte slices boxes each
+// element as pgx encodes it: one allocation per element).
+func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
 	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.keyIdx)), "seq")
 	for i := range t.keyIdx {
 		args = append(args, column(n, func(j int) any { return key(j)[i] }))
 	}
-	args = append(args, column(n, seq))
+	args = append(args, column(n, func(j int) any { return b.Bytes(seq(j)) }))
 	return types, names, args
 }
 
@@ -259,7 +261,7 @@ var opText = func() map[change.Op]any {
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
-	types, names, args := t.versionKeys(vs)
+	types, names, args := t.versionKeys(vs, &w.boxes)
 	var sets []string
 	for ci, c := range t.cols {
 		if c.key {
