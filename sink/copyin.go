@@ -146,18 +146,13 @@ func appendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, erro
 			return binary.BigEndian.AppendUint64(buf, math.Float64bits(x)), nil
 		}
 	case pgtype.Numeric:
-		if oid == pgtype.NumericOID { // the fast codec's plan, without its lookup
+		if oid == pgtype.NumericOID { // the fast codec's encoding, without its plan's lookup
 			at := len(buf)
-			buf = binary.BigEndian.AppendUint32(buf, math.MaxUint32)
-			out, err := numericBinary{slow: mapPlan{m, oid}}.Encode(x, buf)
-			switch {
-			case err != nil:
-				return encodeCopyValue(m, buf[:at], oid, v)
-			case out == nil: // NULL: the -1 stays
-				return buf, nil
+			if out, ok := appendNumeric(binary.BigEndian.AppendUint32(buf, 0), x); ok {
+				binary.BigEndian.PutUint32(out[at:], uint32(len(out)-at-4))
+				return out, nil
 			}
-			binary.BigEndian.PutUint32(out[at:], uint32(len(out)-at-4))
-			return out, nil
+			buf = buf[:at]
 		}
 	case json.RawMessage:
 		if x != nil && (oid == pgtype.JSONOID || oid == pgtype.JSONBOID) {
@@ -185,16 +180,6 @@ func appendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, erro
 		}
 	}
 	return encodeCopyValue(m, buf, oid, v)
-}
-
-// mapPlan encodes a value by m, as an EncodePlan.
-type mapPlan struct {
-	m   *pgtype.Map
-	oid uint32
-}
-
-func (p mapPlan) Encode(value any, buf []byte) ([]byte, error) {
-	return p.m.Encode(p.oid, pgtype.BinaryFormatCode, value, buf)
 }
 
 // encodeCopyValue is how pgx's CopyFrom encodes a value: by m, in binary;

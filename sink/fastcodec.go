@@ -100,9 +100,18 @@ func (c fastNumericCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, va
 type numericBinary struct{ slow pgtype.EncodePlan }
 
 func (p numericBinary) Encode(value any, buf []byte) ([]byte, error) {
-	n := value.(pgtype.Numeric)
+	if out, ok := appendNumeric(buf, value.(pgtype.Numeric)); ok {
+		return out, nil
+	}
+	return p.slow.Encode(value, buf)
+}
+
+// appendNumeric appends n in PostgreSQL's binary form, as pgx does; ok is
+// false, and nothing appended, for a value off the fast path (pgx's own
+// plan encodes those).
+func appendNumeric(buf []byte, n pgtype.Numeric) ([]byte, bool) {
 	if !n.Valid || n.NaN || n.InfinityModifier != pgtype.Finite || n.Int == nil || !n.Int.IsInt64() || n.Exp < -18 || n.Exp > 64 {
-		return p.slow.Encode(value, buf)
+		return buf, false
 	}
 	v := n.Int.Int64()
 	abs := uint64(v)
@@ -110,7 +119,7 @@ func (p numericBinary) Encode(value any, buf []byte) ([]byte, error) {
 		abs = uint64(-(v + 1)) + 1
 	}
 	if abs > 1e15 {
-		return p.slow.Encode(value, buf)
+		return buf, false
 	}
 	// As pgx does: the exponent made a multiple of 4, for base 10,000.
 	exp := n.Exp
@@ -123,7 +132,7 @@ func (p numericBinary) Encode(value any, buf []byte) ([]byte, error) {
 		exp, abs = n.Exp-3, abs*1000
 	}
 	if exp < -16 {
-		return p.slow.Encode(value, buf) // 10^-exp is past 64 bits
+		return buf, false // 10^-exp is past 64 bits
 	}
 	whole, frac := abs, uint64(0)
 	if exp < 0 {
@@ -156,7 +165,7 @@ func (p numericBinary) Encode(value any, buf []byte) ([]byte, error) {
 		weight = int(exp)/4 - 1 + nf
 	}
 	if weight > math.MaxInt16 || weight < math.MinInt16 {
-		return p.slow.Encode(value, buf)
+		return buf, false
 	}
 	var sign uint16
 	if v < 0 {
@@ -176,7 +185,7 @@ func (p numericBinary) Encode(value any, buf []byte) ([]byte, error) {
 	for i := nf - 1; i >= 0; i-- {
 		buf = binary.BigEndian.AppendUint16(buf, uint16(digits[nw+i]))
 	}
-	return buf, nil
+	return buf, true
 }
 
 // fastTypes are the types above and their arrays, registered with the
