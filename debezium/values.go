@@ -113,6 +113,10 @@ func (c *column) boxedValue(v gjson.Result, boxes *change.Boxes) (any, error) {
 		if n, ok := intOf(v); ok && n >= math.MinInt32 && n <= math.MaxInt32 {
 			return boxes.Int32(int32(n)), nil
 		}
+	case kInt16:
+		if n, ok := intOf(v); ok && n >= math.MinInt16 && n <= math.MaxInt16 {
+			return boxes.Int16(int16(n)), nil
+		}
 	case kDecimal:
 		if v.Type == gjson.String && v.Str != change.Unavailable {
 			if n, ok := smallDecimal(v.Str, c.scale, boxes); ok {

@@ -28,6 +28,7 @@ type Boxes struct {
 	bytes [][]byte
 	i64s  []int64
 	i32s  []int32
+	i16s  []int16
 	times []time.Time
 	nums  []pgtype.Numeric
 	ints  []big.Int
@@ -51,6 +52,7 @@ var (
 	numberType  = typeOf(json.Number(""))
 	int64Type   = typeOf(int64(0))
 	int32Type   = typeOf(int32(0))
+	int16Type   = typeOf(int16(0))
 	timeType    = typeOf(time.Time{})
 	jsonType    = typeOf(json.RawMessage(nil))
 	bytesType   = typeOf([]byte(nil))
@@ -175,6 +177,16 @@ func (b *Boxes) Int32(n int32) any {
 	p := next(&b.i32s)
 	*p = n
 	return boxAt(int32Type, unsafe.Pointer(p))
+}
+
+// Int16 returns n as an interface.
+func (b *Boxes) Int16(n int16) any {
+	if b == nil || (n >= 0 && n < 256) {
+		return n
+	}
+	p := next(&b.i16s)
+	*p = n
+	return boxAt(int16Type, unsafe.Pointer(p))
 }
 
 // Time returns t as an interface.

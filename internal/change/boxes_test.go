@@ -18,7 +18,7 @@ func TestBoxes(t *testing.T) {
 	}
 	values := func(i int) []any {
 		return []any{
-			fmt.Sprintf("value %d", i), "", int64(i) * 1e9, int64(i % 200), int64(-i), int32(i * 1000), int32(-i),
+			fmt.Sprintf("value %d", i), "", int64(i) * 1e9, int64(i % 200), int64(-i), int32(i * 1000), int32(-i), int16(i * 7), int16(-i),
 			time.Unix(int64(i)*1e6, int64(i)).UTC(), time.UnixMilli(int64(i)), num(i),
 			json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), []byte{byte(i), 1}, []byte(nil),
 		}
@@ -31,6 +31,8 @@ func TestBoxes(t *testing.T) {
 			return b.Int64(x)
 		case int32:
 			return b.Int32(x)
+		case int16:
+			return b.Int16(x)
 		case time.Time:
 			return b.Time(x)
 		case pgtype.Numeric:

@@ -359,7 +359,7 @@ func (u *Unpacker) Values() []any {
 		case tagInt32:
 			vs[i] = u.boxes.Int32(int32(u.Varint()))
 		case tagInt16:
-			vs[i] = int16(u.Varint())
+			vs[i] = u.boxes.Int16(int16(u.Varint()))
 		case tagFalse:
 			vs[i] = false
 		case tagTrue:
