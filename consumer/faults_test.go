@@ -180,9 +180,9 @@ func TestFaults(t *testing.T) {
 	run := r.consumer(t)
 	stop := make(chan struct{})
 	killed := make(chan int64)
+	var terminated atomic.Int64
 	go func() {
-		var n int64
-		defer func() { killed <- n }()
+		defer func() { killed <- terminated.Load() }()
 		for {
 			select {
 			case <-stop:
@@ -192,21 +192,28 @@ func TestFaults(t *testing.T) {
 			var k int64
 			_ = r.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 				WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&k)
-			n += k
+			terminated.Add(k)
 		}
 	}()
 	for i := 0; i < len(r.recs); i += 200 {
 		r.produce(t, r.recs[i:min(i+200, len(r.recs))])
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Connections are terminated while the records are produced and
+	// applied, and after until 30 were or 3 s passed; then no more, so
+	// that the test ends on a slow machine too (where a transaction may
+	// rarely fit between two terminations 25 ms apart).
+	for until := time.Now().Add(3 * time.Second); terminated.Load() < 30 && time.Now().Before(until); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	n := <-killed
 	fresh, err := pgxpool.New(context.Background(), r.pool.Config().ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fresh.Close()
 	waitApplied(t, fresh, r.schema, r.want)
-	close(stop)
-	n := <-killed
 	run.stop(t)
 	t.Logf("terminated %d backends, failed %d of %d fetches and %d of %d commits", n, fetches.Load()/3, fetches.Load(), commits.Load()/3, commits.Load())
 	if n == 0 || commits.Load() < 3 || fetches.Load() < 3 {
