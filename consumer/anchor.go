@@ -20,10 +20,10 @@ type anchors struct {
 type anchorState struct {
 	max   change.Seq
 	marks []anchorMark // where max grew, in offset order
-	// seqs holds copies of the marks' sequences, a chunk at a time: a
+	// seqs holds copies of the marks' sequences, a slab at a time: a
 	// mark must not keep its event's memory alive (an event's sequence
 	// shares an allocation with its row image), and marks go in order.
-	seqs []byte
+	seqs change.Boxes
 }
 
 // anchorMark: the highest sequence of the records below offset.
@@ -49,12 +49,7 @@ func (a *anchors) see(o change.Origin, seq change.Seq) {
 	if st.max == nil || seq.Compare(st.max) > 0 {
 		st.max = seq
 		if len(seq) > 0 {
-			if cap(st.seqs)-len(st.seqs) < len(seq) {
-				st.seqs = make([]byte, 0, max(4096, len(seq)))
-			}
-			at := len(st.seqs)
-			st.seqs = append(st.seqs, seq...)
-			st.max = change.Seq(st.seqs[at:len(st.seqs):len(st.seqs)])
+			st.max = change.Seq(st.seqs.CopyBytes(seq))
 		}
 		st.marks = append(st.marks, anchorMark{offset: o.Offset + 1, max: st.max})
 	}

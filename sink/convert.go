@@ -148,7 +148,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 func same(oid uint32, v any) bool {
 	switch x := v.(type) {
 	case string:
-		return oid == pgtype.TextOID || oid == pgtype.VarcharOID || oid == pgtype.BPCharOID || oid == pgtype.NameOID
+		return isText(oid)
 	case int64:
 		return oid == pgtype.Int8OID
 	case int32:

@@ -27,12 +27,12 @@ type tablePlan struct {
 	keys      map[string]*keyPlan
 	order     []*keyPlan
 	truncates []fevent
-	// slab and ids are where keyPlan takes new keys' plans and writes
+	// slab and ids are where keyPlan takes new keys' plans and copies
 	// their identities: a chunk at a time, not one allocation per key.
-	// Bytes written to ids are never written again (identities are
-	// strings over them); the cache copies an identity it keeps.
+	// Identities are strings over the copies, never written again; the
+	// cache copies an identity it keeps.
 	slab []keyPlan
-	ids  []byte
+	ids  change.Boxes
 }
 
 func (p *tablePlan) keyPlan(key []any) *keyPlan {
@@ -40,11 +40,7 @@ func (p *tablePlan) keyPlan(key []any) *keyPlan {
 	id := appendKeyID(buf[:0], key)
 	kp := p.keys[string(id)]
 	if kp == nil {
-		if len(p.slab) == cap(p.slab) {
-			p.slab = make([]keyPlan, 0, 128)
-		}
-		p.slab = p.slab[:len(p.slab)+1]
-		kp = &p.slab[len(p.slab)-1]
+		kp = change.Take(&p.slab)
 		*kp = keyPlan{id: p.intern(id), key: key}
 		p.keys[kp.id] = kp
 		p.order = append(p.order, kp)
@@ -52,17 +48,13 @@ func (p *tablePlan) keyPlan(key []any) *keyPlan {
 	return kp
 }
 
-// intern returns b as a string over p.ids.
+// intern returns b as a string over a copy in p.ids.
 func (p *tablePlan) intern(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	if cap(p.ids)-len(p.ids) < len(b) {
-		p.ids = make([]byte, 0, max(4096, len(b)))
-	}
-	at := len(p.ids)
-	p.ids = append(p.ids, b...)
-	return unsafe.String(&p.ids[at], len(b))
+	c := p.ids.CopyBytes(b)
+	return unsafe.String(&c[0], len(c))
 }
 
 // keyID is change.KeyID of the keys' canon strings, built without them

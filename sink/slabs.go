@@ -1,6 +1,10 @@
 package sink
 
-import "time"
+import (
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+)
 
 // slabs hands out the states, versions and short lists one transaction
 // works on, a slab at a time: one allocation per slab instead of one per
@@ -12,16 +16,6 @@ type slabs struct {
 	vers  []version
 	lists []*version
 	sides []fevent
-}
-
-// take returns the slab's next zero element, starting a new slab of up
-// to limit when it is full.
-func take[T any](slab *[]T, limit int) *T {
-	if len(*slab) == cap(*slab) {
-		*slab = make([]T, 0, min(max(8, 2*cap(*slab)), limit))
-	}
-	*slab = (*slab)[:len(*slab)+1]
-	return &(*slab)[len(*slab)-1]
 }
 
 // room returns an empty slice with room for n elements, from the slab:
@@ -40,14 +34,14 @@ func (m *slabs) latest() *latest {
 	if m == nil {
 		return new(latest)
 	}
-	return take(&m.lats, 128)
+	return change.Take(&m.lats)
 }
 
 func (m *slabs) version() *version {
 	if m == nil {
 		return new(version)
 	}
-	return take(&m.vers, 128)
+	return change.Take(&m.vers)
 }
 
 // versionList is an empty list with room for the versions most folds

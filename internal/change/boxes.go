@@ -66,10 +66,11 @@ func boxAt(typ, p unsafe.Pointer) (v any) {
 	return v
 }
 
-// next returns the slab's next free slot, starting a new slab when full:
-// twice as long as the last one, from 8 up to slabLen, so that a Boxes
-// used for a few values allocates little.
-func next[T any](slab *[]T) *T {
+// Take returns the slab's next free slot (zero), starting a new slab when
+// full: twice as long as the last one, from 8 up to 256, so that a slab
+// used for a few values allocates little. The slots of a slab live as long
+// as any of them is referenced: for values that die together.
+func Take[T any](slab *[]T) *T {
 	if n := cap(*slab); len(*slab) == n {
 		*slab = make([]T, 0, min(max(8, 2*n), slabLen))
 	}
@@ -82,7 +83,7 @@ func (b *Boxes) String(s string) any {
 	if b == nil || s == "" {
 		return s
 	}
-	p := next(&b.strs)
+	p := Take(&b.strs)
 	*p = s
 	return boxAt(stringType, unsafe.Pointer(p))
 }
@@ -93,7 +94,7 @@ func (b *Boxes) Number(n json.Number) any {
 	if b == nil || n == "" {
 		return n
 	}
-	p := next(&b.strs)
+	p := Take(&b.strs)
 	*p = string(n)
 	return boxAt(numberType, unsafe.Pointer(p))
 }
@@ -144,7 +145,7 @@ func (b *Boxes) JSON(j json.RawMessage) any {
 	if b == nil {
 		return j
 	}
-	p := next(&b.jsons)
+	p := Take(&b.jsons)
 	*p = j
 	return boxAt(jsonType, unsafe.Pointer(p))
 }
@@ -154,7 +155,7 @@ func (b *Boxes) Bytes(v []byte) any {
 	if b == nil {
 		return v
 	}
-	p := next(&b.bytes)
+	p := Take(&b.bytes)
 	*p = v
 	return boxAt(bytesType, unsafe.Pointer(p))
 }
@@ -164,7 +165,7 @@ func (b *Boxes) Int64(n int64) any {
 	if b == nil || (n >= 0 && n < 256) { // the runtime boxes these without allocating
 		return n
 	}
-	p := next(&b.i64s)
+	p := Take(&b.i64s)
 	*p = n
 	return boxAt(int64Type, unsafe.Pointer(p))
 }
@@ -174,7 +175,7 @@ func (b *Boxes) Int32(n int32) any {
 	if b == nil || (n >= 0 && n < 256) {
 		return n
 	}
-	p := next(&b.i32s)
+	p := Take(&b.i32s)
 	*p = n
 	return boxAt(int32Type, unsafe.Pointer(p))
 }
@@ -184,7 +185,7 @@ func (b *Boxes) Int16(n int16) any {
 	if b == nil || (n >= 0 && n < 256) {
 		return n
 	}
-	p := next(&b.i16s)
+	p := Take(&b.i16s)
 	*p = n
 	return boxAt(int16Type, unsafe.Pointer(p))
 }
@@ -194,7 +195,7 @@ func (b *Boxes) Time(t time.Time) any {
 	if b == nil {
 		return t
 	}
-	p := next(&b.times)
+	p := Take(&b.times)
 	*p = t
 	return boxAt(timeType, unsafe.Pointer(p))
 }
@@ -204,7 +205,7 @@ func (b *Boxes) Numeric(n pgtype.Numeric) any {
 	if b == nil {
 		return n
 	}
-	p := next(&b.nums)
+	p := Take(&b.nums)
 	*p = n
 	return boxAt(numericType, unsafe.Pointer(p))
 }
@@ -215,7 +216,7 @@ func (b *Boxes) BigInt(words int) *big.Int {
 	if b == nil {
 		return new(big.Int)
 	}
-	z := next(&b.ints)
+	z := Take(&b.ints)
 	if words > 0 && words <= slabLen/4 {
 		if cap(b.words)-len(b.words) < words {
 			b.words = make([]big.Word, 0, slabLen)
