@@ -26,11 +26,21 @@ type jsonEnvelope struct {
 	names   [16]string
 	values  [16]gjson.Result
 	n       int
+
+	// The members of the last nested object a two-part path went through
+	// (in practice "source": its name, database, sequence, snapshot flag
+	// and time are each read), taken in one pass instead of a scan per
+	// field.
+	sub       string // the top-level field they belong to; "" when none is read
+	subNames  [24]string
+	subValues [24]gjson.Result
+	subN      int
+	subFull   bool // the object has more members than were taken
 }
 
 // read takes the payload's top-level fields.
 func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
-	e.payload, e.schema, e.n = payload, schema, 0
+	e.payload, e.schema, e.n, e.sub = payload, schema, 0, ""
 	change.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
 		if e.n == len(e.names) {
 			return false
@@ -41,11 +51,11 @@ func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
 	})
 }
 
-// field returns a top-level field of the payload.
+// field returns a top-level field of the payload, as gjson's Get would.
 func (e *jsonEnvelope) field(name string) gjson.Result {
 	for i := 0; i < e.n; i++ {
 		if e.names[i] == name {
-			return e.values[i]
+			return withNum(e.values[i])
 		}
 	}
 	if e.n == len(e.names) { // more fields than read in one pass
@@ -61,11 +71,49 @@ func (e *jsonEnvelope) get(path []string) gjson.Result {
 		return gjson.Result{}
 	}
 	v := e.field(path[0])
+	if len(path) == 2 && v.IsObject() {
+		return e.member(path[0], v, path[1])
+	}
 	for _, p := range path[1:] {
 		if !v.IsObject() {
 			return gjson.Result{}
 		}
 		v = v.Get(escapePath(p))
+	}
+	return v
+}
+
+// member returns the member key of obj, the top-level field name, as
+// obj.Get(escapePath(key)) would (the first of equal names; a number's Num
+// parsed), but reading obj's members once per envelope.
+func (e *jsonEnvelope) member(name string, obj gjson.Result, key string) gjson.Result {
+	if e.sub != name || name == "" {
+		e.sub, e.subN, e.subFull = name, 0, false
+		change.ForEachMemberLazy(obj.Raw, func(k string, v gjson.Result) bool { // valid: a part of the validated payload
+			if e.subN == len(e.subNames) {
+				e.subFull = true
+				return false
+			}
+			e.subNames[e.subN], e.subValues[e.subN] = k, v
+			e.subN++
+			return true
+		})
+	}
+	for i := 0; i < e.subN; i++ {
+		if e.subNames[i] == key {
+			return withNum(change.Unescaped(e.subValues[i]))
+		}
+	}
+	if e.subFull {
+		return obj.Get(escapePath(key))
+	}
+	return gjson.Result{}
+}
+
+// withNum parses a number's Num, as gjson does (ForEachMember leaves it 0).
+func withNum(v gjson.Result) gjson.Result {
+	if v.Type == gjson.Number {
+		v.Num, _ = strconv.ParseFloat(v.Raw, 64)
 	}
 	return v
 }

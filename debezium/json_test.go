@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/tidwall/gjson"
 )
 
 var rules = []Rule{
@@ -161,6 +163,42 @@ func TestDecodeSkipsAndRejects(t *testing.T) {
 			}
 			if err == nil || errors.Is(err, ErrSkip) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestEnvelopeGetMatchesGJSON: a two-part path is read from the nested
+// object's members taken once per envelope; every lookup must give what
+// gjson's Get gives (first of equal names, escaped names, numbers parsed,
+// more members than the envelope keeps, alternating objects).
+func TestEnvelopeGetMatchesGJSON(t *testing.T) {
+	var many strings.Builder
+	many.WriteString(`{`)
+	for i := range 40 {
+		fmt.Fprintf(&many, `"f%d":%d,`, i, i*1000+7)
+	}
+	many.WriteString(`"last":"x"}`)
+	payload := `{"before":null,"after":{"id":7,"name":"a\"b","x.y":1.5e3,"n":null,"t":true},` +
+		`"source":{"version":"3.6.0.Final","name":"shop","ts_ms":1767225600000,"snapshot":"false","db":"shop","lsn":24023928,"lsn":1,"ts_ns":1767225600000000001,"w\u00e9ird":"é","sequence":"[\"1\",\"2\"]"},` +
+		`"wide":` + many.String() + `,"op":"u","ts_ms":1767225600123}`
+	paths := [][]string{
+		{"source", "name"}, {"after", "id"}, {"source", "lsn"}, {"source", "ts_ns"}, {"source", "wéird"},
+		{"source", "sequence"}, {"source", "missing"}, {"after", "x.y"}, {"after", "name"}, {"after", "n"}, {"after", "t"},
+		{"wide", "f0"}, {"wide", "f23"}, {"wide", "f24"}, {"wide", "f39"}, {"wide", "last"}, {"wide", "nope"},
+		{"source", "db"}, {"op"}, {"before", "id"}, {"op", "x"}, {"ts_ms"},
+	}
+	var env jsonEnvelope
+	env.read(gjson.Parse(payload), nil)
+	for _, p := range paths {
+		t.Run(strings.Join(p, "/"), func(t *testing.T) {
+			got := env.get(p)
+			want := gjson.Parse(payload)
+			for _, k := range p {
+				want = want.Get(escapePath(k))
+			}
+			if got.Type != want.Type || got.Raw != want.Raw || got.Str != want.Str || got.Num != want.Num || got.Exists() != want.Exists() {
+				t.Errorf("get(%q) = %+v, gjson gives %+v", p, got, want)
 			}
 		})
 	}

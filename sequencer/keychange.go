@@ -37,8 +37,8 @@ type heldItem struct {
 
 // gated returns the first waiting create among kb's events up to upto.
 func (s *Sequencer) gated(kb *keyBuf, upto change.Seq, now int64) *heldItem {
-	if upto == nil {
-		return nil
+	if upto == nil || !slices.ContainsFunc(kb.items, func(it item) bool { return it.gate != 0 }) {
+		return nil // the common case: no primary-key change waits in this key
 	}
 	var buf [8]int
 	idx := buf[:0]

@@ -122,7 +122,7 @@ func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	if ok {
 		c.curBytes -= old.size
 	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {
-		c.prev, c.cur = c.cur, map[cacheKey]cacheEntry{}
+		c.prev, c.cur = c.cur, make(map[cacheKey]cacheEntry, len(c.cur)) // sized as the last one: no growth while it fills
 		c.prevBytes, c.curBytes = c.curBytes, 0
 	}
 	if old, ok := c.prev[k]; ok { // a newer state replaces the older generation's

@@ -11,6 +11,26 @@ import "github.com/tidwall/gjson"
 // anything but an object it does nothing, and on invalid JSON it stops
 // somewhere without a panic.
 func ForEachMember(s string, fn func(key string, v gjson.Result) bool) {
+	forEachMember(s, true, fn)
+}
+
+// ForEachMemberLazy is ForEachMember without unescaping string values: an
+// escaped string's Str is left empty, for Unescaped to fill in when the
+// value is read. Most members a caller keeps are never read.
+func ForEachMemberLazy(s string, fn func(key string, v gjson.Result) bool) {
+	forEachMember(s, false, fn)
+}
+
+// Unescaped returns v with its Str filled in, if ForEachMemberLazy left it
+// empty, and otherwise v.
+func Unescaped(v gjson.Result) gjson.Result {
+	if v.Type == gjson.String && len(v.Raw) != len(v.Str)+2 {
+		v.Str = gjson.Parse(v.Raw).Str
+	}
+	return v
+}
+
+func forEachMember(s string, unescape bool, fn func(key string, v gjson.Result) bool) {
 	i := skipSpace(s, 0)
 	if i >= len(s) || s[i] != '{' {
 		return
@@ -42,7 +62,10 @@ func ForEachMember(s string, fn func(key string, v gjson.Result) bool) {
 			}
 			v = gjson.Result{Type: gjson.String, Raw: s[i:end], Str: s[i+1 : end-1]}
 			if esc {
-				v.Str = gjson.Parse(v.Raw).Str
+				v.Str = ""
+				if unescape {
+					v.Str = gjson.Parse(v.Raw).Str
+				}
 			}
 		case c == '{' || c == '[':
 			end = nestedEnd(s, i)

@@ -13,7 +13,7 @@ import (
 // ForEachMember hands over what gjson's ForEach does: the same keys, and
 // values of the same Type, Raw and Str, in the same order; and it stops
 // when told to.
-func TestForEachMemberMatchesGJSON(t *testing.T) {
+func TestForEachMemberMatchesGJSON(t *testing.T) { // and ForEachMemberLazy with Unescaped
 	rng := rand.New(rand.NewPCG(7, 8))
 	space := func() string { return []string{"", "", " ", "\n\t ", "\r\n"}[rng.IntN(5)] }
 	images := []string{`{}`, ` { } `, `{"a":1}`, `{"a":-0.5e+3,"b":true,"c":false,"d":null}`, `{"e\"sc":"v","\u00e9":"\u00e9"}`,
@@ -55,9 +55,21 @@ func TestForEachMemberMatchesGJSON(t *testing.T) {
 		if len(got) != len(want) {
 			t.Fatalf("%s: %d members, gjson %d:\n%+v\n%+v", img, len(got), len(want), got, want)
 		}
+		var lazy []member
+		ForEachMemberLazy(img, func(k string, v gjson.Result) bool {
+			v = Unescaped(v)
+			lazy = append(lazy, member{k, v.Type, v.Raw, v.Str})
+			return true
+		})
+		if len(lazy) != len(want) {
+			t.Fatalf("%s: lazily, %d members, gjson %d", img, len(lazy), len(want))
+		}
 		for i := range got {
 			if got[i] != want[i] {
 				t.Fatalf("%s: member %d is %+v, gjson's %+v", img, i, got[i], want[i])
+			}
+			if lazy[i] != want[i] {
+				t.Fatalf("%s: member %d is %+v lazily and unescaped, gjson's %+v", img, i, lazy[i], want[i])
 			}
 		}
 		for range 3 { // cut short: invalid, and no panic
