@@ -3,6 +3,7 @@ package sink
 import (
 	"encoding/json"
 	"strings"
+	"unsafe"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -102,8 +103,11 @@ func (c *stateCache) put(k cacheKey, l *latest) {
 // the next one.
 func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 	if b, ok := packLatest(scratch[:0], l); ok {
-		blob := append(make([]byte, 0, len(b)), b...)
-		return cacheEntry{blob: blob, size: 96 + len(k.key) + len(blob)}, b
+		// The key's own copy and the blob share one allocation: one
+		// object fewer for the collector per cached key.
+		mem := append(append(make([]byte, 0, len(k.key)+len(b)), k.key...), b...)
+		blob := mem[len(k.key):len(mem):len(mem)]
+		return cacheEntry{blob: blob, key: unsafe.String(unsafe.SliceData(mem), len(k.key)), size: 96 + len(k.key) + len(blob)}, b
 	}
 	return cacheEntry{l: detach(l), size: l.estimate(k)}, scratch
 }
@@ -111,10 +115,10 @@ func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	old, ok := c.cur[k]
 	switch {
+	case e.key != "": // its own copy (a packed entry, or one moved from the older generation)
+		k.key = e.key
 	case ok:
 		k.key = old.key
-	case e.key != "": // moved from the older generation
-		k.key = e.key
 	default:
 		k.key = strings.Clone(k.key)
 	}

@@ -75,7 +75,13 @@ func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for _, m := range []map[cacheKey]cacheEntry{c.cur, c.prev} {
-			for k := range m {
+			for k, e := range m {
+				if unsafe.StringData(k.key) != unsafe.StringData(e.key) {
+					t.Fatalf("%s: the map's key is not the entry's own copy", when)
+				}
+				if e.blob != nil && unsafe.Add(unsafe.Pointer(unsafe.StringData(e.key)), len(e.key)) != unsafe.Pointer(unsafe.SliceData(e.blob)) {
+					t.Fatalf("%s: a packed entry's key is not in its blob's allocation (an older entry's memory stays alive)", when)
+				}
 				for _, g := range given {
 					if unsafe.StringData(k.key) == g {
 						t.Fatalf("%s: the cache's key is a batch's bytes", when)
