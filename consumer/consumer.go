@@ -254,6 +254,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.StartOffset == "latest" {
 		startAt = kgo.NewOffset().AtEnd()
 	}
+	sizer := newFetchSizer(cfg.Metrics.FetchMaxBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -265,7 +266,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(250 * time.Millisecond),
-		kgo.FetchMaxBytes(4 << 20), // bounds what franz-go buffers ahead of the sequencer
+		kgo.FetchMaxBytes(fetchBudget), // bounds what franz-go buffers ahead of the sequencer
+		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
+		kgo.WithHooks(sizer), // and so does this, for compressed batches
 		kgo.MaxConcurrentFetches(1),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
@@ -320,6 +323,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
 	c.client = client
+	sizer.client.Store(client)
 	close(c.ready)
 	return c, nil
 }

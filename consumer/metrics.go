@@ -41,6 +41,9 @@ type Metrics struct {
 	// TopicsSkipped counts topics matched by a subscription that cannot be
 	// applied (two patterns, a target taken), by topic.
 	TopicsSkipped *prometheus.CounterVec
+	// FetchMaxBytes is the fetch size asked of Kafka now: smaller than its
+	// default when batches are compressed (fetchsize.go).
+	FetchMaxBytes prometheus.Gauge
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -86,12 +89,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "How far the target's completeness watermark (scd2sink_watermarks) trails the clock."}, []string{"target"}),
 		TopicsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_topics_skipped_total",
 			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
+		FetchMaxBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_max_bytes",
+			Help: "The fetch size asked of Kafka: 4 MiB, less when batches are compressed, so that a fetch holds about 4 MiB of records once decompressed."}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped, m.WatermarkLag)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

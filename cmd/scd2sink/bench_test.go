@@ -46,11 +46,22 @@ import (
 func BenchmarkPipeline(b *testing.B) {
 	const nKeys, nEvents = 50_000, 250_000
 	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(1, 2)), nKeys, nEvents)
-	for _, format := range []string{"debezium-json", "debezium-avro", "schemaless"} {
-		b.Run(format, func(b *testing.B) {
-			recs, registry := benchRecords(b, work, format)
+	for _, bc := range []struct {
+		name, format string
+		codec        kgo.CompressionCodec
+	}{
+		{"debezium-json", "debezium-json", kgo.NoCompression()},
+		{"debezium-avro", "debezium-avro", kgo.NoCompression()},
+		{"schemaless", "schemaless", kgo.NoCompression()},
+		// JSON with schemas, as most connectors write it, compressed as
+		// producers usually are: the schema repeats in every record, so
+		// batches decompress about 20 times (consumer/fetchsize.go).
+		{"debezium-json-lz4", "debezium-json", kgo.Lz4Compression()},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			recs, registry := benchRecords(b, work, bc.format)
 			b.Logf("%d records (%d changes), %d bytes each on average", len(recs), nEvents, avgSize(recs))
-			benchPipeline(b, recs, work, nEvents, format, registry)
+			benchPipeline(b, recs, work, nEvents, bc.format, registry, bc.codec)
 		})
 	}
 }
@@ -138,7 +149,7 @@ func freeAddr(tb testing.TB) string {
 }
 
 // benchKafka starts an in-process Kafka holding recs (6 partitions per topic).
-func benchKafka(b *testing.B, recs []*kgo.Record) *kfake.Cluster {
+func benchKafka(b *testing.B, recs []*kgo.Record, codec kgo.CompressionCodec) *kfake.Cluster {
 	b.Helper()
 	ctx := context.Background()
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, scdtest.BenchCustomers().Topic(), scdtest.BenchAccounts().Topic()))
@@ -146,7 +157,7 @@ func benchKafka(b *testing.B, recs []*kgo.Record) *kfake.Cluster {
 		b.Fatal(err)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchMaxBytes(1<<20),
-		kgo.ProducerBatchCompression(kgo.NoCompression()))
+		kgo.ProducerBatchCompression(codec))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -157,11 +168,11 @@ func benchKafka(b *testing.B, recs []*kgo.Record) *kfake.Cluster {
 	return kafka
 }
 
-func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord, nEvents int64, format, registry string) {
+func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord, nEvents int64, format, registry string, codec kgo.CompressionCodec) {
 	nRecords := int64(len(recs))
 	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
-		kafka := benchKafka(b, recs)
+		kafka := benchKafka(b, recs, codec)
 		dsn := pgtest.NewDatabase(b)
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
@@ -212,7 +223,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		selfCPU, pgCPU = processCPU(b)-selfCPU, postgresCPU()-pgCPU
 		b.StopTimer()
 		m := scrape(b, "http://"+httpAddr+"/metrics", "go_memstats_mallocs_total", "go_gc_duration_seconds_count",
-			"scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count", "scd2sink_events_released_early_total")
+			"scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count", "scd2sink_events_released_early_total", "scd2sink_fetch_max_bytes")
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := <-exited; err != nil {
 			b.Fatalf("scd2sink: %v", err)
@@ -280,8 +291,8 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 			leastEPS, leastDur.Round(time.Millisecond), eps/leastEPS)
 		applyBusy := m["scd2sink_batch_apply_seconds_sum"] / steady.Seconds()
 		b.ReportMetric(applyBusy, "apply_busy")
-		b.Logf("the applier was busy %.0f%% of the time (%.0f transactions, %.1f s); %.0f events released early (buffer over its byte budget)",
-			100*applyBusy, m["scd2sink_batch_apply_seconds_count"], m["scd2sink_batch_apply_seconds_sum"], m["scd2sink_events_released_early_total"])
+		b.Logf("the applier was busy %.0f%% of the time (%.0f transactions, %.1f s); %.0f events released early (buffer over its byte budget); fetches of %.0f KiB at the end",
+			100*applyBusy, m["scd2sink_batch_apply_seconds_count"], m["scd2sink_batch_apply_seconds_sum"], m["scd2sink_events_released_early_total"], m["scd2sink_fetch_max_bytes"]/1024)
 		// On this machine's two cores the in-process Kafka and PostgreSQL
 		// share the CPU with scd2sink; the least SQL runs alone.
 		b.ReportMetric(selfCPU.Seconds()/done.Sub(start).Seconds(), "kafka_cores")

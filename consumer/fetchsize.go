@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// fetchBudget bounds what one fetch holds once decompressed: franz-go
+// decompresses a whole fetch as it arrives and holds it ahead of the
+// sequencer, so this is memory the reorder buffer's budget does not count.
+const fetchBudget = 4 << 20
+
+// fetchFloor is the least a fetch asks for. A broker returns at least one
+// record batch of a partition even when it is larger (KIP-74), so a small
+// floor never stops progress; it only keeps fetches from becoming tiny.
+const fetchFloor = 64 << 10
+
+// fetchPartitionMax is franz-go's default per-partition limit, kept.
+const fetchPartitionMax = 1 << 20
+
+// fetchSizer keeps what a fetch decompresses to near fetchBudget. Kafka's
+// fetch limits count the bytes on the wire, and Debezium's JSON with
+// schemas compresses 10 to 30 times with lz4 or zstd (the schema repeats
+// in every record): a 4 MiB fetch of such batches held 40 to 120 MiB of
+// records, and the collector, bounded by the soft memory limit, ran several
+// times as often (docs/benchmarks.md). After every fetchBudget of records
+// read, the fetch size becomes fetchBudget divided by the highest
+// compression ratio of a batch seen meanwhile, between fetchFloor and
+// fetchBudget; uncompressed topics keep fetchBudget.
+//
+// franz-go calls OnFetchBatchRead from its fetch goroutines; the client is
+// set once New has it (a fetch before that only counts).
+type fetchSizer struct {
+	client atomic.Pointer[kgo.Client]
+	gauge  prometheus.Gauge // nil: none
+
+	mu       sync.Mutex
+	read     int     // uncompressed bytes read since the size was last set
+	maxRatio float64 // the highest ratio of a batch since then
+	size     int32   // the fetch size asked for now
+}
+
+var _ kgo.HookFetchBatchRead = (*fetchSizer)(nil)
+
+func newFetchSizer(gauge prometheus.Gauge) *fetchSizer {
+	f := &fetchSizer{gauge: gauge, size: fetchBudget}
+	if gauge != nil {
+		gauge.Set(fetchBudget)
+	}
+	return f
+}
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	if m.CompressedBytes <= 0 || m.UncompressedBytes <= 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.read += m.UncompressedBytes
+	f.maxRatio = max(f.maxRatio, float64(m.UncompressedBytes)/float64(m.CompressedBytes))
+	if f.read < fetchBudget {
+		return
+	}
+	size := fetchSize(f.maxRatio)
+	f.read, f.maxRatio = 0, 0
+	// Within an eighth of the current size: not worth a change (a ratio
+	// that wavers would otherwise change it on every window).
+	if d := size - f.size; d > f.size/8 || -d > f.size/8 {
+		cl := f.client.Load()
+		if cl == nil {
+			return
+		}
+		f.size = size
+		cl.UpdateFetchMaxBytes(size, min(size, fetchPartitionMax))
+		if f.gauge != nil {
+			f.gauge.Set(float64(size))
+		}
+	}
+}
+
+// fetchSize is the fetch size for batches that decompress ratio times.
+func fetchSize(ratio float64) int32 {
+	if ratio <= 1 {
+		return fetchBudget
+	}
+	return int32(max(fetchFloor, min(fetchBudget, float64(fetchBudget)/ratio)))
+}

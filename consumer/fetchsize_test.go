@@ -1,0 +1,107 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/internal/pgtest"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TestFetchSizeFollowsCompression: Debezium's JSON with schemas, produced
+// with lz4 as connectors often are, decompresses about 20 times; the
+// fetches the consumer sends must then ask for that much less than the
+// 4 MiB they ask for uncompressed, and everything must still be applied,
+// to the same history.
+func TestFetchSizeFollowsCompression(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), 1_000, 3_000) // about 13 MiB of records
+	srcs := []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()}
+	versions := map[string]int64{}
+	for _, tc := range []struct {
+		name        string
+		codec       kgo.CompressionCodec
+		least, most int32 // the smallest fetch size asked must be in [least, most]
+	}{
+		{"none", kgo.NoCompression(), 4 << 20, 4 << 20},
+		{"lz4", kgo.Lz4Compression(), 64 << 10, 1 << 20},
+		{"zstd", kgo.ZstdCompression(), 64 << 10, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := "fetch_" + tc.name
+			var topics []string
+			var specs []sink.TableSpec
+			var rules []debezium.Rule
+			for _, src := range srcs {
+				topics = append(topics, src.Topic())
+				specs = append(specs, sink.TableSpec{Target: src.Table + "_history", Schema: schema, Keys: []string{"id"},
+					TrackHistory: scdtest.BenchTracked[src.Table]})
+				rules = append(rules, debezium.Rule{Topic: src.Topic(), Target: src.Table + "_history", Keys: []string{"id"},
+					SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"})
+			}
+			kafka := newKafka(t, 3, topics...)
+			var smallest atomic.Int32
+			smallest.Store(math.MaxInt32)
+			kafka.ControlKey(int16(kmsg.Fetch), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+				kafka.KeepControl()
+				// (franz-go closes a fetch session with a fetch of 1 byte)
+				if m := kr.(*kmsg.FetchRequest).MaxBytes; m > 1 && m < smallest.Load() {
+					smallest.Store(m)
+				}
+				return nil, nil, false
+			})
+			cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchCompression(tc.codec),
+				kgo.ProducerBatchMaxBytes(1<<20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]int64{}
+			for _, w := range work {
+				k, v := w.Src.Envelope(w.Change)
+				if w.Tombstone {
+					v = nil
+				}
+				cl.Produce(context.Background(), &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}, nil)
+				want[w.Src.Topic()]++
+			}
+			if err := cl.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			cl.Close()
+			r := startWith(t, kafka.ListenAddrs(), pool, schema, specs, 50*time.Millisecond, func(c *consumer.Config) {
+				c.Rules, c.MaxBufferedEvents, c.BatchMaxEvents = rules, 100_000, 2_000
+			})
+			waitApplied(t, pool, schema, want)
+			r.stop(t)
+			if got := smallest.Load(); got < tc.least || got > tc.most {
+				t.Errorf("the smallest fetch asked for %d bytes, want %d to %d", got, tc.least, tc.most)
+			}
+			var n int64
+			if err := pool.QueryRow(context.Background(), fmt.Sprintf(
+				"SELECT (SELECT count(*) FROM %[1]s.customers_history) + (SELECT count(*) FROM %[1]s.accounts_history)", schema)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			versions[tc.name] = n
+			if n == 0 || (versions["none"] != 0 && n != versions["none"]) {
+				t.Errorf("%d versions, %d uncompressed", n, versions["none"])
+			}
+			t.Logf("%s: fetches down to %d KiB, %d versions", tc.name, smallest.Load()>>10, n)
+		})
+	}
+}
