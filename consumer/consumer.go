@@ -10,6 +10,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -254,6 +255,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.StartOffset == "latest" {
 		startAt = kgo.NewOffset().AtEnd()
 	}
+	pool := &decompressPool{}
 	sizer := newFetchSizer(cfg.Metrics.FetchMaxBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
@@ -269,6 +271,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.FetchMaxBytes(fetchBudget), // bounds what franz-go buffers ahead of the sequencer
 		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
 		kgo.WithHooks(sizer), // and so does this, for compressed batches
+		kgo.WithPools(pool),  // compressed batches' records; take recycles them
 		kgo.MaxConcurrentFetches(1),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
@@ -488,6 +491,10 @@ func (c *Consumer) pollWait() time.Duration {
 
 // take decodes polled records into the sequencer.
 func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
+	// Once take is done nothing views a record's bytes: the decoder and
+	// the dead letters copied what they keep. A compressed batch's buffer
+	// goes back to the pool when all its records are recycled (pool.go).
+	defer fetches.EachRecord(func(r *kgo.Record) { r.Recycle() })
 	kafkaOK := true
 	var lost []change.Partition
 	var dataLoss map[change.Partition]int64
@@ -594,9 +601,9 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		case it.err != nil:
 			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 				zap.Int64("offset", r.Offset), zap.Error(it.err))
-			dl := sink.DeadLetter{Origin: o, Key: r.Key, Value: r.Value, Err: it.err.Error(), Table: c.target(r.Topic)}
+			dl := sink.DeadLetter{Origin: o, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Err: it.err.Error(), Table: c.target(r.Topic)}
 			for _, h := range r.Headers {
-				dl.Headers = append(dl.Headers, sink.Header{Key: h.Key, Value: h.Value})
+				dl.Headers = append(dl.Headers, sink.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
 			}
 			c.addDead(dl)
 			c.seq.Skip(o)

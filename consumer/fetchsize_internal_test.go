@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +53,35 @@ func TestFetchSizerWindows(t *testing.T) {
 		s.feed()
 		if got := testutil.ToFloat64(g); got != s.wantG {
 			t.Fatalf("%s: fetch size %v, want %v", s.name, got, s.wantG)
+		}
+	}
+}
+
+func TestDecompressPoolClasses(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		want int
+		ok   bool
+	}{{1, 0, true}, {4096, 0, true}, {4097, 1, true}, {8192, 1, true}, {16 << 20, 12, true}, {16<<20 + 1, 13, false}} {
+		if c, ok := poolClass(tc.n); c != tc.want || ok != tc.ok {
+			t.Errorf("poolClass(%d) = %d, %v; want %d, %v", tc.n, c, ok, tc.want, tc.ok)
+		}
+	}
+	// Whatever a class holds, a buffer handed out holds what was asked:
+	// buffers of every capacity go in, and every request comes out big
+	// enough and empty.
+	p := &decompressPool{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	big := make([]byte, 256<<10)
+	for range 4_000 {
+		if rng.IntN(2) == 0 {
+			p.PutDecompressBytes(make([]byte, rng.IntN(100), 1+rng.IntN(4<<20)))
+			continue
+		}
+		compressed := big[:rng.IntN(len(big))]
+		b := p.GetDecompressBytes(compressed, kgo.CodecLz4)
+		if want := max(int(p.typical.Load()), 2*len(compressed)); len(b) != 0 || cap(b) < want {
+			t.Fatalf("asked for %d bytes: len %d cap %d", want, len(b), cap(b))
 		}
 	}
 }
