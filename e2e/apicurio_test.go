@@ -46,7 +46,9 @@ func TestApicurioAvro(t *testing.T) {
 %[1]s.converter.apicurio.registry.find-latest=true
 `, side, api)
 	}
-	st := newStackWith(t, ctx, stackOpts{partitions: 1, converters: converters, before: func(st *stack) { reg = startApicurio(t, st.dir, port) }})
+	// Avro records compressed with zstd by Connect's producer (pool.go).
+	st := newStackWith(t, ctx, stackOpts{partitions: 1, converters: converters, connector: "producer.override.compression.type=zstd\n",
+		before: func(st *stack) { reg = startApicurio(t, st.dir, port) }})
 	sinkProc := runSinkWith(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN, fmt.Sprintf(`defaults:
   format: debezium-avro
 schema_registry:
@@ -58,6 +60,9 @@ schema_registry:
 		t.Fatal(err)
 	}
 	t.Logf("Avro through Apicurio: history equals the source's audit log, %d versions", st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc, reg))
+	if codecs := batchCodecs(t, ctx, st.kafka.addr(), "shop.public.customers"); codecs[4] == 0 || len(codecs) != 1 {
+		t.Fatalf("the topic's record batches by codec: %v; want zstd (4) only", codecs)
+	}
 	checkKeyChanges(t, ctx, st, w, 2)
 	n := st.converge(t, ctx, 30*time.Second, sinkProc, st.conn.proc, reg)
 	var dead int

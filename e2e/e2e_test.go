@@ -252,9 +252,18 @@ func (st *stack) histories(t *testing.T) []string {
 // TestHistoryMatchesSource: a workload on the source while scd2sink runs;
 // the history table then equals the fold of the source's own audit log,
 // and scd2sink verify passes.
+//
+// Connect's producers compress with lz4 here, as production connectors
+// often do: scd2sink's fetch size follows the compression, and the records
+// decompress into pooled buffers recycled once decoded (consumer/pool.go).
 func TestHistoryMatchesSource(t *testing.T) {
 	ctx := context.Background()
-	st := newStack(t, ctx, 1)
+	var st *stack
+	if composeTarget() {
+		st = composeStack(t, ctx)
+	} else {
+		st = newStackWith(t, ctx, stackOpts{partitions: 1, connector: "producer.override.compression.type=lz4\n"})
+	}
 	if composeTarget() {
 		if err := newWorkload(1).run(ctx, st.src.pool, 300, 400); err != nil {
 			t.Fatal(err)
@@ -269,6 +278,9 @@ func TestHistoryMatchesSource(t *testing.T) {
 	}
 	n := st.converge(t, ctx, 120*time.Second, sinkProc, st.conn.proc)
 	t.Logf("history equals the source's audit log: %d versions", n)
+	if codecs := batchCodecs(t, ctx, st.kafka.addr(), "shop.public.customers"); codecs[3] == 0 || len(codecs) != 1 {
+		t.Fatalf("the topic's record batches by codec: %v; want lz4 (3) only", codecs)
+	}
 	checkKeyChanges(t, ctx, st, w, 4)
 	n = st.converge(t, ctx, 30*time.Second, sinkProc, st.conn.proc)
 	t.Logf("after the primary-key changes: history equals the source's audit log: %d versions", n)

@@ -3,13 +3,19 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // log4j2 configuration: everything to stderr (random-uuid prints the id on
@@ -168,4 +174,51 @@ func (c *connect) start(t *testing.T, dir, cache string) {
 	c.proc = startProc(t, dir, "connect", java(cache, "512m", "org.apache.kafka.connect.cli.ConnectStandalone", c.worker, c.connector))
 	waitPort(t, c.proc, c.rest, 90*time.Second)
 	t.Logf("Kafka Connect 4.3.1 with Debezium 3.6.1.Final (postgresql connector) up after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// codecCounter counts the record batches a client reads, by compression
+// codec (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd).
+type codecCounter struct {
+	mu sync.Mutex
+	n  map[uint8]int
+}
+
+func (c *codecCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[m.CompressionType]++
+}
+
+// batchCodecs reads topic from its start to its end and counts its record
+// batches by compression codec.
+func batchCodecs(t *testing.T, ctx context.Context, addr, topic string) map[uint8]int {
+	t.Helper()
+	cc := &codecCounter{n: map[uint8]int{}}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(cc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for len(want) > 0 && pctx.Err() == nil {
+		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return maps.Clone(cc.n)
 }
