@@ -36,7 +36,6 @@ const fetchPartitionMax = 1 << 20
 type fetchSizer struct {
 	client atomic.Pointer[kgo.Client]
 	gauge  prometheus.Gauge // nil: none
-	pool   *decompressPool  // told the ratio to size buffers for; nil: none
 
 	mu       sync.Mutex
 	read     int     // uncompressed bytes read since the size was last set
