@@ -59,7 +59,9 @@ func (c *column) native(v any) (any, error) {
 		}
 	case kBytes:
 		if b, ok := v.([]byte); ok {
-			return b, nil
+			// goavro's bytes view the record, whose buffer is reused
+			// once the record is decoded (consumer/pool.go).
+			return bytes.Clone(b), nil
 		}
 	case kDecimal:
 		if b, ok := v.([]byte); ok {

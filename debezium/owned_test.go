@@ -87,6 +87,25 @@ func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 		k, v = items.Schemaless(c)
 		schemaless = append(schemaless, input{k: k, v: v})
 	}
+	// Avro bytes: a key of bytes, a bytes column and an array of bytes
+	// (goavro's bytes view the record they were decoded from).
+	blobs := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "blobs", Keys: []string{"k"},
+		Cols: []scdtest.Col{{Name: "k", Schema: `{"type":"bytes","optional":false}`}, {Name: "data", Schema: `{"type":"bytes","optional":true}`},
+			{Name: "parts", Schema: `{"type":"array","optional":true,"items":{"type":"bytes","optional":true}}`}}}
+	blobRule := debezium.Rule{Topic: blobs.Topic(), Target: "blobs_history", Format: debezium.FormatAvro, SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}
+	var avroBytes []input
+	for i, c := range []scdtest.Change{
+		{Op: "c", After: scdtest.Row{"k": "AAEC", "data": "3q2+7w==", "parts": []any{"AQ==", "AgM="}}, LSN: 100, Commit: at},
+		{Op: "u", After: scdtest.Row{"k": "AAEC", "data": "", "parts": []any{}}, LSN: 156, Commit: at},
+		{Op: "c", After: scdtest.Row{"k": "/w==", "data": nil, "parts": nil}, LSN: 212, Commit: at},
+	} {
+		k, v := blobs.AvroEnvelope(c, 1, 2)
+		avroBytes = append(avroBytes, input{k: k, v: v})
+		if i == 0 {
+			k, v = blobs.AvroEnvelope(c, 1, 0) // a JSON key of bytes (base64)
+			avroBytes = append(avroBytes, input{k: k, v: v})
+		}
+	}
 	var bench []input
 	benchRules := []debezium.Rule{}
 	for _, s := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
@@ -112,6 +131,8 @@ func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 		{"json", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, jsonIn, topicOf},
 		{"schemaless", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, schemaless, topicOf},
 		{"avro", func() *debezium.Decoder { return debezium.New([]debezium.Rule{avroRule}, avroRegistry(t, src), nil) }, avro, topicOf},
+		{"avro-bytes", func() *debezium.Decoder { return debezium.New([]debezium.Rule{blobRule}, avroRegistry(t, blobs), nil) }, avroBytes,
+			func(int) string { return blobs.Topic() }},
 		{"bench", func() *debezium.Decoder { return debezium.New(benchRules, nil, nil) }, bench, func(i int) string {
 			return work[0].Src.Topic() // replaced below
 		}},
