@@ -256,7 +256,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		startAt = kgo.NewOffset().AtEnd()
 	}
 	pool := &decompressPool{}
-	sizer := newFetchSizer(cfg.Metrics.FetchMaxBytes)
+	sizer := newFetchSizer(cfg.Metrics.FetchMaxBytes, pool)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),

@@ -23,30 +23,36 @@ const fetchPartitionMax = 1 << 20
 
 // fetchSizer keeps what a fetch decompresses to near fetchBudget. Kafka's
 // fetch limits count the bytes on the wire, and Debezium's JSON with
-// schemas compresses 10 to 30 times with lz4 or zstd (the schema repeats
-// in every record): a 4 MiB fetch of such batches held 40 to 120 MiB of
-// records, and the collector, bounded by the soft memory limit, ran several
-// times as often (docs/benchmarks.md). After every fetchBudget of records
-// read, the fetch size becomes fetchBudget divided by the highest
-// compression ratio of a batch seen meanwhile, between fetchFloor and
-// fetchBudget; uncompressed topics keep fetchBudget.
+// schemas compresses 20 to 40 times with lz4 or zstd (the schema repeats
+// in every record): a 4 MiB fetch of such batches held 80 MiB of records,
+// and the collector, bounded by the soft memory limit, ran four times as
+// often (docs/benchmarks.md). After every fetchBudget of records read, the
+// fetch size becomes fetchBudget divided by the ratio of the records'
+// bytes to the bytes on the wire meanwhile, between fetchFloor and
+// fetchBudget; uncompressed topics keep fetchBudget. The ratio is taken
+// over all batches, not the most compressed one: one repetitive topic
+// among uncompressed ones must not throttle them all. A fetch that happens
+// to hold only that topic's batches holds more than the budget then, at
+// most a partition's limit (fetchPartitionMax on the wire) times its
+// ratio.
 //
 // franz-go calls OnFetchBatchRead from its fetch goroutines; the client is
 // set once New has it (a fetch before that only counts).
 type fetchSizer struct {
 	client atomic.Pointer[kgo.Client]
 	gauge  prometheus.Gauge // nil: none
+	pool   *decompressPool  // told every compressed batch's sizes; nil: none
 
-	mu       sync.Mutex
-	read     int     // uncompressed bytes read since the size was last set
-	maxRatio float64 // the highest ratio of a batch since then
-	size     int32   // the fetch size asked for now
+	mu   sync.Mutex
+	read int   // uncompressed bytes read since the size was last set
+	wire int   // and their bytes on the wire
+	size int32 // the fetch size asked for now
 }
 
 var _ kgo.HookFetchBatchRead = (*fetchSizer)(nil)
 
-func newFetchSizer(gauge prometheus.Gauge) *fetchSizer {
-	f := &fetchSizer{gauge: gauge, size: fetchBudget}
+func newFetchSizer(gauge prometheus.Gauge, pool *decompressPool) *fetchSizer {
+	f := &fetchSizer{gauge: gauge, pool: pool, size: fetchBudget}
 	if gauge != nil {
 		gauge.Set(fetchBudget)
 	}
@@ -58,15 +64,19 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 	if m.CompressedBytes <= 0 || m.UncompressedBytes <= 0 {
 		return
 	}
+	if f.pool != nil && m.CompressionType != 0 {
+		f.pool.observe(m.CompressedBytes, m.UncompressedBytes)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.read += m.UncompressedBytes
-	f.maxRatio = max(f.maxRatio, float64(m.UncompressedBytes)/float64(m.CompressedBytes))
+	f.wire += m.CompressedBytes
 	if f.read < fetchBudget {
 		return
 	}
-	size := fetchSize(f.maxRatio)
-	f.read, f.maxRatio = 0, 0
+	ratio := float64(f.read) / float64(f.wire)
+	size := fetchSize(ratio)
+	f.read, f.wire = 0, 0
 	// Within an eighth of the current size: not worth a change (a ratio
 	// that wavers would otherwise change it on every window).
 	if d := size - f.size; d > f.size/8 || -d > f.size/8 {

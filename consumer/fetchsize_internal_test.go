@@ -23,8 +23,9 @@ func TestFetchSize(t *testing.T) {
 }
 
 // TestFetchSizerWindows: the size changes once a budget of records has
-// been read, follows the most compressed batch of the window, ignores
-// changes under an eighth, and comes back up when batches are no longer
+// been read, by the window's ratio of records to wire bytes, ignores
+// changes under an eighth, is not pulled down by one very compressed batch
+// among uncompressed ones, and comes back up when batches are no longer
 // compressed.
 func TestFetchSizerWindows(t *testing.T) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
@@ -33,7 +34,7 @@ func TestFetchSizerWindows(t *testing.T) {
 	}
 	defer cl.Close()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
-	f := newFetchSizer(g)
+	f := newFetchSizer(g, nil)
 	f.client.Store(cl)
 	batch := func(uncompressed, compressed int) {
 		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{UncompressedBytes: uncompressed, CompressedBytes: compressed})
@@ -45,9 +46,10 @@ func TestFetchSizerWindows(t *testing.T) {
 	}{
 		{"at first", func() {}, 4 << 20},
 		{"half a window, compressed 8 times", func() { batch(2<<20, 256<<10) }, 4 << 20},
-		{"a window, one batch 16 times", func() { batch(1<<20, 64<<10); batch(1<<20, 512<<10) }, 256 << 10},
-		{"a little less compressed: unchanged", func() { batch(4<<20, 4<<20/15) }, 256 << 10},
+		{"a window of 4 MiB over 832 KiB", func() { batch(1<<20, 64<<10); batch(1<<20, 512<<10) }, 832 << 10},
+		{"a little less compressed: unchanged", func() { batch(4<<20, 4<<20*2/9) }, 832 << 10},
 		{"uncompressed again", func() { batch(4<<20, 4<<20) }, 4 << 20},
+		{"one very compressed batch among uncompressed ones", func() { batch(4<<20-100<<10, 4<<20-100<<10); batch(100<<10, 1<<10) }, 4 << 20},
 	}
 	for _, s := range steps {
 		s.feed()
@@ -67,21 +69,46 @@ func TestDecompressPoolClasses(t *testing.T) {
 			t.Errorf("poolClass(%d) = %d, %v; want %d, %v", tc.n, c, ok, tc.want, tc.ok)
 		}
 	}
-	// Whatever a class holds, a buffer handed out holds what was asked:
-	// buffers of every capacity go in, and every request comes out big
-	// enough and empty.
+	// Batches of every size, larger ones compressing better, as franz-go
+	// uses the pool: a buffer asked for, grown when the batch does not
+	// fit, observed, and given back whole. Once the pool has seen a few,
+	// batches fit the buffer they are given, and no buffer is more than
+	// eight times what its batch needs.
 	p := &decompressPool{}
 	rng := rand.New(rand.NewPCG(1, 2))
 	big := make([]byte, 256<<10)
-	for range 4_000 {
-		if rng.IntN(2) == 0 {
-			p.PutDecompressBytes(make([]byte, rng.IntN(100), 1+rng.IntN(4<<20)))
+	var out [][]byte
+	grown, gets := 0, 0
+	for i := range 6_000 {
+		if len(out) > 20 || (len(out) > 0 && rng.IntN(2) == 0) {
+			j := rng.IntN(len(out))
+			p.PutDecompressBytes(out[j][:cap(out[j])])
+			out = append(out[:j], out[j+1:]...)
 			continue
 		}
-		compressed := big[:rng.IntN(len(big))]
-		b := p.GetDecompressBytes(compressed, kgo.CodecLz4)
-		if want := max(int(p.typical.Load()), 2*len(compressed)); len(b) != 0 || cap(b) < want {
-			t.Fatalf("asked for %d bytes: len %d cap %d", want, len(b), cap(b))
+		wire := 100 + rng.IntN(len(big)-100)
+		ratio := (2 + 30*float64(wire)/float64(len(big))) * (0.9 + 0.2*rng.Float64())
+		need := int(float64(wire) * ratio)
+		b := p.GetDecompressBytes(big[:wire], kgo.CodecLz4)
+		if len(b) != 0 {
+			t.Fatalf("a buffer of length %d", len(b))
 		}
+		if i > 2_000 {
+			gets++
+			if cap(b) < need {
+				grown++
+			}
+			if need >= 4<<10 && cap(b) > 8*need {
+				t.Fatalf("a batch of %d bytes was given %d", need, cap(b))
+			}
+		}
+		if cap(b) < need {
+			b = append(b[:cap(b)], make([]byte, need-cap(b))...) // as bytes.Buffer grows
+		}
+		p.observe(wire, need)
+		out = append(out, b[:need])
+	}
+	if grown > gets/10 {
+		t.Errorf("%d of %d batches did not fit their buffer", grown, gets)
 	}
 }

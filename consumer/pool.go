@@ -10,25 +10,44 @@ import (
 
 // Buffers of compressed batches' records are taken from decompressPool
 // and given back when every record of the batch has been recycled, which
-// take does once the records are decoded (kgo.Record.Recycle): a
-// backlog of lz4 batches otherwise allocated its whole size again
-// (1.1 GB over BenchmarkPipeline's backlog), and the collector ran half as
-// often again. Nothing decoded may keep a record's bytes: the decoder
-// copies what it keeps (debezium's TestDecodedEventsOwnTheirMemory), and
-// a dead letter takes copies. Uncompressed batches are not pooled by
-// franz-go: their records view the fetch response, which the collector
-// frees.
+// take does once the records are decoded (kgo.Record.Recycle): a backlog of
+// lz4 batches otherwise allocated its whole size again (1.1 GB over
+// BenchmarkPipeline's backlog), and the collector ran more often. Nothing
+// decoded may keep a record's bytes: the decoder copies what it keeps
+// (debezium's TestDecodedEventsOwnTheirMemory), and a dead letter takes
+// copies. Uncompressed batches are not pooled by franz-go: their records
+// view the fetch response, which the collector frees.
 //
-// A buffer is asked for at the running mean of the sizes batches
-// decompressed to (a topic's producers cut batches of much the same size:
-// Kafka Connect's default is 16 KiB), from power-of-two classes so that
-// buffers of every size are reused where they fit. One too small is grown
-// by franz-go, and the grown one kept.
+// A buffer is asked for at the size batches of about the same size on the
+// wire have decompressed to lately (a maximum that decays: producers cut
+// batches at a size of their own, which compress to sizes near each
+// other), from power-of-two classes: buffers of every size are reused
+// where they fit, and a small batch is not given a buffer sized for a
+// large one. One too small is grown by franz-go, and the grown one kept in
+// its class.
 type decompressPool struct {
 	classes [poolClasses]sync.Pool
-	// typical is the running mean of the sizes batches decompressed to
-	// (PutDecompressBytes sees them).
-	typical atomic.Int64
+	// sizes are, per class of wire size (sizeClass), the decaying maximum
+	// of what batches decompressed to; 0: none seen.
+	sizes [sizeClasses]atomic.Int64
+}
+
+// sizeClasses are classes of wire size: up to 1 KiB, 2 KiB, ... 32 MiB.
+const sizeClasses = 16
+
+func sizeClass(wire int) int {
+	return min(sizeClasses-1, max(0, bits.Len(uint(max(wire, 1)-1))-10))
+}
+
+// observe notes a batch's bytes on the wire and decompressed (the fetch
+// sizer's hook sees every batch). Concurrent notes may lose one: a sample
+// less.
+func (p *decompressPool) observe(wire, decompressed int) {
+	if wire <= 0 || decompressed <= 0 {
+		return
+	}
+	s := &p.sizes[sizeClass(wire)]
+	s.Store(max(int64(decompressed), s.Load()-s.Load()/64))
 }
 
 const (
@@ -52,7 +71,11 @@ func poolClass(n int) (int, bool) {
 // compressed should decompress to. A buffer too small is grown by franz-go
 // and the grown one put back.
 func (p *decompressPool) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
-	want := max(int(p.typical.Load()), 2*len(compressed))
+	want := int(p.sizes[sizeClass(len(compressed))].Load())
+	if want == 0 {
+		want = 8 * len(compressed) // none seen yet at this size
+	}
+	want = max(want, len(compressed))
 	c, ok := poolClass(want)
 	if !ok {
 		return make([]byte, 0, want)
@@ -63,13 +86,9 @@ func (p *decompressPool) GetDecompressBytes(compressed []byte, _ kgo.Compression
 	return make([]byte, 0, 1<<(c+poolMinShift))
 }
 
-// PutDecompressBytes implements kgo.PoolDecompressBytes.
+// PutDecompressBytes implements kgo.PoolDecompressBytes. franz-go gives
+// back the whole capacity, cleared.
 func (p *decompressPool) PutDecompressBytes(b []byte) {
-	if t := p.typical.Load(); t == 0 {
-		p.typical.Store(int64(len(b)))
-	} else {
-		p.typical.Store(t + (int64(len(b))-t)/8) // racy updates lose a sample at worst
-	}
 	// A buffer goes to the largest class it fills, so that every buffer
 	// a class hands out holds its class's size.
 	n := cap(b)

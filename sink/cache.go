@@ -117,7 +117,7 @@ func (c *stateCache) store(k cacheKey, e cacheEntry) {
 	switch {
 	case e.key != "": // its own copy (a packed entry, or one moved from the older generation)
 		k.key = e.key
-	case ok:
+	case ok && old.blob == nil: // not in a packed entry's memory, which would stay alive
 		k.key = old.key
 	default:
 		k.key = strings.Clone(k.key)

@@ -94,6 +94,15 @@ func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	check("new entry")
 	c.put(batchKey(), l)
 	check("stored over an entry")
+	// A state that cannot be packed (an array) over a packed one: its
+	// key must not be the packed entry's, whose blob would stay alive.
+	packedKey := c.cur[cacheKey{tbl, "key-1"}].key
+	c.put(batchKey(), &latest{v: &version{key: []any{int64(1)}, row: []any{[]any{"x"}}}})
+	if e := c.cur[cacheKey{tbl, "key-1"}]; e.blob != nil || unsafe.StringData(e.key) == unsafe.StringData(packedKey) {
+		t.Fatalf("an unpacked state kept the packed entry's key (packed: %v)", e.blob != nil)
+	}
+	c.put(batchKey(), l)
+	check("packed again")
 	for i := range 3 { // the older generation takes key-1
 		c.put(cacheKey{tbl, fmt.Sprint(i)}, l)
 	}
