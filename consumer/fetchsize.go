@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -27,14 +28,13 @@ const fetchPartitionMax = 1 << 20
 // in every record): a 4 MiB fetch of such batches held 80 MiB of records,
 // and the collector, bounded by the soft memory limit, ran four times as
 // often (docs/benchmarks.md). After every fetchBudget of records read, the
-// fetch size becomes fetchBudget divided by the ratio of the records'
-// bytes to the bytes on the wire meanwhile, between fetchFloor and
-// fetchBudget; uncompressed topics keep fetchBudget. The ratio is taken
-// over all batches, not the most compressed one: one repetitive topic
-// among uncompressed ones must not throttle them all. A fetch that happens
-// to hold only that topic's batches holds more than the budget then, at
-// most a partition's limit (fetchPartitionMax on the wire) times its
-// ratio.
+// fetch size becomes fetchBudget divided by the ratio of records to wire
+// bytes of the most compressed batches that make up a tenth of the
+// window's wire bytes (ratioShare), between fetchFloor and fetchBudget;
+// uncompressed topics keep fetchBudget. A tenth, not the single most
+// compressed batch: one repetitive batch among uncompressed ones must not
+// throttle them all. A fetch that holds only batches more compressed than
+// that ratio holds more than the budget, by their ratio over it.
 //
 // franz-go calls OnFetchBatchRead from its fetch goroutines; the client is
 // set once New has it (a fetch before that only counts).
@@ -44,9 +44,35 @@ type fetchSizer struct {
 	pool   *decompressPool  // told every compressed batch's sizes; nil: none
 
 	mu   sync.Mutex
-	read int   // uncompressed bytes read since the size was last set
-	wire int   // and their bytes on the wire
-	size int32 // the fetch size asked for now
+	read int                  // uncompressed bytes read since the size was last set
+	wire int                  // and their bytes on the wire
+	by   [ratioBuckets][2]int // the same, by the batches' ratio (ratioBucket)
+	size int32                // the fetch size asked for now
+}
+
+// ratioBuckets group batches by ratio: under 2, 2 to 4, ... 64 and over.
+const ratioBuckets = 7
+
+// ratioShare is the share of a window's wire bytes, from its most
+// compressed batches, whose ratio sizes the fetch.
+const ratioShare = 0.1
+
+func ratioBucket(uncompressed, wire int) int {
+	return min(ratioBuckets-1, max(0, bits.Len(uint(uncompressed/wire))-1))
+}
+
+// windowRatio is the ratio of records to wire bytes of the most compressed
+// batches that make up ratioShare of the window's wire bytes (whole
+// buckets, so at least that share).
+func (f *fetchSizer) windowRatio() float64 {
+	var read, wire int
+	for b := ratioBuckets - 1; b >= 0; b-- {
+		read, wire = read+f.by[b][0], wire+f.by[b][1]
+		if float64(wire) >= ratioShare*float64(f.wire) {
+			break
+		}
+	}
+	return float64(read) / float64(wire)
 }
 
 var _ kgo.HookFetchBatchRead = (*fetchSizer)(nil)
@@ -71,12 +97,13 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 	defer f.mu.Unlock()
 	f.read += m.UncompressedBytes
 	f.wire += m.CompressedBytes
+	b := &f.by[ratioBucket(m.UncompressedBytes, m.CompressedBytes)]
+	b[0], b[1] = b[0]+m.UncompressedBytes, b[1]+m.CompressedBytes
 	if f.read < fetchBudget {
 		return
 	}
-	ratio := float64(f.read) / float64(f.wire)
-	size := fetchSize(ratio)
-	f.read, f.wire = 0, 0
+	size := fetchSize(f.windowRatio())
+	f.read, f.wire, f.by = 0, 0, [ratioBuckets][2]int{}
 	// Within an eighth of the current size: not worth a change (a ratio
 	// that wavers would otherwise change it on every window).
 	if d := size - f.size; d > f.size/8 || -d > f.size/8 {

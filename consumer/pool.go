@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"bytes"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -18,18 +20,26 @@ import (
 // copies. Uncompressed batches are not pooled by franz-go: their records
 // view the fetch response, which the collector frees.
 //
-// A buffer is asked for at the size batches of about the same size on the
-// wire have decompressed to lately (a maximum that decays: producers cut
-// batches at a size of their own, which compress to sizes near each
-// other), from power-of-two classes: buffers of every size are reused
-// where they fit, and a small batch is not given a buffer sized for a
-// large one. One too small is grown by franz-go, and the grown one kept in
-// its class.
+// A buffer is asked for at the batch's bytes on the wire times the mean
+// ratio batches of about that wire size have decompressed by, plus half,
+// but not above the largest size they decompressed to lately (a maximum
+// that decays), plus the spare room franz-go's readers want
+// (bytes.MinRead). Buffers come from power-of-two classes: every size is
+// reused where it fits, and a small batch is not given a buffer sized for
+// a large one. One too small is grown by franz-go, and the grown one kept
+// in its class. A buffer under the smallest class (single-record batches)
+// is made to measure and not kept. Topics that compress very differently
+// in batches of the same wire size share a mean: the less compressed one's
+// buffers are then larger than they need, by the ratio of the two.
 type decompressPool struct {
 	classes [poolClasses]sync.Pool
-	// sizes are, per class of wire size (sizeClass), the decaying maximum
-	// of what batches decompressed to; 0: none seen.
-	sizes [sizeClasses]atomic.Int64
+	sizes   [sizeClasses]sizeStats // by class of wire size (sizeClass)
+}
+
+// sizeStats are what batches of one class of wire size decompressed to.
+type sizeStats struct {
+	max   atomic.Int64  // a decaying maximum of their sizes; 0: none seen
+	ratio atomic.Uint64 // the running mean of their ratios (math.Float64bits)
 }
 
 // sizeClasses are classes of wire size: up to 1 KiB, 2 KiB, ... 32 MiB.
@@ -46,13 +56,19 @@ func (p *decompressPool) observe(wire, decompressed int) {
 	if wire <= 0 || decompressed <= 0 {
 		return
 	}
-	s := &p.sizes[sizeClass(wire)]
-	s.Store(max(int64(decompressed), s.Load()-s.Load()/64))
+	st := &p.sizes[sizeClass(wire)]
+	m := st.max.Load()
+	st.max.Store(max(int64(decompressed), m-m/64))
+	r, old := float64(decompressed)/float64(wire), math.Float64frombits(st.ratio.Load())
+	if old == 0 {
+		old = r
+	}
+	st.ratio.Store(math.Float64bits(old + (r-old)/16))
 }
 
 const (
-	poolMinShift = 12 // 4 KiB
-	poolClasses  = 13 // up to 16 MiB; a larger batch's buffer is not kept
+	poolMinShift = 12 // the smallest class: buffers of 4 KiB (to 8 KiB)
+	poolClasses  = 13 // the largest: 16 MiB (to 32 MiB); a larger buffer is not kept
 )
 
 var _ kgo.PoolDecompressBytes = (*decompressPool)(nil)
@@ -71,11 +87,15 @@ func poolClass(n int) (int, bool) {
 // compressed should decompress to. A buffer too small is grown by franz-go
 // and the grown one put back.
 func (p *decompressPool) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
-	want := int(p.sizes[sizeClass(len(compressed))].Load())
-	if want == 0 {
-		want = 8 * len(compressed) // none seen yet at this size
+	st := &p.sizes[sizeClass(len(compressed))]
+	want := min(8*len(compressed), 16<<20) // none seen yet at this size
+	if ratio := math.Float64frombits(st.ratio.Load()); ratio > 0 {
+		want = min(int(st.max.Load()), int(float64(len(compressed))*ratio*1.5))
 	}
-	want = max(want, len(compressed))
+	want = max(want, len(compressed)) + bytes.MinRead
+	if want < 1<<poolMinShift {
+		return make([]byte, 0, want)
+	}
 	c, ok := poolClass(want)
 	if !ok {
 		return make([]byte, 0, want)
