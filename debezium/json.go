@@ -23,46 +23,61 @@ type envelopeSchema struct {
 type jsonEnvelope struct {
 	payload gjson.Result
 	schema  *envelopeSchema // nil without a schema
-	names   [16]string
-	values  [16]gjson.Result
-	n       int
-
+	top     members
 	// The members of the last nested object a two-part path went through
 	// (in practice "source": its name, database, sequence, snapshot flag
 	// and time are each read), taken in one pass instead of a scan per
 	// field.
-	sub       string // the top-level field they belong to; "" when none is read
-	subNames  [24]string
-	subValues [24]gjson.Result
-	subN      int
-	subFull   bool // the object has more members than were taken
+	sub     members
+	subName string // the top-level field they belong to; "" when none is read
 }
 
-// read takes the payload's top-level fields.
-func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
-	e.payload, e.schema, e.n, e.sub = payload, schema, 0, ""
-	change.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
-		if e.n == len(e.names) {
+// members are an object's members, taken in one pass, strings left
+// escaped until read (change.ForEachMemberLazy).
+type members struct {
+	names  [24]string
+	values [24]gjson.Result
+	n      int
+	full   bool // the object has more members than were taken
+}
+
+// read takes the members of the object raw, a part of a validated payload.
+func (m *members) read(raw string) {
+	m.n, m.full = 0, false
+	change.ForEachMemberLazy(raw, func(k string, v gjson.Result) bool {
+		if m.n == len(m.names) {
+			m.full = true
 			return false
 		}
-		e.names[e.n], e.values[e.n] = k, v
-		e.n++
+		m.names[m.n], m.values[m.n] = k, v
+		m.n++
 		return true
 	})
 }
 
-// field returns a top-level field of the payload, as gjson's Get would.
-func (e *jsonEnvelope) field(name string) gjson.Result {
-	for i := 0; i < e.n; i++ {
-		if e.names[i] == name {
-			return withNum(e.values[i])
+// get returns the member name of obj (whose members m holds) as
+// obj.Get(escapePath(name)) would: the first of equal names, its string
+// unescaped and its number parsed.
+func (m *members) get(obj gjson.Result, name string) gjson.Result {
+	for i := 0; i < m.n; i++ {
+		if m.names[i] == name {
+			return withNum(change.Unescaped(m.values[i]))
 		}
 	}
-	if e.n == len(e.names) { // more fields than read in one pass
-		return e.payload.Get(escapePath(name))
+	if m.full {
+		return obj.Get(escapePath(name))
 	}
 	return gjson.Result{}
 }
+
+// read takes the payload's top-level fields.
+func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
+	e.payload, e.schema, e.subName = payload, schema, ""
+	e.top.read(payload.Raw) // validated by unwrapJSON
+}
+
+// field returns a top-level field of the payload, as gjson's Get would.
+func (e *jsonEnvelope) field(name string) gjson.Result { return e.top.get(e.payload, name) }
 
 // get follows an envelope path (field names taken literally, not as
 // gjson's path syntax).
@@ -72,7 +87,11 @@ func (e *jsonEnvelope) get(path []string) gjson.Result {
 	}
 	v := e.field(path[0])
 	if len(path) == 2 && v.IsObject() {
-		return e.member(path[0], v, path[1])
+		if e.subName != path[0] || path[0] == "" {
+			e.subName = path[0]
+			e.sub.read(v.Raw)
+		}
+		return e.sub.get(v, path[1])
 	}
 	for _, p := range path[1:] {
 		if !v.IsObject() {
@@ -81,33 +100,6 @@ func (e *jsonEnvelope) get(path []string) gjson.Result {
 		v = v.Get(escapePath(p))
 	}
 	return v
-}
-
-// member returns the member key of obj, the top-level field name, as
-// obj.Get(escapePath(key)) would (the first of equal names; a number's Num
-// parsed), but reading obj's members once per envelope.
-func (e *jsonEnvelope) member(name string, obj gjson.Result, key string) gjson.Result {
-	if e.sub != name || name == "" {
-		e.sub, e.subN, e.subFull = name, 0, false
-		change.ForEachMemberLazy(obj.Raw, func(k string, v gjson.Result) bool { // valid: a part of the validated payload
-			if e.subN == len(e.subNames) {
-				e.subFull = true
-				return false
-			}
-			e.subNames[e.subN], e.subValues[e.subN] = k, v
-			e.subN++
-			return true
-		})
-	}
-	for i := 0; i < e.subN; i++ {
-		if e.subNames[i] == key {
-			return withNum(change.Unescaped(e.subValues[i]))
-		}
-	}
-	if e.subFull {
-		return obj.Get(escapePath(key))
-	}
-	return gjson.Result{}
 }
 
 // withNum parses a number's Num, as gjson does (ForEachMember leaves it 0).
@@ -329,7 +321,7 @@ func escapePath(p string) string {
 func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEnvelope) (*change.Event, error) {
 	op := env.field("op")
 	if !op.Exists() || op.Type == gjson.Null {
-		if env.field("ts_ms").Exists() && env.n <= 2 {
+		if env.field("ts_ms").Exists() && env.top.n <= 2 {
 			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
 		}
 		if st := env.field("status").Str; (st == "BEGIN" || st == "END") && env.field("id").Exists() {

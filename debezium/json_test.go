@@ -188,8 +188,14 @@ func TestEnvelopeGetMatchesGJSON(t *testing.T) {
 		{"wide", "f0"}, {"wide", "f23"}, {"wide", "f24"}, {"wide", "f39"}, {"wide", "last"}, {"wide", "nope"},
 		{"source", "db"}, {"op"}, {"before", "id"}, {"op", "x"}, {"ts_ms"},
 	}
-	var env jsonEnvelope
+	var env, wide jsonEnvelope
 	env.read(gjson.Parse(payload), nil)
+	wide.read(gjson.Parse(many.String()), nil) // more top-level fields than the envelope keeps
+	for _, f := range []string{"f0", "f23", "f24", "f39", "last", "nope"} {
+		if got, want := wide.get([]string{f}), gjson.Get(many.String(), f); got.Raw != want.Raw || got.Num != want.Num || got.Str != want.Str {
+			t.Errorf("top-level %s = %+v, gjson gives %+v", f, got, want)
+		}
+	}
 	for _, p := range paths {
 		t.Run(strings.Join(p, "/"), func(t *testing.T) {
 			got := env.get(p)
