@@ -1,6 +1,7 @@
 package debezium_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -26,8 +27,9 @@ import (
 // decodes.
 func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 	type input struct {
-		k, v []byte
-		hs   []debezium.Header
+		k, v  []byte
+		hs    []debezium.Header
+		topic string // "": src's
 	}
 	src, recs := envelopes(60)
 	rule := debezium.Rule{Topic: src.Topic(), Target: "customers_history", SequenceBy: []string{"source.sequence", "source.lsn"}, ValidFrom: "source.ts_ms"}
@@ -83,9 +85,9 @@ func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 		{Op: "d", Before: scdtest.Row{"shop": "north", "sku": "A-1"}, LSN: 212, Commit: at},
 	} {
 		k, v := items.Envelope(c)
-		jsonIn = append(jsonIn, input{k: k, v: v})
+		jsonIn = append(jsonIn, input{k: k, v: v, topic: items.Topic()})
 		k, v = items.Schemaless(c)
-		schemaless = append(schemaless, input{k: k, v: v})
+		schemaless = append(schemaless, input{k: k, v: v, topic: items.Topic()})
 	}
 	// Avro bytes: a key of bytes, a bytes column and an array of bytes
 	// (goavro's bytes view the record they were decoded from).
@@ -100,10 +102,10 @@ func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 		{Op: "c", After: scdtest.Row{"k": "/w==", "data": nil, "parts": nil}, LSN: 212, Commit: at},
 	} {
 		k, v := blobs.AvroEnvelope(c, 1, 2)
-		avroBytes = append(avroBytes, input{k: k, v: v})
+		avroBytes = append(avroBytes, input{k: k, v: v, topic: blobs.Topic()})
 		if i == 0 {
 			k, v = blobs.AvroEnvelope(c, 1, 0) // a JSON key of bytes (base64)
-			avroBytes = append(avroBytes, input{k: k, v: v})
+			avroBytes = append(avroBytes, input{k: k, v: v, topic: blobs.Topic()})
 		}
 	}
 	var bench []input
@@ -115,50 +117,30 @@ func TestDecodedEventsOwnTheirMemory(t *testing.T) {
 	for _, w := range work {
 		if !w.Tombstone {
 			k, v := w.Src.Envelope(w.Change)
-			bench = append(bench, input{k: k, v: v})
+			bench = append(bench, input{k: k, v: v, topic: w.Src.Topic()})
 		}
 	}
-	topicOf := func(i int) string { return src.Topic() }
-	itemsFrom := map[string]int{"json": len(jsonIn) - 3, "schemaless": len(schemaless) - 3}
 	avroRule := rule
 	avroRule.Format = debezium.FormatAvro
 	for _, tc := range []struct {
 		name   string
 		dec    func() *debezium.Decoder
 		inputs []input
-		topic  func(i int) string
 	}{
-		{"json", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, jsonIn, topicOf},
-		{"schemaless", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, schemaless, topicOf},
-		{"avro", func() *debezium.Decoder { return debezium.New([]debezium.Rule{avroRule}, avroRegistry(t, src), nil) }, avro, topicOf},
-		{"avro-bytes", func() *debezium.Decoder { return debezium.New([]debezium.Rule{blobRule}, avroRegistry(t, blobs), nil) }, avroBytes,
-			func(int) string { return blobs.Topic() }},
-		{"bench", func() *debezium.Decoder { return debezium.New(benchRules, nil, nil) }, bench, func(i int) string {
-			return work[0].Src.Topic() // replaced below
-		}},
+		{"json", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, jsonIn},
+		{"schemaless", func() *debezium.Decoder { return debezium.New([]debezium.Rule{rule, itemRule}, nil, nil) }, schemaless},
+		{"avro", func() *debezium.Decoder { return debezium.New([]debezium.Rule{avroRule}, avroRegistry(t, src), nil) }, avro},
+		{"avro-bytes", func() *debezium.Decoder { return debezium.New([]debezium.Rule{blobRule}, avroRegistry(t, blobs), nil) }, avroBytes},
+		{"bench", func() *debezium.Decoder { return debezium.New(benchRules, nil, nil) }, bench},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			topics := make([]string, len(tc.inputs))
-			for i := range topics {
-				topics[i] = tc.topic(i)
-				if from, ok := itemsFrom[tc.name]; ok && i >= from {
-					topics[i] = items.Topic()
-				}
-			}
-			if tc.name == "bench" {
-				topics = topics[:0]
-				for _, w := range work {
-					if !w.Tombstone {
-						topics = append(topics, w.Src.Topic())
-					}
-				}
-			}
 			clean, poisoned := tc.dec(), tc.dec()
 			var kept []*change.Event
 			var dumps []string
 			decoded := 0
 			for i, in := range tc.inputs {
-				o := change.Origin{Partition: change.Partition{Topic: topics[i]}, Offset: int64(i)}
+				topic := cmp.Or(in.topic, src.Topic())
+				o := change.Origin{Partition: change.Partition{Topic: topic}, Offset: int64(i)}
 				want, werr := clean.Decode(context.Background(), o, in.k, in.v, in.hs...)
 				k, v := append([]byte(nil), in.k...), append([]byte(nil), in.v...)
 				hs := make([]debezium.Header, len(in.hs))
