@@ -35,6 +35,12 @@ type Metrics struct {
 	// OffsetsLost counts partitions whose next offset was no longer in the
 	// log (retention, a re-created topic, data lost by the broker), by topic.
 	OffsetsLost *prometheus.CounterVec
+	// OffsetsDiffer counts assigned partitions whose offset in
+	// scd2sink_offsets differed from Kafka's committed one, by topic and
+	// direction: ahead (a crash before the Kafka commit), behind (the
+	// target restored from a backup: read again) or missing (none in
+	// scd2sink_offsets while the history table exists).
+	OffsetsDiffer *prometheus.CounterVec
 	// WatermarkLag is, per target, how far its completeness watermark
 	// trails the clock.
 	WatermarkLag *prometheus.GaugeVec
@@ -91,12 +97,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
 		FetchMaxBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_max_bytes",
 			Help: "The fetch size asked of Kafka: 4 MiB, less when batches are compressed, so that a fetch holds about 4 MiB of records once decompressed."}),
+		OffsetsDiffer: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_differ_total",
+			Help: "Assigned partitions whose scd2sink_offsets offset differed from Kafka's committed one (direction: ahead, behind, missing); the partition resumes from scd2sink_offsets."},
+			[]string{"topic", "direction"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -165,9 +167,17 @@ func (c *Consumer) holds(topic string) bool {
 	return false
 }
 
-// adjustOffsets resumes each assigned partition from scd2sink_offsets when
-// that is ahead of the group's committed offset (a crash between the
-// PostgreSQL commit and the Kafka commit).
+// adjustOffsets resumes each assigned partition from scd2sink_offsets
+// whenever it differs from the group's committed offset (DESIGN.md section
+// 6: progress lives in PostgreSQL). Ahead is the common case (a crash
+// between the PostgreSQL commit and the Kafka commit); behind means the
+// target was restored from a backup, or the offsets table restored older:
+// resuming from Kafka's offset would skip history the target no longer
+// has, so the partition is read again from what the target holds (the fold
+// is idempotent: a replay costs time), with a warning. A partition the
+// target has no offset for although Kafka has one and its history table
+// exists (the offsets table emptied or dropped) follows OnOffsetLost
+// (lostProgress).
 func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	if !c.awaitClient(ctx) {
 		return offsets, ctx.Err()
@@ -185,6 +195,7 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 	if err != nil {
 		c.log.Warn("reading the topic IDs in scd2sink_offsets", zap.Error(err))
 	}
+	c.lostProgress(ctx, offsets, applied)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	placed := c.checkTopicIDs(ctx, offsets, storedIDs)
@@ -215,14 +226,105 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 			if !ok {
 				continue
 			}
-			if kafka := off.EpochOffset().Offset; kafka < 0 || at > kafka {
+			kafka := off.EpochOffset().Offset
+			switch {
+			case kafka < 0 || at > kafka:
 				c.log.Info("resuming from scd2sink_offsets", zap.String("topic", topic), zap.Int32("partition", p),
 					zap.Int64("offset", at), zap.Int64("kafka_offset", kafka))
-				parts[p] = kgo.NewOffset().At(at).WithEpoch(-1)
+				if kafka >= 0 {
+					c.m.OffsetsDiffer.WithLabelValues(topic, "ahead").Inc()
+				}
+			case at < kafka:
+				c.m.OffsetsDiffer.WithLabelValues(topic, "behind").Inc()
+				c.log.Warn("scd2sink_offsets is behind Kafka's committed offset (the target restored from a backup?): "+
+					"reading the partition again from what the target holds, so that no history is skipped",
+					zap.String("topic", topic), zap.Int32("partition", p), zap.Int64("offset", at), zap.Int64("kafka_offset", kafka),
+					zap.Int64("records_replayed", kafka-at))
+			default:
+				continue
 			}
+			parts[p] = kgo.NewOffset().At(at).WithEpoch(-1)
 		}
 	}
 	return offsets, nil
+}
+
+// lostProgress finds the assigned partitions that Kafka has a committed
+// offset for, scd2sink_offsets none, and whose target's history table
+// exists: the target's record of its progress is gone (the offsets table
+// emptied, dropped, or restored older than the table), so Kafka's offset
+// cannot be trusted to be below what the table holds. OnOffsetLost says
+// what to do: fail (the default) stops the service naming them; earliest
+// reads them again from the log's start (exact, the fold is idempotent);
+// latest goes on from Kafka's committed offset (what the table may miss is
+// lost). A partition that has never been applied has neither offset.
+func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int32]kgo.Offset, applied map[change.Partition]int64) {
+	var topics []string
+	targets := map[string]string{}
+	for topic, parts := range offsets {
+		for p, off := range parts {
+			if _, ok := applied[change.Partition{Topic: topic, Partition: p}]; ok || off.EpochOffset().Offset < 0 {
+				continue
+			}
+			if target := c.target(topic); target != "" && targets[topic] == "" {
+				targets[topic] = target
+				topics = append(topics, topic)
+			}
+		}
+	}
+	if len(topics) == 0 {
+		return
+	}
+	names := make([]string, 0, len(topics))
+	for _, t := range topics {
+		names = append(names, targets[t])
+	}
+	exists, err := c.sink.HistoryTables(ctx, names)
+	if err != nil {
+		c.log.Warn("looking for the history tables of partitions scd2sink_offsets has no offset for; resuming from Kafka's offsets", zap.Error(err))
+		return
+	}
+	sort.Strings(topics)
+	var failures []string
+	for _, topic := range topics {
+		if !exists[targets[topic]] {
+			continue
+		}
+		parts := offsets[topic]
+		nums := make([]int32, 0, len(parts))
+		for p, off := range parts {
+			if _, ok := applied[change.Partition{Topic: topic, Partition: p}]; !ok && off.EpochOffset().Offset >= 0 {
+				nums = append(nums, p)
+			}
+		}
+		sort.Slice(nums, func(i, j int) bool { return nums[i] < nums[j] })
+		for _, p := range nums {
+			kafka := parts[p].EpochOffset().Offset
+			c.m.OffsetsLost.WithLabelValues(topic).Inc()
+			c.m.OffsetsDiffer.WithLabelValues(topic, "missing").Inc()
+			desc := fmt.Sprintf("topic %s partition %d: Kafka's committed offset is %d, scd2sink_offsets has none, and history table %s exists",
+				topic, p, kafka, targets[topic])
+			switch c.policy() {
+			case "fail":
+				failures = append(failures, desc)
+			case "earliest":
+				c.log.Error("progress lost: "+desc+"; reading the partition again from the log's start (kafka.on_offset_lost: earliest)",
+					zap.String("topic", topic), zap.Int32("partition", p), zap.Int64("kafka_offset", kafka))
+				parts[p] = kgo.NewOffset().AtStart()
+			default:
+				c.log.Error("progress lost: "+desc+"; going on from Kafka's committed offset (kafka.on_offset_lost: latest): "+
+					"what the table misses below it stays missing",
+					zap.String("topic", topic), zap.Int32("partition", p), zap.Int64("kafka_offset", kafka))
+			}
+		}
+	}
+	if len(failures) > 0 {
+		err := fmt.Errorf("progress lost (kafka.on_offset_lost is fail): %s. scd2sink_offsets was emptied, dropped or restored "+
+			"older than the history tables, so Kafka's offsets may be past what they hold; set kafka.on_offset_lost to earliest "+
+			"(read the partitions again from the log's start: exact, takes time) or latest (trust Kafka's offsets)",
+			strings.Join(failures, "; "))
+		c.fatal.CompareAndSwap(nil, &err)
+	}
 }
 
 // onRevoked applies what was fetched from the revoked partitions and

@@ -273,3 +273,22 @@ func (s *Sink) Offsets(ctx context.Context) (map[change.Partition]int64, error) 
 	}
 	return out, rows.Err()
 }
+
+// HistoryTables reports which of the given targets' history tables exist
+// (a target the Sink has no spec for counts as absent).
+func (s *Sink) HistoryTables(ctx context.Context, targets []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(targets))
+	for _, target := range targets {
+		spec, ok := s.spec(target)
+		if !ok {
+			continue
+		}
+		var exists bool
+		if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+			pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("looking for history table %s: %w", target, err)
+		}
+		out[target] = exists
+	}
+	return out, nil
+}
