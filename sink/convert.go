@@ -27,9 +27,21 @@ type converter struct {
 	m *pgtype.Map
 }
 
+// storedValue is a value read back from a history table's column (by
+// pgx, with the sink's types registered): already what convert returns for
+// that column, taken as it is. Keys read from the table (a snapshot
+// reconciliation's) are never round-tripped through text.
+type storedValue struct{ v any }
+
+// MarshalJSON writes the value as a dead letter's key shows it.
+func (s storedValue) MarshalJSON() ([]byte, error) { return json.Marshal(s.v) }
+
 func (c converter) convert(col *colInfo, v any) (any, error) {
 	if v == nil {
 		return nil, nil
+	}
+	if x, ok := v.(storedValue); ok {
+		return x.v, nil
 	}
 	if s, ok := v.(string); ok && s == change.Unavailable {
 		return unavailable{}, nil

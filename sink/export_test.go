@@ -39,3 +39,12 @@ func SetMinSplitEvents(n int) (restore func()) {
 
 // SplitBatches is how many batches have been applied in parts so far.
 func SplitBatches() int64 { return splitBatches.Load() }
+
+// SetReconcileChunk makes reconciliations close keys n per transaction and
+// calls after (when not nil) once each chunk has committed; it returns a
+// function that restores the defaults.
+func SetReconcileChunk(n int, after func()) (restore func()) {
+	old, oldAfter := reconcileChunk, afterReconcileChunk
+	reconcileChunk, afterReconcileChunk = n, after
+	return func() { reconcileChunk, afterReconcileChunk = old, oldAfter }
+}

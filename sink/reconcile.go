@@ -29,8 +29,12 @@ import (
 // marking the snapshot done tells every instance's fence to forget its
 // cache.
 
-// reconcileChunk is how many keys' deletes one batch carries.
-const reconcileChunk = 5000
+// reconcileChunk is how many keys' deletes one batch carries;
+// afterReconcileChunk, when set (tests), is called once each has committed.
+var (
+	reconcileChunk      = 5000
+	afterReconcileChunk func()
+)
 
 // recordSnapshots records completed snapshots in the batch's transaction.
 func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
@@ -140,6 +144,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		registerTypes(tx.Conn().TypeMap()) // keys read as load.go reads them back
 		var locked bool
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM %s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
 			AND done_at IS NULL FOR UPDATE SKIP LOCKED`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
@@ -154,7 +159,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 		match := make([]string, len(keys))
 		for i, k := range keys {
 			id := pgx.Identifier{k}.Sanitize()
-			sel[i] = "h." + id + "::text"
+			sel[i] = "h." + id // read as the table's type: a key is never round-tripped through text
 			match[i] = fmt.Sprintf("x.%s = h.%s", id, id)
 		}
 		m := strings.Join(match, " AND ")
@@ -183,7 +188,11 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 			if len(chunk) == 0 {
 				return nil
 			}
-			p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts})
+			// Each chunk commits on its own and fences like every writer:
+			// another instance (or run beside reconcile --confirm) forgets
+			// the keys before its next apply, never appending to a key a
+			// chunk has just closed from a stale cache.
+			p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts, Outside: true})
 			if err != nil {
 				return err
 			}
@@ -192,20 +201,19 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 			}
 			closed += len(chunk)
 			chunk = chunk[:0]
+			if afterReconcileChunk != nil {
+				afterReconcileChunk()
+			}
 			return nil
 		}
 		for rows.Next() {
-			vals := make([]string, len(keys))
-			ptrs := make([]any, len(keys))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				return err
+			vals, err := rows.Values()
+			if err != nil {
+				return fmt.Errorf("reading the keys the snapshot of %s did not read: %w", sn.Target, err)
 			}
 			key := make([]any, len(vals))
 			for i, v := range vals {
-				key[i] = v
+				key[i] = storedValue{v}
 			}
 			chunk = append(chunk, &change.Event{Table: sn.Target, Key: key, Seq: sn.Seq, Op: change.OpDelete, ValidFrom: sn.At})
 			if len(chunk) == reconcileChunk {

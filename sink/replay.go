@@ -62,8 +62,14 @@ func (s *Sink) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Or
 	if tag.RowsAffected() != int64(len(ids)) {
 		return ErrReplayedAlready
 	}
+	return s.countOutsideWrite(ctx, tx)
+}
+
+// countOutsideWrite bumps the outside-writes count in tx: every writer's
+// next fence (offsets.go) sees it and forgets its cached states.
+func (s *Sink) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS w (consumer_group, n) VALUES ($1, 1)
-		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
 		return fmt.Errorf("counting an outside write: %w", err)
 	}
 	return nil

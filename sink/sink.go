@@ -472,6 +472,7 @@ type Prepared struct {
 	snapshots []Snapshot
 	lock      []change.Partition
 	replay    map[change.Origin][]int64 // Batch.Replay
+	outside   bool                      // Batch.Outside
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
 	// parts are the batch's parts applied side by side (nil: applied
@@ -508,7 +509,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
 	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
-		snapshots: b.Snapshots, lock: b.Lock, replay: b.Replay,
+		snapshots: b.Snapshots, lock: b.Lock, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -562,6 +563,11 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			}
 			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
 				return err
+			}
+			if p.outside {
+				if err := s.countOutsideWrite(ctx, tx); err != nil {
+					return err
+				}
 			}
 			allDead := dead
 			for _, name := range targets {

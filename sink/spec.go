@@ -177,6 +177,12 @@ type Batch struct {
 	// dead-letter rows of each event's origin: marked replayed in the
 	// batch's transaction, or given the new error if rejected again.
 	Replay map[change.Origin][]int64
+	// Outside marks a batch that writes history outside the batch path
+	// (a snapshot reconciliation's deletes): its transaction bumps the
+	// outside-writes count, so that every running writer's fence forgets
+	// what it remembers of the keys (DESIGN.md section 6: every writer
+	// fences).
+	Outside bool
 }
 
 // Snapshot is a completed full snapshot of a table.
