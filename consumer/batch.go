@@ -140,9 +140,10 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		}
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
+		snaps := c.snapshotsIn(c.pending[:n])
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
 			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember, Targets: c.targetsOf(offsets), LastValid: lastValid(c.pending[:n], offsets),
-			Snapshots: c.snapshotsIn(c.pending[:n])})
+			Snapshots: snaps})
 		if err != nil {
 			if interrupt != nil && interrupt() && ctx.Err() != nil {
 				return errRebalance
@@ -156,6 +157,7 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 			}
 			return err
 		}
+		c.forgetSnapshots(c.pending[:n], len(snaps))
 		for _, ev := range c.pending[:n] {
 			c.pendBytes -= int64(ev.Size())
 		}

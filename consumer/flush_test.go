@@ -30,7 +30,7 @@ func (r *recordingSink) Watermarks(context.Context) (map[string]time.Time, error
 func (r *recordingSink) HistoryTables(context.Context, []string) (map[string]bool, error) {
 	return nil, nil
 }
-func (r *recordingSink) Connectors(context.Context) (map[string]string, error)           { return nil, nil }
+func (r *recordingSink) Connectors(context.Context) (map[string]string, error) { return nil, nil }
 func (r *recordingSink) TopicIDs(context.Context) (map[change.Partition]string, error) {
 	return nil, nil
 }

@@ -44,7 +44,12 @@ func (c *Consumer) noteSnapshot(ev *change.Event, snap sink.Snapshot) {
 		zap.Stringer("seq", ev.Seq), zap.Any("until", snap.Until))
 }
 
-// snapshotsIn takes the snapshots that events of a batch complete.
+// snapshotsIn lists the snapshots that events of a batch complete. They
+// stay noted until forgetSnapshots, once the batch is handed over: a flush
+// cut short (a rebalance while the applier's queue is full, a revoke's
+// deadline, a failed prepare) leaves its events pending, and the batch
+// that takes them later must carry the snapshots too, or the keys the
+// snapshot did not read would never be closed.
 func (c *Consumer) snapshotsIn(evs []*change.Event) []sink.Snapshot {
 	if len(c.snaps) == 0 {
 		return nil
@@ -53,8 +58,18 @@ func (c *Consumer) snapshotsIn(evs []*change.Event) []sink.Snapshot {
 	for _, ev := range evs {
 		if sn, ok := c.snaps[ev]; ok {
 			out = append(out, sn)
-			delete(c.snaps, ev)
 		}
 	}
 	return out
+}
+
+// forgetSnapshots forgets the snapshots that events of a batch handed
+// over complete (its transaction records them).
+func (c *Consumer) forgetSnapshots(evs []*change.Event, n int) {
+	if n == 0 {
+		return
+	}
+	for _, ev := range evs {
+		delete(c.snaps, ev)
+	}
 }
