@@ -9,6 +9,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink"
+	"go.uber.org/zap"
 )
 
 // applier applies batches on its own goroutine, in the order they were
@@ -34,23 +35,75 @@ type applier struct {
 	gen    atomic.Int64
 	mu     sync.Mutex
 	cancel context.CancelFunc
+	// reconcileWarned is when an idle reconciliation's failure was last
+	// logged (run's goroutine only).
+	reconcileWarned time.Time
 }
 
 func newApplier(c *Consumer) *applier {
 	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{}), finished: make(chan struct{}, 1)}
 }
 
-// run applies batches until jobs is closed.
+// run applies batches until jobs is closed. While none comes it asks the
+// sink about once per reconcileEvery to decide the snapshots that are
+// ready (Sink.Reconcile): a recorded snapshot is decided by whichever
+// member sees its topic applied past it, also when every partition is
+// quiet.
 func (a *applier) run(ctx context.Context) {
 	defer close(a.done)
-	for j := range a.jobs {
-		if a.failed.Load() == nil && j.gen == a.gen.Load() {
-			a.applyOne(ctx, j)
+	tick := time.NewTicker(reconcileEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case j, ok := <-a.jobs:
+			if !ok {
+				return
+			}
+			if a.failed.Load() == nil && j.gen == a.gen.Load() {
+				a.applyOne(ctx, j)
+			}
+			a.busy.Add(-1)
+			a.signal()
+		case <-tick.C:
+			if a.failed.Load() == nil && a.busy.Load() == 0 {
+				a.reconcile(ctx)
+			}
 		}
-		a.busy.Add(-1)
-		a.signal()
 	}
 }
+
+// reconcileEvery is how often an idle applier asks the sink to decide
+// snapshots that are ready.
+var reconcileEvery = time.Second
+
+// reconcile runs Sink.Reconcile within reconcileBudget; a failure is
+// logged (at most once a minute) and tried again at the next tick.
+func (a *applier) reconcile(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, reconcileBudget)
+	defer cancel()
+	go func() {
+		select {
+		case <-a.c.drainStart: // a drain does not wait for it: the next start goes on
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	a.mu.Lock()
+	a.cancel = cancel // an abandonment (a rebalance that may not wait) cuts it short too
+	a.mu.Unlock()
+	err := a.c.sink.Reconcile(rctx)
+	a.mu.Lock()
+	a.cancel = nil
+	a.mu.Unlock()
+	if err != nil && ctx.Err() == nil && time.Since(a.reconcileWarned) > time.Minute {
+		a.reconcileWarned = time.Now()
+		a.c.log.Warn("deciding completed snapshots failed; trying again", zap.Error(err))
+	}
+}
+
+// reconcileBudget bounds one idle reconciliation: a large one goes on
+// after the next batch (it is applied in chunks, each committed).
+const reconcileBudget = 5 * time.Minute
 
 // applyOne applies and commits j unless it is abandoned meanwhile. An
 // abandonment cancels the Kafka commit too, so that a broker that does

@@ -60,6 +60,9 @@ type Sink interface {
 	// Connectors returns the connector stream of each topic the looks
 	// recorded (sink.Look.Connector).
 	Connectors(ctx context.Context) (map[string]string, error)
+	// Reconcile decides the recorded snapshots that are ready, whoever
+	// recorded them; called by the applying goroutine while idle.
+	Reconcile(ctx context.Context) error
 	// HistoryTables reports which of the given targets' history tables
 	// exist.
 	HistoryTables(ctx context.Context, targets []string) (map[string]bool, error)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -257,7 +258,8 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 // what to do: fail (the default) stops the service naming them; earliest
 // reads them again from the log's start (exact, the fold is idempotent);
 // latest goes on from Kafka's committed offset (what the table may miss is
-// lost). A partition that has never been applied has neither offset.
+// lost). A partition that has never been applied has neither offset; a
+// Kafka offset at or below the log's start skips nothing and is taken.
 func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int32]kgo.Offset, applied map[change.Partition]int64) {
 	var topics []string
 	targets := map[string]string{}
@@ -285,6 +287,11 @@ func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int3
 		return
 	}
 	sort.Strings(topics)
+	// Kafka's offset at or below the log's start skips nothing: reading
+	// from there is reading everything.
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	starts, serr := kadm.NewClient(c.client).ListStartOffsets(lctx, topics...)
+	cancel()
 	var failures []string
 	for _, topic := range topics {
 		if !exists[targets[topic]] {
@@ -300,6 +307,9 @@ func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int3
 		sort.Slice(nums, func(i, j int) bool { return nums[i] < nums[j] })
 		for _, p := range nums {
 			kafka := parts[p].EpochOffset().Offset
+			if first, ok := starts.Lookup(topic, p); kafka == 0 || (serr == nil && ok && first.Err == nil && kafka <= first.Offset) {
+				continue
+			}
 			c.m.OffsetsLost.WithLabelValues(topic).Inc()
 			c.m.OffsetsDiffer.WithLabelValues(topic, "missing").Inc()
 			desc := fmt.Sprintf("topic %s partition %d: Kafka's committed offset is %d, scd2sink_offsets has none, and history table %s exists",

@@ -533,6 +533,35 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	return res, err
 }
 
+// Reconcile decides every recorded snapshot whose topic has been applied
+// past it (reconciled, or held by the guard), whoever recorded it: the
+// consumer calls it about once a second while it has nothing to apply, so
+// that a snapshot recorded by another member, or whose topic's partitions
+// all went quiet, is not left waiting for a batch that never comes
+// (DESIGN.md section 5). Called from the goroutine that applies batches;
+// without a table that closes what snapshots did not read it does nothing.
+func (s *Sink) Reconcile(ctx context.Context) error {
+	if s.reconciling || !s.anySnapshotDeletes() {
+		return nil
+	}
+	s.reconciling = true
+	defer func() { s.reconciling = false }()
+	return s.reconcile(ctx)
+}
+
+// anySnapshotDeletes reports whether a known target closes what a full
+// snapshot did not read.
+func (s *Sink) anySnapshotDeletes() bool {
+	s.specMu.Lock()
+	defer s.specMu.Unlock()
+	for _, on := range s.snapDeletes {
+		if on {
+			return true
+		}
+	}
+	return false
+}
+
 // applyOne applies a prepared batch, or one part of it (parallel.go), in
 // one transaction.
 func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
