@@ -85,7 +85,8 @@ type SASL struct {
 	// AWSRegion is AWS_MSK_IAM's region; credentials come from the
 	// standard AWS chain (environment, shared config, instance or pod role).
 	AWSRegion string `yaml:"aws_region"`
-	// AllowPlaintext lets PLAIN or SCRAM run without TLS (refused otherwise).
+	// AllowPlaintext lets PLAIN, SCRAM or OAUTHBEARER run without TLS, and
+	// registry credentials go over http:// (refused otherwise).
 	AllowPlaintext bool `yaml:"allow_plaintext"`
 }
 

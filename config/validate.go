@@ -121,6 +121,9 @@ func (c *Config) validateKafka() error {
 		if _, err := os.Stat(k.SASL.TokenFile); err != nil {
 			return errf("kafka.sasl.token_file", "cannot read %s", k.SASL.TokenFile)
 		}
+		if !k.TLS.Enabled && !k.SASL.AllowPlaintext {
+			return errf("kafka.sasl.allow_plaintext", "OAUTHBEARER without TLS sends the token in clear: enable kafka.tls, or set allow_plaintext: true")
+		}
 	case "AWS_MSK_IAM":
 		if !k.TLS.Enabled {
 			return errf("kafka.tls.enabled", "AWS_MSK_IAM needs TLS (MSK's IAM listener is TLS only)")
@@ -156,6 +159,9 @@ func (c *Config) validateRegistry() error {
 		}
 		if u.Scheme != "https" && (r.TLS.CAFile != "" || r.TLS.CertFile != "") {
 			return errf("schema_registry.tls", "is set but the URL is not https")
+		}
+		if u.Scheme != "https" && (r.Username != "" || r.Password != "" || r.TokenFile != "") && !c.Kafka.SASL.AllowPlaintext {
+			return errf("schema_registry.url", "is http:// but registry credentials are set: they would travel in clear; use https://, or set kafka.sasl.allow_plaintext: true")
 		}
 	}
 	if r.TokenFile != "" {

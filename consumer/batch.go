@@ -39,7 +39,7 @@ func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 	// Its Kafka bytes are not kept: the record is read again by its
 	// coordinates when the dead letter is replayed (Decoded).
 	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
-		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error(), Decoded: true}
+		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error(), Decoded: true, Reason: sink.ReasonConflict}
 }
 
 // maybeFlush takes what is due from the sequencer and applies the pending
@@ -53,12 +53,28 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
 	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
-	due := n >= c.cfg.BatchMaxEvents || c.pendBytes >= c.cfg.BatchMaxBytes/3 || (old && c.applier.idle()) ||
+	due := n >= c.cfg.BatchMaxEvents || c.pendBytes+c.deadBytes() >= c.cfg.BatchMaxBytes/3 || (old && c.applier.idle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
 	}
 	return c.flush(ctx, c.interrupted)
+}
+
+// deadBytes is the memory the pending dead letters hold (copies of their
+// records): they count towards batch_max_bytes as events do, so that a
+// flood of large bad records is handed over (and, while the applier is
+// busy, stops the poll loop) like any batch instead of piling up.
+// Called with mu held.
+func (c *Consumer) deadBytes() int64 {
+	var n int64
+	for _, d := range c.dead {
+		n += int64(len(d.Key) + len(d.Value) + len(d.Err) + 64)
+		for _, h := range d.Headers {
+			n += int64(len(h.Key) + len(h.Value))
+		}
+	}
+	return n
 }
 
 // interrupted reports whether the poll loop should stop handing batches

@@ -219,6 +219,8 @@ type Consumer struct {
 	// stored offset on purpose (offsets lost), with the offset placed, until
 	// a batch recording it is applied: scd2sink_offsets takes it as is.
 	rewound map[change.Partition]int64
+	// deadLog logs dead letters at a bounded rate (deadletters.go).
+	deadLog deadLog
 	// waitMu guards the partitions held back (waits.go).
 	waitMu  sync.Mutex
 	paused  map[change.Partition]pausedPart
@@ -605,9 +607,9 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		case errors.Is(it.err, debezium.ErrSkip):
 			c.seq.Skip(o)
 		case it.err != nil:
-			c.log.Warn("dead letter", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
-				zap.Int64("offset", r.Offset), zap.Error(it.err))
-			dl := sink.DeadLetter{Origin: o, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Err: it.err.Error(), Table: c.target(r.Topic)}
+			// Logged at warn once its batch commits (deadLog).
+			dl := sink.DeadLetter{Origin: o, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Err: it.err.Error(), Table: c.target(r.Topic),
+				Reason: sink.ReasonDecode}
 			for _, h := range r.Headers {
 				dl.Headers = append(dl.Headers, sink.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
 			}
@@ -680,6 +682,7 @@ func (c *Consumer) apply(ctx context.Context, j job) error {
 		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
 			c.m.record(res)
+			c.deadLog.log(c.log, res.Dead)
 		}
 		return err
 	})

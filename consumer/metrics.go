@@ -15,7 +15,7 @@ import (
 type Metrics struct {
 	Consumed       *prometheus.CounterVec
 	Applied        prometheus.Counter
-	DeadLettered   prometheus.Counter
+	DeadLettered   *prometheus.CounterVec // by target and reason (sink.Reason*)
 	VersionsOpened prometheus.Counter
 	VersionsClosed prometheus.Counter
 	Repaired       prometheus.Counter
@@ -61,8 +61,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Records read from Kafka."}, []string{"topic"}),
 		Applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_applied_total",
 			Help: "Events folded into history tables."}),
-		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_dead_lettered_total",
-			Help: "Records written to the dead-letter table."}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_events_dead_lettered_total",
+			Help: "Records written to the dead-letter table, by target and reason (decode, conflict, type_mismatch, rejected, invalid, no_table)."},
+			[]string{"target", "reason"}),
 		VersionsOpened: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_versions_opened_total",
 			Help: "History versions opened."}),
 		VersionsClosed: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_versions_closed_total",
@@ -113,7 +114,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 func (m *Metrics) record(r sink.Result) {
 	m.Applied.Add(float64(r.Events))
-	m.DeadLettered.Add(float64(r.DeadLetters))
+	for _, d := range r.Dead {
+		m.DeadLettered.WithLabelValues(d.Table, d.Reason).Inc()
+	}
 	m.VersionsOpened.Add(float64(r.VersionsOpened))
 	m.VersionsClosed.Add(float64(r.VersionsClosed))
 	m.Repaired.Add(float64(r.Repaired))

@@ -203,7 +203,7 @@ func dedupeBatch(evs []fevent) ([]fevent, []DeadLetter, int) {
 }
 
 func conflictLetter(e fevent) DeadLetter {
-	return eventDeadLetter(e.src, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
+	return eventDeadLetter(e.src, ReasonConflict, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
 		e.src.Key, e.seq))
 }
 

@@ -28,6 +28,7 @@ type catalog struct {
 	rels   map[string]byte     // relation name -> relkind
 	notes  map[string]string   // relation name -> its comment
 	cols   map[string][]string // relation name -> columns in order
+	types  map[string][]string // relation name -> format_type of cols, in order
 	asOf   bool
 	// scdIDUnique: the history table has a unique index on scd_id alone.
 	scdIDUnique bool
@@ -36,6 +37,14 @@ type catalog struct {
 func (c *catalog) has(name string) bool { _, ok := c.rels[name]; return ok }
 
 func (c *catalog) hasCol(rel, col string) bool { return slices.Contains(c.cols[rel], col) }
+
+// colType is format_type of rel's column col ("" if it has none).
+func (c *catalog) colType(rel, col string) string {
+	if i := slices.Index(c.cols[rel], col); i >= 0 && i < len(c.types[rel]) {
+		return c.types[rel][i]
+	}
+	return ""
+}
 
 // querier is a pool or a transaction.
 type querier interface {
@@ -47,7 +56,7 @@ type querier interface {
 // and comments; asOf names a function to look for ("" for none) and hist
 // the table whose scd_id index is checked ("" for none).
 func readCatalog(ctx context.Context, q querier, schema string, names []string, asOf, hist string) (*catalog, error) {
-	c := &catalog{rels: map[string]byte{}, notes: map[string]string{}, cols: map[string][]string{}}
+	c := &catalog{rels: map[string]byte{}, notes: map[string]string{}, cols: map[string][]string{}, types: map[string][]string{}}
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&c.schema); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 	}
@@ -63,6 +72,8 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 	names = fit
 	rows, err := q.Query(ctx, `SELECT c.relname, c.relkind::text, coalesce(obj_description(c.oid, 'pg_class'), ''),
 			coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+			coalesce((SELECT array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum) FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = ANY ($2)`, schema, names)
@@ -71,12 +82,12 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 	}
 	for rows.Next() {
 		var name, kind, note string
-		var cols []string
-		if err := rows.Scan(&name, &kind, &note, &cols); err != nil {
+		var cols, types []string
+		if err := rows.Scan(&name, &kind, &note, &cols, &types); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		c.rels[name], c.notes[name], c.cols[name] = kind[0], note, cols
+		c.rels[name], c.notes[name], c.cols[name], c.types[name] = kind[0], note, cols, types
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
@@ -373,8 +384,15 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		}
 	}
 	for _, c := range t.cols {
-		if !cat.hasCol(n.side, c.name) {
+		switch typ := cat.colType(n.side, c.name); {
+		case !cat.hasCol(n.side, c.name):
 			adds = append(adds, fmt.Sprintf("ADD COLUMN IF NOT EXISTS %s %s", pgx.Identifier{c.name}.Sanitize(), c.fullType))
+		case typ != c.fullType:
+			// The history column's type changed (an operator widened it
+			// to take values that were dead-lettered, or the service did):
+			// the side table follows, so that a replay fits there too.
+			id := pgx.Identifier{c.name}.Sanitize()
+			adds = append(adds, fmt.Sprintf("ALTER COLUMN %s TYPE %s USING %s::%s", id, c.fullType, id, c.fullType))
 		}
 	}
 	if len(adds) > 0 {

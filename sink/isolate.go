@@ -85,7 +85,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 				return Result{}, nil, err
 			}
 		}
-		dead = append(dead, eventDeadLetter(rest[lo].src, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
+		dead = append(dead, eventDeadLetter(rest[lo].src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
 		kept, rest = with(kept, rest[:lo]), rest[lo+1:]
 		if len(rest) == 0 {
 			break
@@ -113,7 +113,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 	// to the dead-letter table, with the truncates applied alone.
 	dead = dead[:0]
 	for _, e := range kp.events {
-		dead = append(dead, eventDeadLetter(e.src, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
+		dead = append(dead, eventDeadLetter(e.src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
 	r, d, err2 := s.trySavepoint(ctx, tx, plan(nil), ops)
 	if err2 != nil {

@@ -108,7 +108,7 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 			if _, ok := s.spec(ev.Table); ok {
 				err = fmt.Errorf("table %s has no key columns yet: configure keys, or send keyed events first", ev.Table)
 			}
-			dead = append(dead, eventDeadLetter(ev, err))
+			dead = append(dead, eventDeadLetter(ev, ReasonNoTable, err))
 			continue
 		}
 		p := plans[ev.Table]
@@ -118,11 +118,13 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 		}
 		fe, key, err := s.toFevent(t, ev, afters[i])
 		if err != nil {
-			dead = append(dead, eventDeadLetter(ev, err))
+			reason := ReasonInvalid
 			var tm errTypeMismatch
 			if errors.As(err, &tm) {
 				mismatches++
+				reason = ReasonTypeMismatch
 			}
+			dead = append(dead, eventDeadLetter(ev, reason, err))
 			continue
 		}
 		if ev.Op == change.OpTruncate {
@@ -354,7 +356,7 @@ func typeMismatch(ev *change.Event, col *colInfo, err error) error {
 
 // eventDeadLetter renders an event that failed after decoding. The original
 // Kafka bytes are not kept in memory; the record's coordinates identify it.
-func eventDeadLetter(ev *change.Event, err error) DeadLetter {
+func eventDeadLetter(ev *change.Event, reason string, err error) DeadLetter {
 	key, _ := json.Marshal(ev.Key)
 	var after any = ev.After
 	if ev.After == nil && ev.AfterJSON == nil && ev.CanVisitAfter() { // typed values (Avro)
@@ -369,5 +371,5 @@ func eventDeadLetter(ev *change.Event, err error) DeadLetter {
 	val, _ := json.Marshal(map[string]any{
 		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": after,
 	})
-	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error(), Decoded: true}
+	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error(), Decoded: true, Reason: reason}
 }

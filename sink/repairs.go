@@ -89,11 +89,13 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 	return nil
 }
 
-// keyObject renders the key x.k0.. as a JSON object of the key columns.
-func (t *table) keyObject(x string) string {
+// keyObject renders the key x.k0.. as a JSON object of the key columns,
+// whose names are bound as parameter param (a text[] of t.keyNames()):
+// a column name, which comes from events, is never pasted into SQL.
+func (t *table) keyObject(x string, param int) string {
 	parts := make([]string, len(t.keyIdx))
-	for i, k := range t.keyNames() {
-		parts[i] = fmt.Sprintf("%s, %s.k%d", quoteLiteral(k), x, i)
+	for i := range t.keyIdx {
+		parts[i] = fmt.Sprintf("($%d::text[])[%d], %s.k%d", param, i+1, x, i)
 	}
 	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
 }
@@ -114,10 +116,10 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
 	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
-		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }))
+		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.keyNames())
 	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, omitted, before, after)
 		SELECT %s, x.seq, x.omitted, '[]', '[]' FROM %s ORDER BY x.ord RETURNING id`,
-		t.repairs.Sanitize(), t.keyObject("x"), unnest("x", 1, types, names))
+		t.repairs.Sanitize(), t.keyObject("x", len(args)), unnest("x", 1, types, names))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)

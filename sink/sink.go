@@ -499,7 +499,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 		}
 		a, err := ev.DecodeAfter()
 		if err != nil {
-			bad = append(bad, eventDeadLetter(ev, err))
+			bad = append(bad, eventDeadLetter(ev, ReasonInvalid, err))
 		}
 		afters[i] = a
 	}
@@ -622,6 +622,14 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			res.DeadLetters = len(allDead)
+			res.Dead = make([]DeadNote, len(allDead))
+			for i, d := range allDead {
+				reason := d.Reason
+				if reason == "" {
+					reason = ReasonDecode
+				}
+				res.Dead[i] = DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
+			}
 			if err := s.writeOffsets(ctx, tx, offsets, p); err != nil {
 				return err
 			}

@@ -124,6 +124,28 @@ type DeadLetter struct {
 	// decoded form (plan.go), not the record's bytes; a replay reads the
 	// record again from Kafka by its coordinates.
 	Decoded bool
+	// Reason is why it is a dead letter (one of the Reason constants): the
+	// reason label of scd2sink_events_dead_lettered_total.
+	Reason string
+}
+
+// Why an event is a dead letter (DeadLetter.Reason).
+const (
+	ReasonDecode       = "decode"        // the record cannot be decoded (not Debezium, a schema unknown, no key or sequence)
+	ReasonConflict     = "conflict"      // another event of the key has the same sequence and other content
+	ReasonTypeMismatch = "type_mismatch" // a value does not fit its history column's type
+	ReasonRejected     = "rejected"      // PostgreSQL rejected a value (SQLSTATE class 22 or 23)
+	ReasonInvalid      = "invalid"       // the event cannot be applied (its key or image does not fit the table)
+	ReasonNoTable      = "no_table"      // no table, or no key columns, for the event
+)
+
+// DeadNote is what a batch's transaction wrote of one dead letter: the
+// consumer logs and counts it once the transaction has committed.
+type DeadNote struct {
+	Origin change.Origin
+	Table  string
+	Reason string
+	Err    string
 }
 
 // Header is a Kafka record header, kept with a dead letter (as JSON, the
@@ -215,6 +237,8 @@ type Result struct {
 	// DeadLetters.
 	TypeMismatches int
 	Rejected       int
+	// Dead are the dead letters written, as DeadLetters counts them.
+	Dead []DeadNote
 }
 
 func (r *Result) add(o Result) {
@@ -228,6 +252,7 @@ func (r *Result) add(o Result) {
 	r.RepairSideRowsRead += o.RepairSideRowsRead
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
+	r.Dead = append(r.Dead, o.Dead...)
 }
 
 func (c *Config) defaults() error {

@@ -201,7 +201,7 @@ func TestApicurio(t *testing.T) {
 			brokers, _ := json.Marshal(kafka.ListenAddrs())
 			addr := freeAddr(t)
 			cfg, err := config.Parse([]byte(fmt.Sprintf(`
-kafka: {brokers: %s}
+kafka: {brokers: %s, sasl: {allow_plaintext: true}} # the test registry is plain http
 postgres: {dsn: %q}
 http: {addr: %q}
 schema_registry:

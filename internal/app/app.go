@@ -9,13 +9,16 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	saslaws "github.com/twmb/franz-go/pkg/sasl/aws"
 	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -163,7 +166,7 @@ func registryClient(cfg *config.Config) (debezium.Registry, error) {
 		}
 	}
 	var hc *http.Client
-	if strings.HasPrefix(r.URL, "https://") {
+	if u, err := url.Parse(r.URL); err == nil && strings.EqualFold(u.Scheme, "https") { // schemes compare case-insensitively
 		tc, err := tlsConfig("schema_registry.tls", r.TLS.CAFile, r.TLS.CertFile, r.TLS.KeyFile)
 		if err != nil {
 			return nil, err
@@ -385,18 +388,11 @@ func kafkaSASL(cfg *config.Config) sasl.Mechanism {
 		// config and credentials files, web identity, ECS and EC2 roles),
 		// refreshed by the SDK as they expire.
 		region := s.AWSRegion
+		creds := &awsCredentials{region: region}
 		return saslaws.ManagedStreamingIAM(func(ctx context.Context) (saslaws.Auth, error) {
-			opts := []func(*awsconfig.LoadOptions) error{}
-			if region != "" {
-				opts = append(opts, awsconfig.WithRegion(region))
-			}
-			ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+			cr, err := creds.retrieve(ctx)
 			if err != nil {
-				return saslaws.Auth{}, fmt.Errorf("loading AWS credentials: %w", err)
-			}
-			cr, err := ac.Credentials.Retrieve(ctx)
-			if err != nil {
-				return saslaws.Auth{}, fmt.Errorf("retrieving AWS credentials: %w", err)
+				return saslaws.Auth{}, err
 			}
 			return saslaws.Auth{AccessKey: cr.AccessKeyID, SecretKey: cr.SecretAccessKey, SessionToken: cr.SessionToken, UserAgent: "scd2sink"}, nil
 		})
@@ -462,4 +458,41 @@ func checkTopics(ctx context.Context, cfg *config.Config, opts Options, router *
 		return nil
 	}
 	return router.Check(listed.Names())
+}
+
+// awsCredentials loads the AWS configuration once (the standard chain)
+// and hands out its credentials through the SDK's own cache, which
+// refreshes them before they expire: every connection's SASL handshake
+// does not load the configuration again. A failed load is tried again at
+// the next handshake.
+type awsCredentials struct {
+	region string
+	mu     sync.Mutex
+	cfg    *aws.Config
+}
+
+func (a *awsCredentials) retrieve(ctx context.Context) (aws.Credentials, error) {
+	a.mu.Lock()
+	if a.cfg == nil {
+		opts := []func(*awsconfig.LoadOptions) error{}
+		if a.region != "" {
+			opts = append(opts, awsconfig.WithRegion(a.region))
+		}
+		ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+		if err != nil {
+			a.mu.Unlock()
+			return aws.Credentials{}, fmt.Errorf("loading AWS credentials: %w", err)
+		}
+		a.cfg = &ac
+	}
+	provider := a.cfg.Credentials // an aws.CredentialsCache: safe for concurrent use
+	a.mu.Unlock()
+	if provider == nil {
+		return aws.Credentials{}, fmt.Errorf("retrieving AWS credentials: no credentials in the AWS chain")
+	}
+	cr, err := provider.Retrieve(ctx)
+	if err != nil {
+		return aws.Credentials{}, fmt.Errorf("retrieving AWS credentials: %w", err)
+	}
+	return cr, nil
 }
