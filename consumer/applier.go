@@ -26,6 +26,9 @@ type applier struct {
 	c      *Consumer
 	jobs   chan job
 	busy   atomic.Int64
+	// probing counts parked targets' probes in flight (park.go): waited
+	// for as batches are, but no batch waits behind them.
+	probing atomic.Int64
 	failed atomic.Pointer[error]
 	done   chan struct{}
 	// finished is signalled (without blocking) when a batch leaves.
@@ -38,10 +41,15 @@ type applier struct {
 	// reconcileWarned is when an idle reconciliation's failure was last
 	// logged (run's goroutine only).
 	reconcileWarned time.Time
+	// base is run's context: probes outlive the batch that started them.
+	base context.Context
+	// probes cancel the parked targets' probes in flight (park.go; mu).
+	probes map[*context.CancelFunc]context.CancelFunc
 }
 
 func newApplier(c *Consumer) *applier {
-	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{}), finished: make(chan struct{}, 1)}
+	return &applier{c: c, jobs: make(chan job, 1), done: make(chan struct{}), finished: make(chan struct{}, 1),
+		probes: map[*context.CancelFunc]context.CancelFunc{}}
 }
 
 // run applies batches until jobs is closed. While none comes it asks the
@@ -51,6 +59,7 @@ func newApplier(c *Consumer) *applier {
 // quiet.
 func (a *applier) run(ctx context.Context) {
 	defer close(a.done)
+	a.base = ctx
 	tick := time.NewTicker(reconcileEvery)
 	defer tick.Stop()
 	for {
@@ -65,7 +74,7 @@ func (a *applier) run(ctx context.Context) {
 			a.busy.Add(-1)
 			a.signal()
 		case <-tick.C:
-			if a.failed.Load() == nil && a.busy.Load() == 0 {
+			if a.failed.Load() == nil && a.idle() {
 				a.reconcile(ctx)
 			}
 		}
@@ -125,7 +134,7 @@ func (a *applier) applyOne(ctx context.Context, j job) {
 		a.mu.Unlock()
 		cancel()
 	}()
-	err := a.c.apply(jctx, j)
+	applied, err := a.c.applyJob(jctx, j)
 	abandoned := j.gen != a.gen.Load()
 	switch {
 	case abandoned:
@@ -136,8 +145,9 @@ func (a *applier) applyOne(ctx context.Context, j job) {
 	case err != nil:
 		a.failed.Store(&err)
 	default:
+		j.offsets = applied // without the parts of parked targets
 		a.c.noteApplied(j)
-		a.c.commit(jctx, j.offsets)
+		a.c.commit(jctx, applied)
 	}
 }
 
@@ -150,6 +160,9 @@ func (a *applier) abandon() {
 	if a.cancel != nil {
 		a.cancel()
 	}
+	for _, cancel := range a.probes {
+		cancel()
+	}
 }
 
 // job is a prepared batch and the offsets its transaction records.
@@ -159,6 +172,8 @@ type job struct {
 	rewound  map[change.Partition]bool // offsets that replace the recorded ones
 	events   int
 	gen      int64
+	// parkEpoch is the parking epoch its events were cut at (park.go).
+	parkEpoch int64
 }
 
 // submit hands a batch over; it blocks while another batch waits, until
@@ -197,7 +212,7 @@ func (a *applier) unsubmit() {
 // It leaves no goroutine waiting behind (a WaitGroup may not be reused
 // while one still waits on it).
 func (a *applier) waitCtx(ctx context.Context) error {
-	for a.busy.Load() > 0 {
+	for a.busy.Load() > 0 || a.probing.Load() > 0 {
 		select {
 		case <-a.finished:
 		case <-ctx.Done():
@@ -215,7 +230,12 @@ func (a *applier) signal() {
 	}
 }
 
-func (a *applier) idle() bool { return a.busy.Load() == 0 }
+// idle reports whether nothing is being applied: no batch, no probe.
+func (a *applier) idle() bool { return a.busy.Load() == 0 && a.probing.Load() == 0 }
+
+// jobsIdle reports whether no batch is being applied or waits (probes
+// aside): a batch that is old enough goes to it at once.
+func (a *applier) jobsIdle() bool { return a.busy.Load() == 0 }
 
 // queued reports whether a batch waits behind the one being applied.
 func (a *applier) queued() bool { return a.busy.Load() >= 2 }

@@ -53,7 +53,7 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
 	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
-	due := n >= c.cfg.BatchMaxEvents || c.pendBytes+c.deadBytes() >= c.cfg.BatchMaxBytes/3 || (old && c.applier.idle()) ||
+	due := n >= c.cfg.BatchMaxEvents || c.pendBytes+c.deadBytes() >= c.cfg.BatchMaxBytes/3 || (old && c.applier.jobsIdle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
@@ -157,9 +157,10 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
 		snaps := c.snapshotsIn(c.pending[:n])
+		epoch := c.park.now()
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
 			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember, Targets: c.targetsOf(offsets), LastValid: lastValid(c.pending[:n], offsets),
-			Snapshots: snaps})
+			Snapshots: snaps}, epoch)
 		if err != nil {
 			if interrupt != nil && interrupt() && ctx.Err() != nil {
 				return errRebalance

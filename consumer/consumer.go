@@ -45,6 +45,10 @@ import (
 type Sink interface {
 	Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared, error)
 	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
+	// ApplyPart applies a part split off a prepared batch (a parked
+	// target's probe, park.go) beside ApplyPrepared: its partitions are
+	// disjoint from those of every batch applied meanwhile.
+	ApplyPart(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
 	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
@@ -221,6 +225,8 @@ type Consumer struct {
 	rewound map[change.Partition]int64
 	// deadLog logs dead letters at a bounded rate (deadletters.go).
 	deadLog deadLog
+	// park holds the parked targets (park.go).
+	park parking
 	// waitMu guards the partitions held back (waits.go).
 	waitMu  sync.Mutex
 	paused  map[change.Partition]pausedPart
@@ -397,6 +403,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 				zap.Strings("brokers", c.cfg.Brokers), zap.String("group", c.cfg.GroupID), zap.Duration("waiting", time.Since(started).Round(time.Second)))
 		}
 		c.resumeDue()
+		c.syncParked()
 		if err := c.resync(ctx); err != nil {
 			if ctx.Err() != nil {
 				return c.drain(drainTimeout)
@@ -672,13 +679,20 @@ func (c *Consumer) addDead(d sink.DeadLetter) {
 	c.dead = append(c.dead, d)
 }
 
-// apply applies one prepared batch, retrying transient errors until ctx ends.
-func (c *Consumer) apply(ctx context.Context, j job) error {
+// apply applies p, a job's prepared batch or a part of it (park.go),
+// retrying transient errors until ctx ends; an error that parks a target
+// is returned at once.
+func (c *Consumer) apply(ctx context.Context, j job, p *sink.Prepared) error {
+	return c.applyWith(ctx, j, p, c.sink.ApplyPrepared)
+}
+
+// applyWith is apply through fn (ApplyPrepared, or ApplyPart for a probe).
+func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn func(context.Context, *sink.Prepared) (sink.Result, error)) error {
 	what := fmt.Sprintf("applying batch of %d events", j.events)
 	return c.retry(ctx, "apply", what, func() (err error) {
 		defer c.recoverPanic(what, j.offsets, &err)
 		start := time.Now()
-		res, err := c.sink.ApplyPrepared(ctx, j.prepared)
+		res, err := fn(ctx, p)
 		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
 			c.m.record(res)
@@ -688,16 +702,28 @@ func (c *Consumer) apply(ctx context.Context, j job) error {
 	})
 }
 
-// prepare prepares one batch, retrying transient errors until ctx ends.
-func (c *Consumer) prepare(ctx context.Context, b sink.Batch) (job, error) {
-	j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound}
-	what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
-	err := c.retry(ctx, "prepare", what, func() (err error) {
-		defer c.recoverPanic(what, b.Offsets, &err)
-		j.prepared, err = c.sink.Prepare(ctx, b)
-		return err
-	})
-	return j, err
+// prepare prepares one batch, cut at park epoch epoch, retrying transient
+// errors until ctx ends. Parked targets are left out of it, and a target
+// whose DDL or schema check fails as sink.ParkTarget says is parked and
+// the batch prepared again without it (park.go). Called with mu held.
+func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job, error) {
+	skip, _ := c.park.rules(epoch)
+	b = c.withoutParked(b, skip)
+	for {
+		j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound, parkEpoch: epoch}
+		what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
+		err := c.retry(ctx, "prepare", what, func() (err error) {
+			defer c.recoverPanic(what, b.Offsets, &err)
+			j.prepared, err = c.sink.Prepare(ctx, b)
+			return err
+		})
+		t, park := sink.ParkTarget(err)
+		if !park || ctx.Err() != nil {
+			return j, err
+		}
+		c.parkTarget(t, err)
+		b = c.withoutParked(b, func(x string) bool { return x == t || skip(x) })
+	}
 }
 
 // recoverPanic turns a panic while preparing or applying a batch into an
@@ -744,6 +770,9 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 				c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempt+1))
 			}
 			return nil
+		}
+		if _, park := sink.ParkTarget(err); park && !errors.As(err, new(kafkaUnsure)) {
+			return fmt.Errorf("%s: %w", what, err) // one table's: parked, the others go on (park.go)
 		}
 		class := c.cfg.Classify(err)
 		if errors.As(err, new(kafkaUnsure)) {

@@ -28,6 +28,9 @@ func (r *recordingSink) Rewind(context.Context, map[change.Partition]int64) erro
 func (r *recordingSink) Watermark(context.Context, map[change.Partition]sink.Look) error { return nil }
 func (r *recordingSink) Watermarks(context.Context) (map[string]time.Time, error)        { return nil, nil }
 func (r *recordingSink) Reconcile(context.Context) error                                 { return nil }
+func (r *recordingSink) ApplyPart(context.Context, *sink.Prepared) (sink.Result, error) {
+	return sink.Result{}, nil
+}
 func (r *recordingSink) HistoryTables(context.Context, []string) (map[string]bool, error) {
 	return nil, nil
 }

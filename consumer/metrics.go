@@ -50,6 +50,11 @@ type Metrics struct {
 	// FetchMaxBytes is the fetch size asked of Kafka now: smaller than its
 	// default when batches are compressed (fetchsize.go).
 	FetchMaxBytes prometheus.Gauge
+	// TargetBlocked is 1 while a target is parked (park.go), 0 after.
+	TargetBlocked *prometheus.GaugeVec
+	// TargetApplied is, per target, the Unix time its last batch part
+	// committed: time() minus it is the seconds since its last apply.
+	TargetApplied *prometheus.GaugeVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -98,6 +103,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
 		FetchMaxBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_max_bytes",
 			Help: "The fetch size asked of Kafka: 4 MiB, less when batches are compressed, so that a fetch holds about 4 MiB of records once decompressed."}),
+		TargetBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_target_blocked",
+			Help: "1 while a target is parked: one table's trouble (a lock or statement timeout, a table changed by hand, a missing privilege) pauses only its partitions."},
+			[]string{"target"}),
+		TargetApplied: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_target_last_applied_timestamp_seconds",
+			Help: "Unix time of the last batch that committed events or offsets of the target; time() - this is the seconds since its last apply."},
+			[]string{"target"}),
 		OffsetsDiffer: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_differ_total",
 			Help: "Assigned partitions whose scd2sink_offsets offset differed from Kafka's committed one (direction: ahead, behind, missing); the partition resumes from scd2sink_offsets."},
 			[]string{"topic", "direction"}),
@@ -106,7 +117,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m

@@ -409,6 +409,7 @@ func (c *Consumer) awaitAbandoned(ctx context.Context) {
 
 func (c *Consumer) forgetCommitted(parts []change.Partition) {
 	c.releaseHeld(parts)
+	c.releaseParked(parts)
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	for _, p := range parts {

@@ -100,7 +100,7 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 		}
 		t := s.tables[ev.Table]
 		if spec, ok := s.spec(ev.Table); ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
-			early = append(early, earlyTruncate{target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
+			early = append(early, earlyTruncate{name: spec.Target, target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
 			continue
 		}
 		if t == nil {
@@ -158,6 +158,7 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 // earlyTruncate is a truncate of a table that does not exist yet: nothing to
 // close, but later (late) events before it must still be closed by it.
 type earlyTruncate struct {
+	name   string // the target
 	target string
 	seq    change.Seq
 	at     time.Time

@@ -61,6 +61,45 @@ type DriftError struct {
 // Error names the table and what is wrong.
 func (e *DriftError) Error() string { return fmt.Sprintf("history table %s: %s", e.Table, e.What) }
 
+// TargetError is a failure that belongs to one target: a statement on its
+// tables failed (a lock or statement timeout, a table changed by hand, a
+// missing privilege, schema_changes: fail, a value isolation could not
+// resolve). The consumer parks that target's partitions and lets the
+// others go on (DESIGN.md section 6: one table's trouble stays in its
+// table); see ParkTarget.
+type TargetError struct {
+	Target string
+	Err    error
+}
+
+// Error is the underlying error's text (it names the table).
+func (e *TargetError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *TargetError) Unwrap() error { return e.Err }
+
+// ParkTarget reports the target err belongs to when the error is one that
+// parking the target's partitions waits out while the other targets go
+// on: blocked and data errors, and lock and statement timeouts (another
+// session holds one table). What is the whole database's (a connection
+// lost, a shutdown, a full disk, a read-only failover, a serialization
+// failure) is retried for every target alike.
+func ParkTarget(err error) (string, bool) {
+	var te *TargetError
+	if !errors.As(err, &te) {
+		return "", false
+	}
+	switch Classify(err) {
+	case Blocked, Data:
+		return te.Target, true
+	}
+	switch SQLState(err) {
+	case "55P03", "57014":
+		return te.Target, true
+	}
+	return "", false
+}
+
 // IsTransient reports whether an error from Apply is worth retrying soon
 // (Classify is Transient).
 func IsTransient(err error) bool { return Classify(err) == Transient }
@@ -194,6 +233,9 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 		}
 		if !isTransient(err) || attempt >= s.cfg.MaxRetries || ctx.Err() != nil {
 			return attempt, err
+		}
+		if _, park := ParkTarget(err); park {
+			return attempt, err // one table's: the consumer parks it, the others go on
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		if s.cfg.OnRetry != nil {

@@ -349,9 +349,8 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		}
 	}
 	for target, what := range failed {
-		err := &DriftError{Table: s.tables[target].hist.Sanitize(), What: what +
-			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}
-		return err
+		return &TargetError{Target: target, Err: &DriftError{Table: s.tables[target].hist.Sanitize(), What: what +
+			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}}
 	}
 	targets := make([]string, 0, len(widen))
 	for target := range widen {
@@ -368,7 +367,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			return nil
 		})
 		if err != nil {
-			return err
+			return &TargetError{Target: target, Err: err}
 		}
 	}
 	for _, target := range order {
@@ -383,7 +382,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			return nil
 		})
 		if err != nil {
-			return err
+			return &TargetError{Target: target, Err: err}
 		}
 	}
 	return nil
@@ -424,7 +423,7 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 			return nil
 		})
 		if err != nil {
-			return err
+			return &TargetError{Target: ev.Table, Err: err}
 		}
 	}
 	return nil
@@ -606,7 +605,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
 				if err != nil {
-					return fmt.Errorf("applying batch to %s: %w", name, err)
+					return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
 				}
 				res.add(r)
 				allDead = append(allDead, d...)
