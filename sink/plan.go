@@ -294,6 +294,13 @@ func (f *rowFill) put(name string, raw any) error {
 	if !ok {
 		return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
 	}
+	if f.has[i] {
+		// Two of the image's names are one column: PostgreSQL keeps 63
+		// bytes of a name, and MySQL (64) or SQL Server (128) names that
+		// share them would write one column, the last silently winning.
+		return fmt.Errorf("column %s and another column of the event are the same in PostgreSQL, which keeps the first 63 bytes of a name (%s): "+
+			"list one of them in ignore_columns, or rename it at the source", name, t.cols[i].name)
+	}
 	var v any
 	var err error
 	if n, ok := raw.(json.Number); ok && isText(t.cols[i].oid) {

@@ -206,9 +206,11 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 	if n.at == nil {
 		n.at, n.guessed = map[string]int{}, map[string]bool{}
 	}
-	i, ok := n.at[name]
+	// Names that PostgreSQL cuts to the same 63 bytes are one column (the
+	// first met); events carrying both are dead-lettered (plan.go).
+	i, ok := n.at[pgIdent(name)]
 	if !ok {
-		n.at[name] = len(n.cols)
+		n.at[pgIdent(name)] = len(n.cols)
 		n.cols = append(n.cols, change.Column{Name: name, PGType: typ})
 		n.guessed[name] = inferred
 		return

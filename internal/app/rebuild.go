@@ -509,6 +509,12 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 		if err := exec(fmt.Sprintf("DELETE FROM %s WHERE consumer_group = $1", id("scd2sink_offsets")), cfg.Kafka.GroupID); err != nil {
 			return err
 		}
+		// Every writer fences (DESIGN.md section 6): an instance of the
+		// group that remembers keys of the replaced tables forgets them.
+		if err := exec(fmt.Sprintf(`INSERT INTO %s AS w (consumer_group, n) VALUES ($1, 1)
+			ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, id("scd2sink_outside_writes")), cfg.Kafka.GroupID); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, fmt.Sprintf("UPDATE %s SET consumer_group = $1 WHERE consumer_group = $2 RETURNING topic, partition, next_offset",
 			id("scd2sink_offsets")), cfg.Kafka.GroupID, rc.Kafka.GroupID)
 		if err != nil {
