@@ -23,14 +23,14 @@ import (
 // the applier, and none commits. The consumer then reads their records
 // again (resync.go).
 type applier struct {
-	c      *Consumer
-	jobs   chan job
-	busy   atomic.Int64
+	c    *Consumer
+	jobs chan job
+	busy atomic.Int64
 	// probing counts parked targets' probes in flight (park.go): waited
 	// for as batches are, but no batch waits behind them.
 	probing atomic.Int64
-	failed atomic.Pointer[error]
-	done   chan struct{}
+	failed  atomic.Pointer[error]
+	done    chan struct{}
 	// finished is signalled (without blocking) when a batch leaves.
 	finished chan struct{}
 	// gen is the abandonment generation: a job submitted under an older

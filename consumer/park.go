@@ -62,7 +62,7 @@ type parkState struct {
 	// reread: a probe ended without deciding (it applied no event); the
 	// parts left out meanwhile are left out until the poll loop reads
 	// the partitions again, and the target goes on probing.
-	reread bool
+	reread  bool
 	logged  string
 	loggedA time.Time
 }
@@ -499,7 +499,6 @@ func (c *Consumer) parkedSummary() string {
 	sort.Strings(names)
 	return strings.Join(names, ", ")
 }
-
 
 // startProbe marks a probe of target in flight; false if one already is.
 func (k *parking) startProbe(target string) bool {
