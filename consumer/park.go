@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -485,19 +484,6 @@ func (c *Consumer) deadTarget(d sink.DeadLetter) string {
 		return d.Table
 	}
 	return c.target(d.Origin.Topic)
-}
-
-// parkedSummary names the parked targets (for a drain's log).
-func (c *Consumer) parkedSummary() string {
-	k := &c.park
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var names []string
-	for t := range k.targets {
-		names = append(names, t)
-	}
-	sort.Strings(names)
-	return strings.Join(names, ", ")
 }
 
 // startProbe marks a probe of target in flight; false if one already is.

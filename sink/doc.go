@@ -100,7 +100,13 @@
 // transaction with capped backoff, then are returned for the caller to
 // retry for as long as they last; blocked ones (a table changed by hand, a
 // missing privilege) are returned for a slow retry; anything else is
-// returned as it is.
+// returned as it is. A failure in one target's statements (or its DDL) is
+// a TargetError naming it; when ParkTarget says waiting cures it (blocked
+// and data errors, lock and statement timeouts) it is returned at once,
+// without the transaction's retries, and the consumer parks that target
+// while the others go on: Prepared.Split cuts a batch along targets, which
+// is exact for the reason parts are (park.go), and ApplyPart applies the
+// parked target's probe beside later batches.
 //
 // DDL runs only for what the catalog lacks (ddl.go): a restart with
 // nothing to change takes no lock stronger than its DML, and what DDL
