@@ -112,7 +112,7 @@ func (a *applier) reconcile(ctx context.Context) {
 
 // reconcileBudget bounds one idle reconciliation: a large one goes on
 // after the next batch (it is applied in chunks, each committed).
-const reconcileBudget = 5 * time.Minute
+const reconcileBudget = 30 * time.Second
 
 // applyOne applies and commits j unless it is abandoned meanwhile. An
 // abandonment cancels the Kafka commit too, so that a broker that does

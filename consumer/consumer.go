@@ -261,6 +261,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}, rewound: map[change.Partition]int64{}, assigned: map[change.Partition]bool{},
 		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}
 	c.applier = newApplier(c)
+	if sk, ok := s.(interface{ SkipReconcile(func(string) bool) }); ok {
+		sk.SkipReconcile(c.park.parked) // a parked table's snapshots wait with it
+	}
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {
 		topics = append(topics, r.Topic)
@@ -455,6 +458,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 		if wanted := c.rebalanceWanted.Load(); wanted || c.applier.idle() {
 			wctx, cancel := ctx, context.CancelFunc(func() {})
 			if wanted {
+				c.applier.cancelProbes() // a parked table's probe does not hold a rebalance
 				wctx, cancel = context.WithTimeout(ctx, revokeBudget)
 			}
 			werr := c.applier.waitCtx(wctx)
@@ -694,10 +698,10 @@ func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn fu
 		start := time.Now()
 		res, err := fn(ctx, p)
 		c.m.ApplySeconds.Observe(time.Since(start).Seconds())
-		if err == nil {
-			c.m.record(res)
-			c.deadLog.log(c.log, res.Dead)
-		}
+		// On an error res holds what committed (parts applied side by
+		// side): their dead letters are logged and counted too.
+		c.m.record(res)
+		c.deadLog.log(c.log, res.Dead)
 		return err
 	})
 }
@@ -824,6 +828,10 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 // commit commits offsets to Kafka. A failed commit loses nothing: the
 // offsets are in scd2sink_offsets and the next flush commits them again.
 func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int64) {
+	// A coordinator that does not answer must not hold commitMu (and with
+	// it the poll loop) for long: the offsets are in scd2sink_offsets.
+	ctx, cancel := context.WithTimeout(ctx, commitBudget)
+	defer cancel()
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	c.lastCommit = time.Now()
@@ -848,8 +856,8 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 		}
 	})
 	if commitErr != nil {
-		if errors.Is(commitErr, context.Canceled) {
-			return // shutting down, or abandoned: the next commit carries them
+		if errors.Is(commitErr, context.Canceled) || errors.Is(commitErr, context.DeadlineExceeded) {
+			return // shutting down, abandoned, or Kafka slow: the next commit carries them
 		}
 		c.log.Warn("committing offsets to Kafka failed; they are safe in scd2sink_offsets", zap.Error(commitErr))
 		return
@@ -861,6 +869,9 @@ func (c *Consumer) commit(ctx context.Context, offsets map[change.Partition]int6
 		}
 	}
 }
+
+// commitBudget bounds one commit to Kafka.
+const commitBudget = 15 * time.Second
 
 // drain applies and commits everything held, then leaves the group.
 func (c *Consumer) drain(timeout time.Duration) error {

@@ -91,6 +91,21 @@ func (k *parking) now() int64 {
 	return k.epoch
 }
 
+// parked reports whether target is parked (probing included).
+func (k *parking) parked(target string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.targets[target]
+	return ok
+}
+
+// pausedFor reports whether p is paused because its target is parked.
+func (k *parking) pausedFor(p change.Partition) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.paused[p]
+}
+
 // any reports whether a target is parked.
 func (k *parking) any() bool {
 	k.mu.Lock()
@@ -184,11 +199,16 @@ func (c *Consumer) unpark(target string) {
 	}
 }
 
-// unparked is the end of a parking, once its partitions are read again.
+// unparked is the end of a parking: its partitions are read again after
+// a probe applied, or none of them is assigned any more.
 func (c *Consumer) unparked(target string, st *parkState) {
 	c.m.TargetBlocked.WithLabelValues(target).Set(0)
 	c.health.Wait("target "+target, "")
-	c.log.Info("table applied again: parking over", zap.String("target", target), zap.Duration("parked_for", time.Since(st.since).Round(time.Millisecond)))
+	msg := "table applied again: parking over"
+	if !st.done {
+		msg = "parking over: none of the table's partitions is assigned here any more"
+	}
+	c.log.Info(msg, zap.String("target", target), zap.Duration("parked_for", time.Since(st.since).Round(time.Millisecond)))
 }
 
 // syncParked pauses, drops and rewinds the partitions of targets parked
@@ -206,12 +226,28 @@ func (c *Consumer) syncParked() {
 	// epoch and the drop of what was read before it.
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	owned := map[string]bool{}
+	for p := range c.assigned {
+		owned[c.target(p.Topic)] = true
+	}
 	k.mu.Lock()
 	now := time.Now()
 	hold, resume := map[string]bool{}, map[string]bool{}
 	var ended map[string]*parkState
 	for t, st := range k.targets {
 		switch {
+		case !owned[t] && !st.inflight:
+			// None of its partitions is assigned any more (revoked,
+			// lost): nothing of it was committed past what was applied,
+			// and whoever gets them reads from there. A later assignment
+			// finds the trouble again, if it lasts.
+			k.epoch++
+			k.last[t] = k.epoch
+			delete(k.targets, t)
+			if ended == nil {
+				ended = map[string]*parkState{}
+			}
+			ended[t] = st
 		case st.done:
 			// A probe applied its events: read the partitions again from
 			// what was applied (batches cut before now leave them out),
@@ -274,6 +310,17 @@ func (c *Consumer) syncParked() {
 	k.mu.Unlock()
 	if len(pause) > 0 {
 		c.client.PauseFetchPartitions(byTopic(pause))
+	}
+	if len(unpause) > 0 {
+		c.waitMu.Lock()
+		kept := unpause[:0]
+		for _, p := range unpause {
+			if _, held := c.paused[p]; !held { // held back for the registry: resumed by resumeDue
+				kept = append(kept, p)
+			}
+		}
+		unpause = kept
+		c.waitMu.Unlock()
 	}
 	if len(unpause) > 0 {
 		c.client.ResumeFetchPartitions(byTopic(unpause))
@@ -406,7 +453,7 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 		var part *sink.Prepared
 		aside, part = aside.Split(func(x string) bool { return x == t })
 		out[t] = true // committed by the probe, not by this job
-		if part != nil && c.park.startProbe(t) {
+		if part != nil && c.park.startProbe(t, j.parkEpoch) {
 			c.applier.probe(ctx, j, t, part)
 		}
 	}
@@ -475,7 +522,16 @@ func (c *Consumer) withoutParked(b sink.Batch, skip func(string) bool) sink.Batc
 			snaps = append(snaps, sn)
 		}
 	}
-	b.Offsets, b.Events, b.DeadLetters, b.Snapshots = offsets, evs, dead, snaps
+	var rewound map[change.Partition]bool
+	for p, back := range b.Rewound {
+		if _, ok := offsets[p]; ok {
+			if rewound == nil {
+				rewound = map[change.Partition]bool{}
+			}
+			rewound[p] = back
+		}
+	}
+	b.Offsets, b.Events, b.DeadLetters, b.Snapshots, b.Rewound = offsets, evs, dead, snaps, rewound
 	return b
 }
 
@@ -486,12 +542,18 @@ func (c *Consumer) deadTarget(d sink.DeadLetter) string {
 	return c.target(d.Origin.Topic)
 }
 
-// startProbe marks a probe of target in flight; false if one already is.
-func (k *parking) startProbe(target string) bool {
+// startProbe marks a probe of target, from a batch cut at epoch, in
+// flight; false if one already is, or the target was parked or read again
+// since the batch was cut (while its main part was applied): then the
+// part is left out, and the next re-read (due anyway) covers it.
+func (k *parking) startProbe(target string, epoch int64) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	st := k.targets[target]
-	if st == nil || !st.probing || st.inflight {
+	if st == nil || !st.probing || st.inflight || st.done || st.reread || epoch < k.last[target] {
+		if st != nil && st.probing && !st.inflight && !st.done {
+			st.reread = true // the part is left out: read again before the next
+		}
 		return false
 	}
 	st.inflight = true
@@ -516,12 +578,21 @@ func (k *parking) probeDone(target string) {
 // committed to Kafka after it; a failure parks the target again.
 func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Prepared) {
 	c := a.c
-	a.probing.Add(1)
 	if a.base != nil {
 		ctx = a.base // not the batch's: it ends with the batch
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	a.mu.Lock()
+	if j.gen != a.gen.Load() {
+		// Abandoned while its main part was applied (a rebalance, lost
+		// partitions): nothing more of it is applied; everything is read
+		// again (resync).
+		a.mu.Unlock()
+		cancel()
+		c.park.probeDone(target)
+		return
+	}
+	a.probing.Add(1)
 	a.probes[&cancel] = cancel
 	a.mu.Unlock()
 	go func() {
@@ -542,8 +613,11 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 		case errors.Is(err, errNotMember):
 			c.park.probeDone(target)
 			c.requestResync(err.Error())
+		case err != nil && pctx.Err() != nil:
+			// Cut short by a rebalance or a drain: decided nothing.
+			c.park.probeDone(target)
 		case err != nil:
-			if _, ok := sink.ParkTarget(err); ok || pctx.Err() != nil {
+			if _, ok := sink.ParkTarget(err); ok {
 				c.parkTarget(target, err)
 				return
 			}
@@ -557,7 +631,7 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			}
 			c.log.Debug("a parked target's probe applied", zap.String("target", target), zap.String("offsets", fmt.Sprint(offs)), zap.Bool("events", part.HasEvents()))
 			pj := j
-			pj.offsets = offs
+			pj.offsets = offs // noteApplied looks at rewound partitions among these only
 			c.noteApplied(pj)
 			c.commit(pctx, offs)
 			c.m.TargetApplied.WithLabelValues(target).Set(float64(time.Now().UnixNano()) / 1e9)
@@ -568,4 +642,15 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			}
 		}
 	}()
+}
+
+// cancelProbes cuts the probes in flight short: a rebalance does not wait
+// for a parked table's probe (a statement timeout's may run for minutes);
+// the table stays parked and is read again afterwards.
+func (a *applier) cancelProbes() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, cancel := range a.probes {
+		cancel()
+	}
 }

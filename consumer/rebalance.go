@@ -35,6 +35,7 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 	// The poll loop may have handed a batch over between allowing the
 	// rebalance and this callback: the sink's memory is not forgotten
 	// under a batch being applied.
+	c.applier.cancelProbes()
 	if !c.applier.idle() {
 		wctx, cancel := context.WithTimeout(ctx, revokeBudget)
 		if err := c.applier.waitCtx(wctx); errors.Is(err, context.DeadlineExceeded) {
@@ -281,7 +282,9 @@ func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int3
 	for _, t := range topics {
 		names = append(names, targets[t])
 	}
-	exists, err := c.sink.HistoryTables(ctx, names)
+	hctx, hcancel := context.WithTimeout(ctx, routeBudget) // a rebalance callback: bounded
+	exists, err := c.sink.HistoryTables(hctx, names)
+	hcancel()
 	if err != nil {
 		c.log.Warn("looking for the history tables of partitions scd2sink_offsets has no offset for; resuming from Kafka's offsets", zap.Error(err))
 		return
@@ -347,6 +350,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.applier.cancelProbes()
 	parts := partitions(revoked)
 	var err error
 	if c.fatal.Load() != nil {
@@ -384,6 +388,7 @@ func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	parts := partitions(lost)
+	c.applier.cancelProbes()
 	if !c.applier.idle() {
 		c.requestResync("partitions lost")
 		c.awaitAbandoned(ctx)

@@ -110,7 +110,11 @@ func (c *Consumer) noteApplied(j job) {
 		}
 	}
 	for p := range j.rewound {
-		if placed, ok := c.rewound[p]; ok && j.offsets[p] >= placed {
+		// Only a partition whose offsets the batch recorded: a parked
+		// target's are left out of it (park.go).
+		if o, recorded := j.offsets[p]; !recorded {
+			continue
+		} else if placed, ok := c.rewound[p]; ok && o >= placed {
 			delete(c.rewound, p) // recorded: from here on offsets only grow
 		}
 	}

@@ -81,8 +81,11 @@ func (c *Consumer) resumeDue() {
 	resume := map[string][]int32{}
 	for p, st := range c.paused {
 		if time.Now().After(st.until) {
-			resume[p.Topic] = append(resume[p.Topic], p.Partition)
 			delete(c.paused, p)
+			if c.park.pausedFor(p) {
+				continue // its table is parked: resumed with it (park.go)
+			}
+			resume[p.Topic] = append(resume[p.Topic], p.Partition)
 		}
 	}
 	if len(resume) > 0 {

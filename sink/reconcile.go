@@ -56,7 +56,8 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 		}
 	}
 	if recorded {
-		s.snapshotsPending = true
+		s.snapshotsRecorded.Add(1)
+		s.snapshotsPending.Store(true)
 	}
 	return nil
 }
@@ -65,6 +66,7 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 // been applied past it, and marks it done. Another instance reconciling
 // the same snapshot makes this one skip it.
 func (s *Sink) reconcile(ctx context.Context) error {
+	recorded := s.snapshotsRecorded.Load()
 	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at IS NOT NULL,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
@@ -102,7 +104,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	}
 	waiting := false
 	for _, p := range list {
-		if !p.ready {
+		if !p.ready || (s.skipReconcile != nil && s.skipReconcile(p.sn.Target)) {
 			waiting = true
 			continue
 		}
@@ -110,7 +112,12 @@ func (s *Sink) reconcile(ctx context.Context) error {
 			return err
 		}
 	}
-	s.snapshotsPending = waiting
+	switch {
+	case waiting:
+		s.snapshotsPending.Store(true)
+	case s.snapshotsRecorded.Load() == recorded:
+		s.snapshotsPending.Store(false) // else one recorded meanwhile waits
+	}
 	return nil
 }
 

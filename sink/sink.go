@@ -51,9 +51,19 @@ type Sink struct {
 	// reconciling guards against reconciling from reconciliation's own
 	// batches (reconcile.go). reconciled is the count of reconciled
 	// snapshots the fence last saw (-1: none seen yet).
-	snapshotsPending bool
-	reconciling      bool
-	reconciled       int64
+	// snapshotsPending is set by any goroutine recording a snapshot (a
+	// probe applies beside the batches, park.go); snapshotsRecorded counts
+	// those records, so that a reconciliation that began before one does
+	// not clear the flag.
+	snapshotsPending  atomic.Bool
+	snapshotsRecorded atomic.Int64
+	reconciling       bool
+	reconciled        int64
+	// skipReconcile, when set, names targets whose snapshots wait (the
+	// consumer's parked targets: their tables are in trouble).
+	skipReconcile func(target string) bool
+	// reconcileWarned is when a failed reconciliation was last logged.
+	reconcileWarned time.Time
 	// has is plan's scratch: the columns an image carries (under mu).
 	has []bool
 	// boxes holds the values plan decodes into the rows of a batch
@@ -81,7 +91,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
 		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{},
-		snapshotsPending: true, reconciled: -1}
+		reconciled: -1}
+	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
 	// connection: Prepare and the consumer's bookkeeping need two more.
 	s.parts = max(1, cfg.ApplyWorkers)
@@ -524,10 +535,11 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 // there is logged and tried again after the next batch.
 func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	res, err := s.applyPrepared(ctx, p)
-	if err == nil && s.snapshotsPending && !s.reconciling {
+	if err == nil && s.snapshotsPending.Load() && !s.reconciling {
 		s.reconciling = true
-		if rerr := s.reconcile(ctx); rerr != nil {
-			s.log.Warn("snapshot reconciliation failed; trying again after the next batch", zap.Error(rerr))
+		if rerr := s.reconcile(ctx); rerr != nil && time.Since(s.reconcileWarned) > time.Minute {
+			s.reconcileWarned = time.Now()
+			s.log.Warn("snapshot reconciliation failed; trying again after the next batch (logged at most once a minute)", zap.Error(rerr))
 		}
 		s.reconciling = false
 	}
@@ -549,6 +561,11 @@ func (s *Sink) Reconcile(ctx context.Context) error {
 	defer func() { s.reconciling = false }()
 	return s.reconcile(ctx)
 }
+
+// SkipReconcile makes reconciliation leave the snapshots of the targets
+// skip names waiting (the consumer's parked targets). Call it before the
+// first batch.
+func (s *Sink) SkipReconcile(skip func(target string) bool) { s.skipReconcile = skip }
 
 // anySnapshotDeletes reports whether a known target closes what a full
 // snapshot did not read.
@@ -654,7 +671,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	defer s.amu.Unlock()
 	if err != nil {
 		s.cache.reset()
-		return res, err
+		return Result{Retries: res.Retries}, err // nothing of it committed
 	}
 	if s.forgetLocked() != gen {
 		return res, nil // forgotten while it was applied: keep nothing of it
