@@ -147,7 +147,7 @@ func (c *Consumer) offsetsLost(ctx context.Context) error {
 // follows OnOffsetLost (fail stops the service through c.fatal); the
 // returned set names the topics whose offsets it has placed. Called from
 // adjustOffsets with mu held.
-func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int32]kgo.Offset, stored map[change.Partition]string) map[string]bool {
+func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int32]kgo.Offset, stored map[change.Partition]string) (placed map[string]bool, counts map[string]int32) {
 	topics := make([]string, 0, len(offsets))
 	for t := range offsets {
 		topics = append(topics, t)
@@ -155,9 +155,14 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 	meta, err := kadm.NewClient(c.client).Metadata(ctx, topics...)
 	if err != nil {
 		c.log.Warn("reading the topics' IDs; a re-created topic goes unnoticed until its offsets fall out of range", zap.Error(err))
-		return nil
+		return nil, nil
 	}
-	placed := map[string]bool{}
+	placed, counts = map[string]bool{}, map[string]int32{}
+	for _, t := range topics {
+		if d, ok := meta.Topics[t]; ok && d.Err == nil && len(d.Partitions) > 0 {
+			counts[t] = int32(len(d.Partitions))
+		}
+	}
 	ids := make(map[string]string, len(c.topicIDs)+len(topics))
 	for t, id := range c.topicIDs {
 		ids[t] = id
@@ -213,7 +218,7 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 		}
 		placed[t] = true
 	}
-	return placed
+	return placed, counts
 }
 
 // rewindLocked places partitions back below where they were read or

@@ -200,7 +200,8 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 	c.lostProgress(ctx, offsets, applied)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	placed := c.checkTopicIDs(ctx, offsets, storedIDs)
+	placed, counts := c.checkTopicIDs(ctx, offsets, storedIDs)
+	c.notePartitions(ctx, counts)
 	defer func() {
 		// Resuming where scd2sink_offsets stands, the recorded anchor holds.
 		for topic, parts := range offsets {
@@ -451,4 +452,24 @@ func (c *Consumer) dropPending(parts []change.Partition) {
 		}
 	}
 	c.dead = dead
+}
+
+// notePartitions records the assigned topics' partition counts, so that a
+// topic whose partitions were added to is written by one member at a time
+// (sink/resize.go). It is bounded like the rest of an assignment; a
+// failure is logged and tried again at the next assignment. Called with mu
+// held, from adjustOffsets.
+func (c *Consumer) notePartitions(ctx context.Context, counts map[string]int32) {
+	np, ok := c.sink.(interface {
+		NotePartitions(context.Context, map[string]int32) ([]string, error)
+	})
+	if !ok || len(counts) == 0 {
+		return
+	}
+	nctx, cancel := context.WithTimeout(ctx, revokeBudget)
+	defer cancel()
+	if _, err := np.NotePartitions(nctx, counts); err != nil {
+		c.log.Error("recording the topics' partition counts failed; if partitions were added, two members may write a key at once until it succeeds (tried again at the next assignment)",
+			zap.Error(err))
+	}
 }

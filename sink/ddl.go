@@ -119,13 +119,17 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable, topicsTable}, "", "")
 	if err != nil {
 		return err
 	}
 	var stmts []string
 	if !cat.schema {
 		stmts = append(stmts, createSchema(cfg.Schema))
+	}
+	if !cat.has(topicsTable) {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (consumer_group text NOT NULL, topic text NOT NULL,
+			partitions integer NOT NULL, resized_at timestamptz, PRIMARY KEY (consumer_group, topic))`, s, topicsTable))
 	}
 	if !cat.has("scd2sink_offsets") {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.scd2sink_offsets (

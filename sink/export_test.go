@@ -48,3 +48,9 @@ func SetReconcileChunk(n int, after func()) (restore func()) {
 	reconcileChunk, afterReconcileChunk = n, after
 	return func() { reconcileChunk, afterReconcileChunk = old, oldAfter }
 }
+
+// PartitionLock is the advisory lock key the Sink's batches take for a
+// partition of its consumer group (-1: the topic's, once resized).
+func (s *Sink) PartitionLock(topic string, partition int32) int64 {
+	return s.partitionLock(topic, partition)
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"sort"
 	"strings"
@@ -45,23 +44,35 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	locks := make([]int64, len(parts))
 	topics := make([]string, len(parts))
 	nums := make([]int32, len(parts))
+	var tnames []string
+	var tlocks []int64
 	for i, p := range parts {
-		h := fnv.New64a()
-		fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", s.cfg.ConsumerGroup, p.Topic, p.Partition)
-		locks[i] = int64(h.Sum64())
+		locks[i] = s.partitionLock(p.Topic, p.Partition)
 		topics[i], nums[i] = p.Topic, p.Partition
+		if len(tnames) == 0 || tnames[len(tnames)-1] != p.Topic { // parts are sorted by topic
+			tnames, tlocks = append(tnames, p.Topic), append(tlocks, s.partitionLock(p.Topic, -1))
+		}
 	}
 	b := &pgx.Batch{}
 	b.Queue(keyedPlans)
 	b.Queue(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks)
+	// Topics whose partitions were added to (resize.go): keys moved
+	// between partitions, so writers of the topic take turns, after the
+	// partition locks (one order for all) and in a statement of its own,
+	// whose snapshot sees a resize recorded while it waited.
+	b.Queue(fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT x.k FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(k, t, o)
+		WHERE EXISTS (SELECT 1 FROM %s.%s r WHERE r.consumer_group = $3 AND r.topic = x.t AND r.resized_at IS NOT NULL) ORDER BY x.o) l`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), tlocks, tnames, s.cfg.ConsumerGroup)
 	// With the offsets, the number of reconciled snapshots: a new one
-	// closed keys behind every writer's back (reconcile.go).
+	// closed keys behind every writer's back (reconcile.go). For a
+	// resized topic, every partition's offset: a key may have been
+	// written through another member's partition.
 	b.Queue(fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
 		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
 			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
-		LEFT JOIN (%[1]s.scd2sink_offsets o JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p)
-		ON o.consumer_group = $1`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, nums)
+		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = $1 AND ((o.topic, o.partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))
+			OR o.topic IN (SELECT r.topic FROM %[1]s.%[2]s r WHERE r.consumer_group = $1 AND r.resized_at IS NOT NULL AND r.topic = ANY ($2::text[])))`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), s.cfg.ConsumerGroup, topics, nums)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -69,6 +80,9 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	}
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("locking partitions: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("locking resized topics: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -95,9 +109,18 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			continue // no offsets recorded yet
 		}
 		p := change.Partition{Topic: *topic, Partition: *part}
-		if w, ok := s.written[p]; !ok || w != *off {
-			s.cache.reset()
+		if w, ok := s.written[p]; ok && w == *off {
+			continue // as this Sink left it
 		}
+		if _, mine := offsets[p]; !mine {
+			// Another partition of a resized topic: unchanged since the
+			// last look, nobody wrote through it meanwhile.
+			if seen, ok := s.seen[p]; ok && seen == *off {
+				continue
+			}
+			s.seen[p] = *off
+		}
+		s.cache.reset()
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)

@@ -36,6 +36,9 @@ type Sink struct {
 	// written is the offset this Sink last recorded per partition; another
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
+	// seen is, for partitions of resized topics this Sink does not write,
+	// the offset the fence last saw (resize.go).
+	seen map[change.Partition]int64
 	// forgets counts Forget calls; forgot is the count the applying
 	// goroutines last acted on. Forget may be called from a rebalance
 	// callback while a batch is still being applied (one abandoned after
@@ -90,7 +93,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{},
+		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{},
 		reconciled: -1}
 	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
@@ -718,6 +721,7 @@ func (s *Sink) forgetLocked() uint64 {
 	if g := s.forgets.Load(); g != s.forgot {
 		s.cache.reset()
 		s.written = map[change.Partition]int64{}
+		s.seen = map[change.Partition]int64{}
 		s.forgot = g
 	}
 	return s.forgot

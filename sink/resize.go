@@ -1,0 +1,91 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// Partitions added to a topic (kafka-topics --alter --partitions). Kafka
+// places a key by its hash modulo the partition count, so after a resize a
+// key's new events go to another partition than its old ones: two members
+// may then hold events of one key, and the partition locks and the
+// partition-keyed fence no longer keep them apart. scd2sink_topics
+// records each topic's partition count as first seen; a member that is
+// assigned a partition of a topic that has more partitions now records
+// the resize (NotePartitions), in a transaction that takes every
+// partition lock of the topic, so that it waits for the writers still
+// applying under the old count. From then on every writer of the topic
+// takes its topic lock too (after its partition locks, in a statement
+// whose snapshot sees the resize: fence), so they take turns, and the
+// fence compares the offsets of all of the topic's partitions, so that a
+// writer forgets what it remembers of the topic's keys once another wrote
+// through any partition. The history stays exact; the cost is that the
+// members' transactions on a resized topic no longer overlap. A topic
+// resized before the first start of a version that records the counts is
+// not recognised (its count is taken as the original one).
+
+// topicsTable records each topic's partition count and whether it grew.
+const topicsTable = "scd2sink_topics"
+
+// partitionLock is the advisory lock key of a partition of the consumer
+// group (partition -1: the whole topic's).
+func (s *Sink) partitionLock(topic string, partition int32) int64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", s.cfg.ConsumerGroup, topic, partition)
+	return int64(h.Sum64())
+}
+
+// NotePartitions records the topics' partition counts (as the consumer
+// sees them when partitions are assigned); a count higher than recorded
+// marks the topic resized, once every writer that applies under the old
+// count has committed. It returns the topics it found resized now.
+func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]string, error) {
+	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	topics := make([]string, 0, len(counts))
+	for t := range counts {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	var resized []string
+	for _, topic := range topics {
+		n := counts[topic]
+		var was int32
+		var marked bool
+		err := s.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS r (consumer_group, topic, partitions) VALUES ($1, $2, $3)
+			ON CONFLICT (consumer_group, topic) DO UPDATE SET partitions = r.partitions
+			RETURNING partitions, resized_at IS NOT NULL`, sch, topicsTable), s.cfg.ConsumerGroup, topic, n).Scan(&was, &marked)
+		if err != nil {
+			return resized, fmt.Errorf("recording the partitions of %s: %w", topic, err)
+		}
+		if n <= was {
+			continue
+		}
+		locks := make([]int64, n)
+		for p := int32(0); p < n; p++ {
+			locks[p] = s.partitionLock(topic, p)
+		}
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			// In partition order, as every batch's fence takes them.
+			if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
+				return fmt.Errorf("waiting for the writers of %s: %w", topic, err)
+			}
+			_, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET partitions = greatest(partitions, $3), resized_at = coalesce(resized_at, now())
+				WHERE consumer_group = $1 AND topic = $2`, sch, topicsTable), s.cfg.ConsumerGroup, topic, n)
+			return err
+		})
+		if err != nil {
+			return resized, fmt.Errorf("recording that %s has more partitions: %w", topic, err)
+		}
+		resized = append(resized, topic)
+		if !marked {
+			s.log.Warn("partitions were added to a topic: its keys move between partitions, so its writers take turns from now on (the history stays exact)",
+				zap.String("topic", topic), zap.Int32("partitions_before", was), zap.Int32("partitions", n))
+		}
+	}
+	return resized, nil
+}
