@@ -161,6 +161,10 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 	for _, t := range topics {
 		if d, ok := meta.Topics[t]; ok && d.Err == nil && len(d.Partitions) > 0 {
 			counts[t] = int32(len(d.Partitions))
+			for p := range offsets[t] {
+				// A broker behind may still tell the old count.
+				counts[t] = max(counts[t], p+1)
+			}
 		}
 	}
 	ids := make(map[string]string, len(c.topicIDs)+len(topics))

@@ -46,12 +46,14 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	nums := make([]int32, len(parts))
 	var tnames []string
 	var tlocks []int64
+	var tmax []int32 // per topic, the batch's highest partition
 	for i, p := range parts {
 		locks[i] = s.partitionLock(p.Topic, p.Partition)
 		topics[i], nums[i] = p.Topic, p.Partition
 		if len(tnames) == 0 || tnames[len(tnames)-1] != p.Topic { // parts are sorted by topic
-			tnames, tlocks = append(tnames, p.Topic), append(tlocks, s.partitionLock(p.Topic, -1))
+			tnames, tlocks, tmax = append(tnames, p.Topic), append(tlocks, s.partitionLock(p.Topic, -1)), append(tmax, p.Partition)
 		}
+		tmax[len(tmax)-1] = p.Partition
 	}
 	b := &pgx.Batch{}
 	b.Queue(keyedPlans)
@@ -60,9 +62,15 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	// between partitions, so writers of the topic take turns, after the
 	// partition locks (one order for all) and in a statement of its own,
 	// whose snapshot sees a resize recorded while it waited.
-	b.Queue(fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT x.k FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(k, t, o)
-		WHERE EXISTS (SELECT 1 FROM %s.%s r WHERE r.consumer_group = $3 AND r.topic = x.t AND r.resized_at IS NOT NULL) ORDER BY x.o) l`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), tlocks, tnames, s.cfg.ConsumerGroup)
+	// A partition beyond the recorded count, on a topic not marked
+	// resized yet (its assignment could not record it), is reported: the
+	// batch records the resize first (errTopicGrown, applyOne).
+	b.Queue(fmt.Sprintf(`SELECT coalesce(string_agg(t, ',') FILTER (WHERE g), ''), coalesce(string_agg(t, ',') FILTER (WHERE rz), ''),
+			count(pg_advisory_xact_lock(k)) FILTER (WHERE rz)
+		FROM (SELECT x.k, x.t, r.resized_at IS NOT NULL AS rz, coalesce(r.resized_at IS NULL AND x.m >= r.partitions, false) AS g
+			FROM unnest($1::bigint[], $2::text[], $4::int[]) WITH ORDINALITY AS x(k, t, m, o)
+			LEFT JOIN %s.%s r ON r.consumer_group = $3 AND r.topic = x.t ORDER BY x.o) l`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), tlocks, tnames, s.cfg.ConsumerGroup, tmax)
 	// With the offsets, the number of reconciled snapshots: a new one
 	// closed keys behind every writer's back (reconcile.go). For a
 	// resized topic, every partition's offset: a key may have been
@@ -70,8 +78,12 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	b.Queue(fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
 		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
 			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
-		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = $1 AND ((o.topic, o.partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))
-			OR o.topic IN (SELECT r.topic FROM %[1]s.%[2]s r WHERE r.consumer_group = $1 AND r.resized_at IS NOT NULL AND r.topic = ANY ($2::text[])))`,
+		LEFT JOIN (SELECT o.topic, o.partition, o.next_offset FROM %[1]s.scd2sink_offsets o
+				JOIN unnest($2::text[], $3::int[]) AS x(t, p) ON o.topic = x.t AND o.partition = x.p WHERE o.consumer_group = $1
+			UNION ALL
+			SELECT o.topic, o.partition, o.next_offset FROM %[1]s.%[2]s r
+				JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = r.consumer_group AND o.topic = r.topic
+			WHERE r.consumer_group = $1 AND r.resized_at IS NOT NULL AND r.topic = ANY ($2::text[])) o ON true`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), s.cfg.ConsumerGroup, topics, nums)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
@@ -81,8 +93,20 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("locking partitions: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
+	var grown, resized string
+	var n int64
+	if err := br.QueryRow().Scan(&grown, &resized, &n); err != nil {
 		return fmt.Errorf("locking resized topics: %w", err)
+	}
+	if grown != "" {
+		return &errTopicGrown{topics: strings.Split(grown, ","), max: tmax, names: tnames}
+	}
+	if resized != "" {
+		s.amu.Lock()
+		for _, t := range strings.Split(resized, ",") {
+			s.resized[t] = true // not applied in parts any more (parallel.go)
+		}
+		s.amu.Unlock()
 	}
 	rows, err := br.Query()
 	if err != nil {

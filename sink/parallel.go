@@ -111,6 +111,14 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	if n < 2 || len(p.offsets) < 2 || len(p.early) > 0 || len(p.replay) > 0 || len(p.snapshots) > 0 || len(p.lock) > 0 {
 		return nil
 	}
+	s.amu.Lock()
+	for part := range p.offsets {
+		if s.resized[part.Topic] {
+			s.amu.Unlock()
+			return nil // its parts would take turns on the topic's lock anyway (resize.go)
+		}
+	}
+	s.amu.Unlock()
 	parent := map[change.Partition]change.Partition{}
 	var find func(change.Partition) change.Partition
 	find = func(x change.Partition) change.Partition {

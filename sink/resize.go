@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -88,4 +89,30 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 		}
 	}
 	return resized, nil
+}
+
+// errTopicGrown is a batch's fence finding a partition beyond a topic's
+// recorded count that is not marked resized (the assignment could not
+// record it): applyOne records the resize and applies the batch again.
+type errTopicGrown struct {
+	topics []string
+	names  []string // the batch's topics, sorted
+	max    []int32  // their highest partition in the batch
+}
+
+func (e *errTopicGrown) Error() string {
+	return fmt.Sprintf("partitions were added to %s and the resize is not recorded yet", strings.Join(e.topics, ", "))
+}
+
+// counts are the partition counts the batch shows for the grown topics.
+func (e *errTopicGrown) counts() map[string]int32 {
+	out := map[string]int32{}
+	for _, t := range e.topics {
+		for i, n := range e.names {
+			if n == t {
+				out[t] = e.max[i] + 1
+			}
+		}
+	}
+	return out
 }

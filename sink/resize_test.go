@@ -101,3 +101,35 @@ func TestResizedTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestResizeRecordedByTheBatch: a batch holding a partition beyond its
+// topic's recorded count, which no assignment recorded as a resize (the
+// call failed, or the member kept its partitions), records it itself
+// before it applies: from then on every writer of the topic takes turns.
+func TestResizeRecordedByTheBatch(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	spec := custSpec("public")
+	s := newSinkWith(t, pool, sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}, ConsumerGroup: "g"})
+	topic := "shop.public.customers"
+	if _, err := s.NotePartitions(ctx, map[string]int32{topic: 2}); err != nil {
+		t.Fatal(err)
+	}
+	p3 := change.Partition{Topic: topic, Partition: 3}
+	if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{cust(change.OpCreate, 10, day, "K", "name", "k", "plan", "basic")},
+		Offsets: map[change.Partition]int64{p3: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	var parts int
+	var resized bool
+	if err := pool.QueryRow(ctx, `SELECT partitions, resized_at IS NOT NULL FROM scd2sink_topics WHERE topic = $1`, topic).Scan(&parts, &resized); err != nil {
+		t.Fatal(err)
+	}
+	if parts != 4 || !resized {
+		t.Fatalf("partitions %d, resized %v; want 4 and true", parts, resized)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d versions (%v), want 1", n, err)
+	}
+}

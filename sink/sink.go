@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -37,8 +38,10 @@ type Sink struct {
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
 	// seen is, for partitions of resized topics this Sink does not write,
-	// the offset the fence last saw (resize.go).
-	seen map[change.Partition]int64
+	// the offset the fence last saw; resized are the topics its fences
+	// found resized (resize.go; both under amu).
+	seen    map[change.Partition]int64
+	resized map[string]bool
 	// forgets counts Forget calls; forgot is the count the applying
 	// goroutines last acted on. Forget may be called from a rebalance
 	// callback while a batch is still being applied (one abandoned after
@@ -93,7 +96,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{},
+		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
 		reconciled: -1}
 	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
@@ -661,6 +664,21 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		})
 	}
 	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)
+	for tries := 0; tries < 3; tries++ {
+		var grown *errTopicGrown
+		if !errors.As(err, &grown) {
+			break
+		}
+		// Partitions were added and no assignment recorded it: record it
+		// (waiting for the writers under the old count), then apply.
+		if _, nerr := s.NotePartitions(ctx, grown.counts()); nerr != nil {
+			err = fmt.Errorf("%v: %w", grown, nerr)
+			break
+		}
+		var more int
+		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
+		retries += more
+	}
 	if err != nil && isDataError(err) {
 		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
 		isolate = true
@@ -675,6 +693,12 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	if err != nil {
 		s.cache.reset()
 		return Result{Retries: res.Retries}, err // nothing of it committed
+	}
+	if len(p.snapshots) > 0 {
+		// Committed: a reconciliation that starts from here sees them
+		// (recordSnapshots bumped the count too, before the commit).
+		s.snapshotsRecorded.Add(1)
+		s.snapshotsPending.Store(true)
 	}
 	if s.forgetLocked() != gen {
 		return res, nil // forgotten while it was applied: keep nothing of it
