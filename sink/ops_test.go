@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -147,7 +148,7 @@ func TestRetriesLostConnections(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
-	// Backends die every 15 ms: allow more retries than the default.
+	// Backends die every 15-80 ms: allow more retries than the default.
 	s, err := sink.New(sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}, MaxRetries: 100, MaxBackoff: 100 * time.Millisecond}, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +172,9 @@ func TestRetriesLostConnections(t *testing.T) {
 			select {
 			case <-done:
 				return
-			case <-time.After(15 * time.Millisecond):
+			// A random pause: at a fixed 15 ms a slow machine's batch
+			// transaction (longer than that) would never get through.
+			case <-time.After(time.Duration(15+rand.IntN(65)) * time.Millisecond):
 			}
 			var n int64
 			_ = admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
