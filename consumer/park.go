@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -431,7 +432,7 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 	}
 	var aside *sink.Prepared
 	if len(out) > 0 || len(probes) > 0 {
-		main, aside = j.prepared.Split(func(t string) bool { return out[t] || slicesContains(probes, t) })
+		main, aside = j.prepared.Split(func(t string) bool { return out[t] || slices.Contains(probes, t) })
 	}
 	for main != nil {
 		err := c.apply(ctx, j, main)
@@ -470,15 +471,6 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 		}
 	}
 	return applied, nil
-}
-
-func slicesContains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // withoutParked leaves out of a batch, before it is prepared, the events,
