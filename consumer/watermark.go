@@ -24,6 +24,13 @@ import (
 // window covers. A stream nothing was read from since this member started
 // gives no time (a stalled connector must not let the watermark run on
 // with the clock): its partitions count through their last applied event.
+// The time is the one read by the previous look, not by this one: Kafka
+// orders a producer's records only within a partition, and a record of
+// one table sent before a later one of another (a retried produce
+// request, a busy connector) may land after it; a look's worth of time
+// (watermarkEvery) lets what was in flight land before its log's end is
+// taken (TestWholeConnector once saw four tables' changes land later than
+// a newer change of another table read within the reorder window).
 // watchWatermarks takes such a look every watermarkEvery, beside the poll
 // loop (it never holds the consumer's lock while asking Kafka or
 // PostgreSQL), and sets scd2sink_watermark_lag_seconds per target. A
@@ -39,6 +46,7 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 	adm := kadm.NewClient(c.client)
 	var warned time.Time
 	loaded := false
+	var before map[string]time.Time // the times read by the previous look
 	for {
 		select {
 		case <-ctx.Done():
@@ -49,14 +57,20 @@ func (c *Consumer) watchWatermarks(ctx context.Context) {
 		if !loaded {
 			loaded = c.loadConnectors(ctx)
 		}
-		if err := c.lookAtEnds(ctx, adm); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
+		var err error
+		if before, err = c.lookAtEnds(ctx, adm, before); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
 			warned = time.Now()
 			c.log.Warn("looking at the logs' ends for the completeness watermark failed; it lags meanwhile", zap.Error(err))
 		}
 	}
 }
 
-func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
+// lookAtEnds records a look at the logs' ends of the assigned topics,
+// taking for each topic the time its connector had written through as
+// read by the previous look (before; absent: the topic's partitions are
+// not counted as read to their end this time). It returns the times read
+// now, for the next look.
+func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client, before map[string]time.Time) (map[string]time.Time, error) {
 	// Before asking for the ends: what was read by now was in Kafka below
 	// them.
 	c.mu.Lock()
@@ -80,18 +94,18 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 	}
 	c.mu.Unlock()
 	if len(topics) == 0 {
-		return nil
+		return published, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
 	defer cancel()
 	at := time.Now() // before asking: the end seen is at least the end at this time
 	starts, err := adm.ListStartOffsets(lctx, topics...)
 	if err != nil {
-		return err
+		return published, err
 	}
 	ends, err := adm.ListEndOffsets(lctx, topics...)
 	if err != nil {
-		return err
+		return published, err
 	}
 	// Every partition of the topics, this member's or not: one that nobody
 	// has applied yet holds its target's watermark back.
@@ -116,7 +130,7 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 			return
 		}
 		var when *time.Time
-		if v, ok := published[e.Topic]; ok {
+		if v, ok := before[e.Topic]; ok {
 			if v.After(at) {
 				v = at
 			}
@@ -128,17 +142,17 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client) error {
 		}
 	})
 	if err := c.sink.Watermark(lctx, looks); err != nil {
-		return err
+		return published, err
 	}
 	wm, err := c.sink.Watermarks(lctx)
 	if err != nil {
-		return err
+		return published, err
 	}
 	now := time.Now()
 	for target, t := range wm {
 		c.m.WatermarkLag.WithLabelValues(target).Set(now.Sub(t).Seconds())
 	}
-	return nil
+	return published, nil
 }
 
 // publishedFor returns the time through which topic's connector had

@@ -68,9 +68,57 @@ func TestKeyChangeWaitsForTheOldKey(t *testing.T) {
 			t.Fatalf("got %v", seqs(out.Events))
 		}
 	})
-	t.Run("flush does not wait", func(t *testing.T) {
+	// A revoke (FlushPartitions) or a drain (Flush) hands out what is
+	// held, but not a create whose old key's delete has not been seen: it
+	// would take NULL for its placeholders. It stays behind the commit
+	// point for the partition's next reader; the key's events before it go.
+	t.Run("a revoke leaves a waiting create to the next owner", func(t *testing.T) {
+		s, _ := newSeq(t, window, 0)
+		s.Add(ev(p1, 0, "new", 100, "before"))
+		c := create()
+		c.Origin.Offset = 1
+		s.Add(c)
+		s.Add(ev(p1, 2, "new", 130, "after"))
+		s.Add(ev(p1, 3, "other", 140, "x"))
+		out := s.FlushPartitions([]change.Partition{p1})
+		if got := seqs(out.Events); !slices.Equal(got, []string{"other[140]", "new[100]"}) {
+			t.Fatalf("revoke released %v, want the other key and the new key's event before the create", got)
+		}
+		if cp := s.CommitPoints()[p1]; cp != 1 {
+			t.Fatalf("commit point %d, want 1 (the waiting create)", cp)
+		}
+		s.DropPartitions([]change.Partition{p1})
+		if s.Len() != 0 {
+			t.Fatalf("%d events left after the drop", s.Len())
+		}
+	})
+	t.Run("a drain leaves a waiting create to the next start", func(t *testing.T) {
 		s, _ := newSeq(t, window, 0)
 		s.Add(create())
+		if out := s.Flush(); len(out.Events) != 0 {
+			t.Fatalf("flush released %v", seqs(out.Events))
+		}
+		if cp := s.CommitPoints()[p1]; cp != 0 {
+			t.Fatalf("commit point %d passed the waiting create", cp)
+		}
+	})
+	t.Run("a revoke takes the old key's delete along when it is buffered", func(t *testing.T) {
+		s, _ := newSeq(t, window, 0)
+		s.Add(ev(p0, 5, "old", 110, "was"))
+		s.Add(del())
+		s.Add(create())
+		out := s.FlushPartitions([]change.Partition{p1})
+		if got := seqs(out.Events); !slices.Equal(got, []string{"old[110]", "old[120]", "new[121]"}) {
+			t.Fatalf("revoke released %v, want the old key up to its delete, then the create", got)
+		}
+		if cp := s.CommitPoints()[p0]; cp != 6 {
+			t.Fatalf("the kept partition's commit point %d, want 6", cp)
+		}
+	})
+	t.Run("once the wait ran out a flush releases the create", func(t *testing.T) {
+		s, clk := newSeq(t, window, 0)
+		s.Add(create())
+		clk.advance(s.cfg.KeyChangeWait)
 		if out := s.Flush(); len(out.Events) != 1 {
 			t.Fatalf("flush released %v", seqs(out.Events))
 		}
