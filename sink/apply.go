@@ -152,11 +152,12 @@ var wholeRepairs, unboundedRepairs = false, false
 // the path is taken).
 var boundedRepairs atomic.Int64
 
-// truncatedAfter reports whether a truncate comes after seq: a late event
+// truncatedAfter reports whether a truncate comes after seq (at seq too: a
+// key's event comes before a truncate of the same sequence): a late event
 // before it may change whether it closes something, and so the time of
 // everything after it (no boundary then).
 func truncatedAfter(truncs []fevent, seq change.Seq) bool {
-	return len(truncs) > 0 && truncs[len(truncs)-1].seq.Compare(seq) > 0
+	return len(truncs) > 0 && truncs[len(truncs)-1].seq.Compare(seq) >= 0
 }
 
 // boundOf is the bound of a key's late events (sorted by sequence).
@@ -360,7 +361,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
 	var touched []change.Seq
 	for _, tr := range truncs {
-		if h.from == nil || tr.seq.Compare(h.from) > 0 {
+		if h.from == nil || tr.seq.Compare(h.from) >= 0 { // at h.from: after its event
 			evs = append(evs, tr)
 		}
 	}

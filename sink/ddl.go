@@ -176,6 +176,15 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 			ADD COLUMN IF NOT EXISTS held_keys bigint, ADD COLUMN IF NOT EXISTS live_keys bigint,
 			ADD COLUMN IF NOT EXISTS confirmed_at timestamptz`, s))
 	}
+	if !cat.has(lateTable) {
+		// Reconciled snapshots that late events reached (reconcile.go):
+		// appended to, never updated, so a batch never waits on a
+		// reconciliation's rows.
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+			consumer_group text NOT NULL, target text NOT NULL, scd_seq bytea NOT NULL,
+			noted_at timestamptz NOT NULL DEFAULT now())`, s, lateTable),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s.%s (consumer_group, target, scd_seq)`, lateTable+"_idx", s, lateTable))
+	}
 	if !cat.has(cfg.DeadLetterTable) {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,

@@ -29,6 +29,50 @@ import (
 // marking the snapshot done tells every instance's fence to forget its
 // cache.
 
+// Late events. The deletes are right for the keys the table holds when
+// the snapshot is reconciled; an event below S that arrives later (a
+// dead letter replayed, a key's changes read out of order, a member's
+// backlog) may give a key the snapshot did not read a version live at
+// S, which the fold closes at S as well. So a batch that opened versions
+// of a table that closes what snapshots did not read, with an event below
+// a recorded snapshot's sequence, notes that snapshot in
+// scd2sink_snapshots_late, in its transaction; reconciliation then runs
+// for it again (without the guard: it was decided), finding just the keys
+// that are live at S now. The notes are only ever appended and deleted
+// (no key to conflict on): a batch never waits for a reconciliation's
+// transaction, which waits for the batches' partition locks. A run
+// deletes the notes it sees before it looks for keys; a note committed
+// after that runs it again.
+
+const lateTable = "scd2sink_snapshots_late"
+
+// noteLate notes, in the batch's transaction, every recorded snapshot of
+// p's table above the lowest sequence of the events p applied.
+func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
+	var low change.Seq
+	for _, kp := range p.order {
+		for _, e := range kp.events {
+			if low == nil || e.seq.Compare(low) < 0 {
+				low = e.seq
+			}
+		}
+	}
+	if low == nil {
+		return nil
+	}
+	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, target, scd_seq)
+		SELECT consumer_group, target, scd_seq FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq > $3`,
+		sch, lateTable), s.cfg.ConsumerGroup, p.t.spec.Target, []byte(low))
+	if err != nil {
+		return fmt.Errorf("noting late events of %s: %w", p.t.spec.Target, err)
+	}
+	if tag.RowsAffected() > 0 {
+		s.snapshotsPending.Store(true)
+	}
+	return nil
+}
+
 // reconcileChunk is how many keys' deletes one batch carries;
 // afterReconcileChunk, when set (tests), is called once each has committed.
 var (
@@ -68,13 +112,18 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 func (s *Sink) reconcile(ctx context.Context) error {
 	recorded := s.snapshotsRecorded.Load()
 	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at IS NOT NULL,
+	// Undecided snapshots, and reconciled ones that late events reached
+	// (decided: confirmed counts as true, the guard is not asked again).
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
+		sn.confirmed_at IS NOT NULL OR sn.done_at IS NOT NULL,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
 		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
 		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
-		WHERE sn.consumer_group = $1 AND sn.done_at IS NULL AND (sn.held_at IS NULL OR sn.confirmed_at IS NOT NULL)
-		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at ORDER BY sn.scd_seq`, schema), s.cfg.ConsumerGroup)
+		WHERE sn.consumer_group = $1 AND (sn.done_at IS NULL AND (sn.held_at IS NULL OR sn.confirmed_at IS NOT NULL)
+			OR sn.done_at IS NOT NULL AND EXISTS (SELECT 1 FROM %[1]s.%[2]s l
+				WHERE l.consumer_group = sn.consumer_group AND l.target = sn.target AND l.scd_seq = sn.scd_seq))
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at, sn.done_at ORDER BY sn.scd_seq`, schema, lateTable), s.cfg.ConsumerGroup)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
@@ -143,7 +192,12 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 		return err
 	}
 	if t == nil || !ok || !spec.SnapshotDeletes {
-		// Not a table of this configuration (any longer): nothing to close.
+		// Not a table of this configuration (any longer): nothing to close,
+		// nothing late to look at.
+		if _, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
+			pgx.Identifier{s.cfg.Schema}.Sanitize(), lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
+			return fmt.Errorf("dropping the late notes of the snapshot of %s: %w", sn.Target, err)
+		}
 		return s.markDone(ctx, nil, sn)
 	}
 	parts := make([]change.Partition, 0, len(sn.Until))
@@ -153,13 +207,22 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		registerTypes(tx.Conn().TypeMap()) // keys read as load.go reads them back
 		var locked bool
-		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM %s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
-			AND done_at IS NULL FOR UPDATE SKIP LOCKED`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
+		sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
+			AND (done_at IS NULL OR EXISTS (SELECT 1 FROM %[1]s.%[2]s l WHERE l.consumer_group = $1 AND l.target = $2 AND l.scd_seq = $3))
+			FOR UPDATE OF sn SKIP LOCKED`, sch, lateTable),
 			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&locked); err != nil {
 			if err == pgx.ErrNoRows {
 				return nil // done, or another instance is at it
 			}
 			return fmt.Errorf("locking the snapshot of %s: %w", sn.Target, err)
+		}
+		// The late notes seen now are taken care of by this run (its key
+		// query starts after this statement); one committed later runs it
+		// again.
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`, sch, lateTable),
+			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
+			return fmt.Errorf("taking the late notes of the snapshot of %s: %w", sn.Target, err)
 		}
 		keys := t.keyNames()
 		sel := make([]string, len(keys))

@@ -71,11 +71,24 @@ func TestSnapshotReconciliation(t *testing.T) {
 	applyB(sink.Batch{Events: []*change.Event{read(200, h(20), "B", "basic", false), read(200, h(20), "C", "basic", false),
 		read(200, h(20), "D", "team", true)}, Offsets: map[change.Partition]int64{p0: 9}, Snapshots: []sink.Snapshot{snap2}})
 	check("second snapshot", all)
+	// Late events below both snapshots, after both are reconciled (a
+	// dead letter replayed, a member's backlog): E, which neither read, is
+	// closed at the first; F, created between them and read by neither,
+	// at the second; A's late change stays closed at the second.
+	applyB(sink.Batch{Events: []*change.Event{
+		cust(change.OpCreate, 50, h(5), "E", "name", "E", "plan", "basic"),
+		cust(change.OpCreate, 150, h(15), "F", "name", "F", "plan", "basic"),
+		cust(change.OpUpdate, 160, h(16), "A", "name", "A", "plan", "team"),
+	}, Offsets: map[change.Partition]int64{p0: 12}})
+	check("late events after the reconciliations", all)
 	// Replayed: the same batches again change nothing.
 	if _, err := s.Apply(ctx, sink.Batch{Events: all, Snapshots: []sink.Snapshot{snap, snap2}}); err != nil {
 		t.Fatal(err)
 	}
 	check("replayed", all)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM scd2sink_snapshots_late`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d late notes left (%v)", n, err)
+	}
 }
 
 // withoutEnds is evs with no snapshot completed: what the history holds

@@ -250,6 +250,19 @@ func TestFieldNotes(t *testing.T) {
 			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=a plan=p city=x visits=1",
 			"L seq=200102 [2026-01-02T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=b plan=p city=x visits=1",
 		}},
+		// At one sequence a key's event comes before a truncate (the
+		// fold's stable order): the version it opens is closed by the
+		// truncate, and later events of the key are clamped to its time,
+		// whichever arrives first (three members once wrote it open).
+		{name: "a truncate at a key event's own sequence closes what it opened", evs: []*change.Event{
+			cust(u, 3, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			{Table: "customers_history", Seq: change.MustSeq(3), Op: change.OpTruncate, ValidFrom: d(3, 0)},
+			cust(u, 4, d(2, 0), "K", "name", "a", "plan", "q", "city", "x", "visits", 1),
+			cust(del, 5, d(4, 0), "K"),
+		}, want: []string{
+			"K seq=200103 [2026-01-01T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-03T00:00:00Z, 2026-01-04T00:00:00Z) current=false name=a plan=q city=x visits=1",
+		}},
 	}
 	pool := newPool(t)
 	for ci, c := range cases {

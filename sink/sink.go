@@ -629,6 +629,9 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 					apply = s.applyIsolating
 				}
 				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
+				if err == nil && r.VersionsOpened > 0 && s.snapshotDeletes(name) {
+					err = s.noteLate(ctx, tx, plans[name])
+				}
 				if err != nil {
 					return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
 				}

@@ -14,7 +14,9 @@ import (
 var truncateChunk = 5000
 
 // refoldTruncated folds again every key of p's table that has a version
-// live at one of the new truncates fresh. The keys are read in key order,
+// live at one of the new truncates fresh (a version opened at the
+// truncate's own sequence counts: at equal sequences a key's event comes
+// before a truncate, as in sortEvents's stable order). The keys are read in key order,
 // truncateChunk at a time, each chunk after the last key of the one
 // before: keys of the batch are only noted in forced (the batch folds
 // them with its events); the others are read, folded and written chunk by
@@ -39,7 +41,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	for _, k := range t.keyNames() {
 		notNull = append(notNull, pgx.Identifier{k}.Sanitize()+" IS NOT NULL")
 	}
-	live := `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq < s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))
+	live := `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq <= s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))
 		AND ` + strings.Join(notNull, " AND ")
 	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.hist.Sanitize(), live, truncateChunk)
 	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,

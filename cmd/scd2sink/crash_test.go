@@ -64,6 +64,7 @@ type crashRig struct {
 	sc      scdtest.Scenario
 	total   int64
 	recs    []*kgo.Record
+	group   string // the consumer group ("" is crash)
 }
 
 func newCrashRig(t *testing.T, seed uint64, scenarios int, partitions int32) *crashRig {
@@ -193,7 +194,11 @@ func (r *crashRig) check(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := ka.FetchOffsets(context.Background(), "crash")
+	group := r.group
+	if group == "" {
+		group = "crash"
+	}
+	committed, err := ka.FetchOffsets(context.Background(), group)
 	if err != nil {
 		t.Fatal(err)
 	}

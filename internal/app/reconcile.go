@@ -56,19 +56,38 @@ func Reconcile(ctx context.Context, cfg *config.Config, opts Options, target str
 	if !confirm {
 		return &config.Error{Key: "--confirm", Msg: "is required to apply the reconciliation"}
 	}
-	if _, err := s.Confirm(ctx, target); err != nil {
-		return err
-	}
-	left, err := s.HeldReconciliations(ctx, target)
-	if err != nil {
-		return err
-	}
-	if len(left) > 0 {
-		return fmt.Errorf("%s: %d reconciliations still held after confirming", target, len(left))
+	// A running instance may take the confirmed reconciliation up first
+	// (it looks about once a second): this one then skips it, and waits
+	// for that one to finish it.
+	deadline := time.Now().Add(confirmWait)
+	for {
+		if _, err := s.Confirm(ctx, target); err != nil {
+			return err
+		}
+		left, err := s.HeldReconciliations(ctx, target)
+		if err != nil {
+			return err
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d reconciliations still held %s after confirming (confirmed: a running instance applies them, or run this again)",
+				target, len(left), confirmWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	fmt.Fprintf(out, "%s: applied\n", target)
 	return nil
 }
+
+// confirmWait bounds how long reconcile --confirm waits for a running
+// instance that took the confirmed reconciliation up first.
+const confirmWait = 2 * time.Minute
 
 // heldGauge is scd2sink_reconciliations_held: the snapshot
 // reconciliations the guard holds, read from scd2sink_snapshots at each
