@@ -174,6 +174,9 @@ type job struct {
 	gen      int64
 	// parkEpoch is the parking epoch its events were cut at (park.go).
 	parkEpoch int64
+	// alone are the parts of probing targets, left out of prepared:
+	// prepared and applied by their probes (park.go).
+	alone map[string]sink.Batch
 }
 
 // submit hands a batch over; it blocks while another batch waits, until

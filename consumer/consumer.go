@@ -711,10 +711,28 @@ func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn fu
 // whose DDL or schema check fails as sink.ParkTarget says is parked and
 // the batch prepared again without it (park.go). Called with mu held.
 func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job, error) {
-	skip, _ := c.park.rules(epoch)
-	b = c.withoutParked(b, skip)
+	skip, probe := c.park.rules(epoch)
+	// A probing target's part is prepared by its probe, on its goroutine:
+	// its DDL's lock wait (a column added while a DBA holds the table)
+	// would hold this loop, and every other table with it.
+	var alone map[string]sink.Batch
+	if c.park.any() {
+		for _, t := range c.batchTargets(b) {
+			if probe(t) {
+				if alone == nil {
+					alone = map[string]sink.Batch{}
+				}
+				alone[t] = c.withoutParked(b, func(x string) bool { return x != t })
+			}
+		}
+	}
+	if alone != nil {
+		b = c.withoutParked(b, func(x string) bool { _, ok := alone[x]; return ok || skip(x) })
+	} else {
+		b = c.withoutParked(b, skip)
+	}
 	for {
-		j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound, parkEpoch: epoch}
+		j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound, parkEpoch: epoch, alone: alone}
 		what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
 		err := c.retry(ctx, "prepare", what, func() (err error) {
 			defer c.recoverPanic(what, b.Offsets, &err)
@@ -728,6 +746,29 @@ func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job,
 		c.parkTarget(t, err)
 		b = c.withoutParked(b, func(x string) bool { return x == t || skip(x) })
 	}
+}
+
+// batchTargets lists the targets b holds anything of.
+func (c *Consumer) batchTargets(b sink.Batch) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(t string) {
+		if t != "" && !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, ev := range b.Events {
+		add(ev.Table)
+	}
+	for p := range b.Offsets {
+		add(c.target(p.Topic))
+	}
+	for _, d := range b.DeadLetters {
+		add(c.deadTarget(d))
+	}
+	sort.Strings(out)
+	return out
 }
 
 // recoverPanic turns a panic while preparing or applying a batch into an

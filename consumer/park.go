@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -26,8 +27,9 @@ import (
 // what was applied. After a backoff (parkBackoffMin doubling to
 // parkBackoffMax, parkBlockedMax for blocked errors) its partitions are
 // read again from there, and the first batches holding its events are
-// applied in transactions of their own (a probe), so that a trouble that
-// lasts costs the others nothing; the first probe that applies its events
+// prepared (its DDL too: a column added while a DBA holds the table) and
+// applied in transactions of their own, on a goroutine of their own (a
+// probe), so that a trouble that lasts costs the others nothing; the first probe that applies its events
 // un-parks it. /readyz names each parked target and why;
 // scd2sink_target_blocked{target} is 1 while it is parked.
 //
@@ -455,7 +457,13 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 		aside, part = aside.Split(func(x string) bool { return x == t })
 		out[t] = true // committed by the probe, not by this job
 		if part != nil && c.park.startProbe(t, j.parkEpoch) {
-			c.applier.probe(ctx, j, t, part)
+			c.applier.probe(ctx, j, t, part, nil)
+		}
+	}
+	for _, t := range slices.Sorted(maps.Keys(j.alone)) {
+		b := j.alone[t]
+		if c.park.startProbe(t, j.parkEpoch) {
+			c.applier.probe(ctx, j, t, nil, &b)
 		}
 	}
 	applied := make(map[change.Partition]int64, len(j.offsets))
@@ -567,8 +575,9 @@ func (k *parking) probeDone(target string) {
 // probe applies a parked target's part of job j on a goroutine of its own,
 // counted as busy (a rebalance and a drain wait for it; an abandonment
 // cancels it). Its offsets are recorded in its own transaction and
-// committed to Kafka after it; a failure parks the target again.
-func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Prepared) {
+// committed to Kafka after it; a failure parks the target again. With
+// part nil, alone is the target's part, prepared there first.
+func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Prepared, alone *sink.Batch) {
 	c := a.c
 	if a.base != nil {
 		ctx = a.base // not the batch's: it ends with the batch
@@ -597,7 +606,16 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			a.signal()
 		}()
 		gen := j.gen
-		err := c.applyWith(pctx, j, part, c.sink.ApplyPart)
+		offsets := j.offsets
+		var err error
+		if alone != nil {
+			j.offsets, j.rewound, j.events = alone.Offsets, alone.Rewound, len(alone.Events)
+			offsets = alone.Offsets
+			part, err = c.prepareAlone(pctx, *alone)
+		}
+		if err == nil {
+			err = c.applyWith(pctx, j, part, c.sink.ApplyPart)
+		}
 		switch {
 		case gen != a.gen.Load():
 			// Abandoned meanwhile: everything is read again (resync).
@@ -616,7 +634,7 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			a.failed.Store(&err)
 		default:
 			offs := map[change.Partition]int64{}
-			for p, o := range j.offsets {
+			for p, o := range offsets {
 				if c.target(p.Topic) == target {
 					offs[p] = o
 				}
@@ -634,6 +652,19 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			}
 		}
 	}()
+}
+
+// prepareAlone prepares a probing target's part of a batch, on its
+// probe's goroutine, retrying transient errors until ctx ends.
+func (c *Consumer) prepareAlone(ctx context.Context, b sink.Batch) (*sink.Prepared, error) {
+	var p *sink.Prepared
+	what := fmt.Sprintf("preparing a parked table's part of %d events", len(b.Events))
+	err := c.retry(ctx, "prepare", what, func() (err error) {
+		defer c.recoverPanic(what, b.Offsets, &err)
+		p, err = c.sink.Prepare(ctx, b)
+		return err
+	})
+	return p, err
 }
 
 // cancelProbes cuts the probes in flight short: a rebalance does not wait

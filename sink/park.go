@@ -170,7 +170,8 @@ func (p *Prepared) shell() *Prepared {
 		confirm: p.confirm, outside: p.outside, plans: map[string]*tablePlan{}, offsets: map[change.Partition]int64{}}
 }
 
-// ApplyPart applies a part Split off a batch on the calling goroutine,
+// ApplyPart applies a part Split off a batch (or a batch prepared of one
+// parked target's events alone) on the calling goroutine,
 // while ApplyPrepared applies other batches beside it: its partitions are
 // the parked target's alone, disjoint from theirs (the argument of
 // parallel.go). It does not reconcile snapshots. As with ApplyPrepared, a

@@ -377,34 +377,55 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	}
 	sort.Strings(targets)
 	for _, target := range targets {
-		_, err := s.withRetry(ctx, "prepare", "widening columns of "+target, func(ctx context.Context) error {
-			t, err := widenColumns(ctx, s, s.tables[target], widen[target])
-			if err != nil {
-				return err
-			}
-			s.tables[target] = t
-			return nil
+		old := s.tables[target]
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "widening columns of "+target, func(ctx context.Context) (err error) {
+			s.unlocked(func() { t, err = widenColumns(ctx, s, old, widen[target]) })
+			return targetErr(target, err)
 		})
 		if err != nil {
-			return &TargetError{Target: target, Err: err}
+			return targetErr(target, err)
 		}
+		s.tables[target] = t
 	}
 	for _, target := range order {
 		cols := extra[target].cols
-		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) error {
-			spec, _ := s.spec(target)
-			t, err := ensureTable(ctx, s.pool, spec, cols)
-			if err != nil {
-				return err
-			}
-			s.tables[target] = t
-			return nil
+		spec, _ := s.spec(target)
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) (err error) {
+			s.unlocked(func() { t, err = ensureTable(ctx, s.pool, spec, cols) })
+			return targetErr(target, err)
 		})
 		if err != nil {
-			return &TargetError{Target: target, Err: err}
+			return targetErr(target, err)
 		}
+		s.tables[target] = t
 	}
 	return nil
+}
+
+// targetErr makes err, of one target's DDL, a TargetError (nil stays
+// nil): inside withRetry too, so that a lock or statement timeout is not
+// retried there, on the loop that prepares every table's batches, but
+// parks the target at once (ParkTarget).
+func targetErr(target string, err error) error {
+	var te *TargetError
+	if err == nil || errors.As(err, &te) {
+		return err
+	}
+	return &TargetError{Target: target, Err: err}
+}
+
+// unlocked runs fn, a statement on a table's DDL, without s.mu, which
+// Prepare holds: DDL may wait for its lock up to lock_timeout, and one
+// table's wait (a parked table's probe, consumer/park.go) must not stall
+// the batches of the others. fn touches no state s.mu guards; its result
+// is stored after, under s.mu. Two goroutines preparing one table meanwhile
+// run the same idempotent DDL.
+func (s *Sink) unlocked(fn func()) {
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	fn()
 }
 
 // loadExisting loads the tables of evs that exist but were not loaded yet
@@ -426,23 +447,25 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 		if !ok || len(spec.Keys) == 0 {
 			continue
 		}
-		_, err := s.withRetry(ctx, "prepare", "loading table "+ev.Table, func(ctx context.Context) error {
-			var exists bool
-			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
-				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
-			}
-			if !exists {
-				return nil
-			}
-			t, err := ensureTable(ctx, s.pool, spec, nil)
-			if err != nil {
-				return err
-			}
-			s.tables[ev.Table] = t
-			return nil
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "loading table "+ev.Table, func(ctx context.Context) (err error) {
+			s.unlocked(func() {
+				var exists bool
+				if err = s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+					err = fmt.Errorf("looking for table %s: %w", spec.Target, err)
+					return
+				}
+				if exists {
+					t, err = ensureTable(ctx, s.pool, spec, nil)
+				}
+			})
+			return targetErr(ev.Table, err)
 		})
 		if err != nil {
-			return &TargetError{Target: ev.Table, Err: err}
+			return targetErr(ev.Table, err)
+		}
+		if t != nil && s.tables[ev.Table] == nil {
+			s.tables[ev.Table] = t
 		}
 	}
 	return nil
