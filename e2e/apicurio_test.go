@@ -6,7 +6,10 @@ import (
 	"context"
 	bin "encoding/binary"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,14 +17,32 @@ import (
 )
 
 // startApicurio starts Apicurio Registry 2.4.2 (in-memory storage, built
-// by fetch.sh) on port and waits for its API.
-func startApicurio(t *testing.T, dir string, port int) *proc {
+// by fetch.sh) on port, reserved until now (release), and waits for its
+// API: its own answer, not just something listening on the port.
+func startApicurio(t *testing.T, dir string, port int, release func()) *proc {
 	t.Helper()
 	start := time.Now()
+	release()
 	p := startProc(t, dir, "apicurio", []string{"java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
 		"-Dquarkus.http.host=127.0.0.1", fmt.Sprintf("-Dquarkus.http.port=%d", port),
 		"-jar", filepath.Join(cache, "apicurio-registry", "apicurio-registry-runner.jar")})
 	waitPort(t, p, port, 90*time.Second)
+	info := fmt.Sprintf("http://127.0.0.1:%d/apis/registry/v2/system/info", port)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if p.exited() {
+			t.Fatalf("apicurio exited:\n%s", p.tail(40))
+		}
+		if resp, err := http.Get(info); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && strings.Contains(strings.ToLower(string(body)), "apicurio") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Apicurio's API never answered at %s:\n%s", info, p.tail(40))
+		}
+	}
 	t.Logf("Apicurio Registry 2.4.2.Final up after %v", time.Since(start).Round(time.Millisecond))
 	return p
 }
@@ -35,7 +56,7 @@ func startApicurio(t *testing.T, dir string, port int) *proc {
 func TestApicurioAvro(t *testing.T) {
 	skipOnCompose(t)
 	ctx := context.Background()
-	port := freePort(t)
+	port, release := reservePort(t)
 	api := fmt.Sprintf("http://127.0.0.1:%d/apis/registry/v2", port)
 	var reg *proc
 	converters := ""
@@ -48,7 +69,7 @@ func TestApicurioAvro(t *testing.T) {
 	}
 	// Avro records compressed with zstd by Connect's producer (pool.go).
 	st := newStackWith(t, ctx, stackOpts{partitions: 1, converters: converters, connector: "producer.override.compression.type=zstd\n",
-		before: func(st *stack) { reg = startApicurio(t, st.dir, port) }})
+		before: func(st *stack) { reg = startApicurio(t, st.dir, port, release) }})
 	sinkProc := runSinkWith(t, st.dir, "scd2sink", st.kafka.addr(), st.targetDSN, fmt.Sprintf(`defaults:
   format: debezium-avro
 schema_registry:

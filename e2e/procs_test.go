@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -94,6 +95,20 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// reservePort returns a free port kept bound until release is called:
+// ports picked meanwhile (the brokers', started first) cannot be it.
+func reservePort(t *testing.T) (port int, release func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { l.Close() }) }
+	t.Cleanup(release)
+	return l.Addr().(*net.TCPAddr).Port, release
 }
 
 // waitPort waits until something listens on port, or p exits.

@@ -115,7 +115,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	// Undecided snapshots, and reconciled ones that late events reached
 	// (decided: confirmed counts as true, the guard is not asked again).
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
-		sn.confirmed_at IS NOT NULL OR sn.done_at IS NOT NULL,
+		sn.confirmed_at IS NOT NULL OR sn.done_at IS NOT NULL, sn.done_at IS NOT NULL,
 		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
 		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
@@ -128,14 +128,14 @@ func (s *Sink) reconcile(ctx context.Context) error {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
 	type pending struct {
-		sn               Snapshot
-		confirmed, ready bool
+		sn                     Snapshot
+		confirmed, done, ready bool
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
 		var p pending
 		var seq []byte
 		var until map[string]int64
-		if err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &until, &p.confirmed, &p.ready); err != nil {
+		if err := r.Scan(&p.sn.Target, &seq, &p.sn.At, &p.sn.Topic, &until, &p.confirmed, &p.done, &p.ready); err != nil {
 			return p, err
 		}
 		p.sn.Seq, p.sn.Until = seq, map[int32]int64{}
@@ -157,8 +157,21 @@ func (s *Sink) reconcile(ctx context.Context) error {
 			waiting = true
 			continue
 		}
-		if err := s.reconcileOne(ctx, p.sn, p.confirmed); err != nil {
+		id := p.sn.Target + "\x00" + string(p.sn.Seq)
+		if p.done && time.Since(s.reran[id]) < lateRerunEvery {
+			waiting = true // a re-run for late events: at most one per lateRerunEvery
+			continue
+		}
+		skipped, err := s.reconcileOne(ctx, p.sn, p.confirmed)
+		if err != nil {
 			return err
+		}
+		waiting = waiting || skipped // another instance is at it: look again
+		if p.done {
+			if s.reran == nil {
+				s.reran = map[string]time.Time{}
+			}
+			s.reran[id] = time.Now()
 		}
 	}
 	switch {
@@ -170,13 +183,19 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	return nil
 }
 
+// lateRerunEvery bounds how often one Sink runs a reconciliation again
+// for late events: each run reads the table's live versions, and late
+// events that keep coming (a long backlog read out of order) wait for the
+// next, together.
+var lateRerunEvery = 10 * time.Second
+
 // reconcileOne reconciles one snapshot under a row lock on its record;
-// unless confirmed, the guard may hold it instead.
-func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) error {
+// unless confirmed, the guard may hold it instead. It reports whether the
+// record was locked by another instance (it then did nothing).
+func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (skipped bool, err error) {
 	s.mu.Lock() // Prepare, on another goroutine, adds tables
 	t := s.tables[sn.Target]
 	spec, ok := s.spec(sn.Target)
-	var err error
 	if ok && spec.SnapshotDeletes && t == nil {
 		if len(spec.Keys) == 0 {
 			spec.Keys, err = s.existingKeys(ctx, spec)
@@ -189,34 +208,43 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 	}
 	s.mu.Unlock()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if t == nil || !ok || !spec.SnapshotDeletes {
 		// Not a table of this configuration (any longer): nothing to close,
 		// nothing late to look at.
 		if _, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
 			pgx.Identifier{s.cfg.Schema}.Sanitize(), lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
-			return fmt.Errorf("dropping the late notes of the snapshot of %s: %w", sn.Target, err)
+			return false, fmt.Errorf("dropping the late notes of the snapshot of %s: %w", sn.Target, err)
 		}
-		return s.markDone(ctx, nil, sn)
+		return false, s.markDone(ctx, nil, sn)
 	}
 	parts := make([]change.Partition, 0, len(sn.Until))
 	for n := range sn.Until {
 		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		registerTypes(tx.Conn().TypeMap()) // keys read as load.go reads them back
-		var locked bool
+		var done bool
 		sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
-		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT done_at IS NOT NULL FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
 			AND (done_at IS NULL OR EXISTS (SELECT 1 FROM %[1]s.%[2]s l WHERE l.consumer_group = $1 AND l.target = $2 AND l.scd_seq = $3))
 			FOR UPDATE OF sn SKIP LOCKED`, sch, lateTable),
-			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&locked); err != nil {
+			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&done); err != nil {
 			if err == pgx.ErrNoRows {
-				return nil // done, or another instance is at it
+				// Done with nothing late, or another instance is at it:
+				// then what it may leave (a late note committed after it
+				// took the notes) is looked at again.
+				var busy bool
+				_ = s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2
+					AND scd_seq = $3 AND done_at IS NULL) OR EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3)`,
+					sch, lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
+				skipped = busy
+				return nil
 			}
 			return fmt.Errorf("locking the snapshot of %s: %w", sn.Target, err)
 		}
+		confirmed = confirmed || done // decided already: a re-run for late events
 		// The late notes seen now are taken care of by this run (its key
 		// query starts after this statement); one committed later runs it
 		// again.
@@ -302,6 +330,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) er
 			zap.Stringer("seq", sn.Seq), zap.Time("at", sn.At), zap.Int("closed", closed))
 		return s.markDone(ctx, tx, sn)
 	})
+	return skipped, err
 }
 
 // markDone marks a snapshot reconciled (in tx when given).
@@ -382,8 +411,10 @@ func (s *Sink) Confirm(ctx context.Context, target string) ([]Held, error) {
 	if err != nil || len(held) == 0 {
 		return nil, err
 	}
-	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = coalesce(confirmed_at, now())
-		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND done_at IS NULL`,
+	// Only rows not confirmed yet: one confirmed is not waited for while
+	// a running instance reconciles it under its row lock.
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = now()
+		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND done_at IS NULL AND confirmed_at IS NULL`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target); err != nil {
 		return nil, fmt.Errorf("confirming the held reconciliation of %s: %w", target, err)
 	}

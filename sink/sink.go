@@ -64,7 +64,10 @@ type Sink struct {
 	snapshotsPending  atomic.Bool
 	snapshotsRecorded atomic.Int64
 	reconciling       bool
-	reconciled        int64
+	// reran is when this Sink last ran a reconciliation again for late
+	// events, by target and sequence (reconcile.go).
+	reran      map[string]time.Time
+	reconciled int64
 	// skipReconcile, when set, names targets whose snapshots wait (the
 	// consumer's parked targets: their tables are in trouble).
 	skipReconcile func(target string) bool

@@ -290,6 +290,9 @@ tables:
 		t.Logf("%d dead letters came after the first replay: %s", left, strings.TrimSpace(command("dead-letters", "replay", "--all")))
 	}
 	waitFor(t, pool, `SELECT count(*) = 1 FROM scd2sink_snapshots WHERE done_at IS NOT NULL`, 30*time.Second)
+	// Late events noted for the snapshot are reconciled by an idle member
+	// (at most every 10 s per member).
+	waitFor(t, pool, `SELECT count(*) = 0 FROM scd2sink_snapshots_late`, 60*time.Second)
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range members {
 			if !yield(n) {

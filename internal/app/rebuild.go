@@ -285,7 +285,7 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 		// What an interrupted rebuild recorded: its offsets (else the next
 		// one would resume mid-topic into empty tables), its completed
 		// snapshots and its dead letters.
-		for _, table := range []string{"scd2sink_offsets", "scd2sink_snapshots", rc.Sink.DeadLetterTable} {
+		for _, table := range []string{"scd2sink_offsets", "scd2sink_snapshots", "scd2sink_snapshots_late", rc.Sink.DeadLetterTable} {
 			name := pgx.Identifier{cfg.Postgres.Schema, table}.Sanitize()
 			var found bool
 			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", name).Scan(&found); err != nil {
@@ -489,6 +489,14 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				return err
 			}
 			if err := exec(fmt.Sprintf("UPDATE %s SET consumer_group = $1, target = $2 WHERE consumer_group = $3 AND target = $4", id("scd2sink_snapshots")),
+				cfg.Kafka.GroupID, live, rc.Kafka.GroupID, rb); err != nil {
+				return err
+			}
+			// Their notes of late events (sink/reconcile.go) go with them.
+			if err := exec(fmt.Sprintf("DELETE FROM %s WHERE consumer_group = $1 AND target = $2", id("scd2sink_snapshots_late")), cfg.Kafka.GroupID, live); err != nil {
+				return err
+			}
+			if err := exec(fmt.Sprintf("UPDATE %s SET consumer_group = $1, target = $2 WHERE consumer_group = $3 AND target = $4", id("scd2sink_snapshots_late")),
 				cfg.Kafka.GroupID, live, rc.Kafka.GroupID, rb); err != nil {
 				return err
 			}
