@@ -32,7 +32,7 @@ func startApicurio(t *testing.T, dir string, port int, release func()) *proc {
 		if p.exited() {
 			t.Fatalf("apicurio exited:\n%s", p.tail(40))
 		}
-		if resp, err := http.Get(info); err == nil {
+		if resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(info); err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK && strings.Contains(strings.ToLower(string(body)), "apicurio") {

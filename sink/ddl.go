@@ -119,7 +119,7 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable, topicsTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable, topicsTable, lateTable}, "", "")
 	if err != nil {
 		return err
 	}

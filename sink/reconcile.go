@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -68,6 +69,9 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 		return fmt.Errorf("noting late events of %s: %w", p.t.spec.Target, err)
 	}
 	if tag.RowsAffected() > 0 {
+		// As a recorded snapshot: a reconciliation running meanwhile
+		// (listed before this commits) leaves the flag set.
+		s.snapshotsRecorded.Add(1)
 		s.snapshotsPending.Store(true)
 	}
 	return nil
@@ -116,7 +120,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	// (decided: confirmed counts as true, the guard is not asked again).
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
 		sn.confirmed_at IS NOT NULL OR sn.done_at IS NOT NULL, sn.done_at IS NOT NULL,
-		coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
+		sn.done_at IS NOT NULL OR coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
 		LEFT JOIN LATERAL jsonb_each_text(sn.until) AS u(p, until) ON true
 		LEFT JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = sn.consumer_group AND o.topic = sn.topic AND o.partition = u.p::int
@@ -158,20 +162,31 @@ func (s *Sink) reconcile(ctx context.Context) error {
 			continue
 		}
 		id := p.sn.Target + "\x00" + string(p.sn.Seq)
-		if p.done && time.Since(s.reran[id]) < lateRerunEvery {
-			waiting = true // a re-run for late events: at most one per lateRerunEvery
-			continue
+		if at, ok := s.notBefore[id]; ok {
+			if time.Now().Before(at) {
+				waiting = true // looked at again later (a re-run's pace, another instance at it)
+				continue
+			}
+			delete(s.notBefore, id)
+		}
+		if s.notBefore == nil {
+			s.notBefore = map[string]time.Time{}
+		}
+		if p.done {
+			// A re-run for late events reads the table's live versions: at
+			// most one per lateRerunEvery, a failed one too.
+			s.notBefore[id] = time.Now().Add(lateRerunEvery)
 		}
 		skipped, err := s.reconcileOne(ctx, p.sn, p.confirmed)
 		if err != nil {
 			return err
 		}
-		waiting = waiting || skipped // another instance is at it: look again
-		if p.done {
-			if s.reran == nil {
-				s.reran = map[string]time.Time{}
+		if skipped {
+			// Another instance is at it: look again, in a second.
+			waiting = true
+			if !p.done {
+				s.notBefore[id] = time.Now().Add(time.Second)
 			}
-			s.reran[id] = time.Now()
 		}
 	}
 	switch {
@@ -231,12 +246,12 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 			AND (done_at IS NULL OR EXISTS (SELECT 1 FROM %[1]s.%[2]s l WHERE l.consumer_group = $1 AND l.target = $2 AND l.scd_seq = $3))
 			FOR UPDATE OF sn SKIP LOCKED`, sch, lateTable),
 			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&done); err != nil {
-			if err == pgx.ErrNoRows {
+			if errors.Is(err, pgx.ErrNoRows) {
 				// Done with nothing late, or another instance is at it:
 				// then what it may leave (a late note committed after it
 				// took the notes) is looked at again.
-				var busy bool
-				_ = s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2
+				busy := true // unknown counts as busy: looked at again
+				_ = tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2
 					AND scd_seq = $3 AND done_at IS NULL) OR EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3)`,
 					sch, lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
 				skipped = busy

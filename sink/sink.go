@@ -64,9 +64,10 @@ type Sink struct {
 	snapshotsPending  atomic.Bool
 	snapshotsRecorded atomic.Int64
 	reconciling       bool
-	// reran is when this Sink last ran a reconciliation again for late
-	// events, by target and sequence (reconcile.go).
-	reran      map[string]time.Time
+	// notBefore is, by target and sequence, when this Sink looks at a
+	// snapshot again: a re-run for late events, or one another instance
+	// holds (reconcile.go). An entry goes once its time has passed.
+	notBefore  map[string]time.Time
 	reconciled int64
 	// skipReconcile, when set, names targets whose snapshots wait (the
 	// consumer's parked targets: their tables are in trouble).
