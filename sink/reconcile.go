@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"go.uber.org/zap"
 )
@@ -73,6 +74,17 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 		// (listed before this commits) leaves the flag set.
 		s.snapshotsRecorded.Add(1)
 		s.snapshotsPending.Store(true)
+	}
+	return nil
+}
+
+// takeLateNotes deletes the late notes of snapshot sn that db sees.
+func (s *Sink) takeLateNotes(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sn Snapshot) error {
+	if _, err := db.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
+		return fmt.Errorf("taking the late notes of the snapshot of %s: %w", sn.Target, err)
 	}
 	return nil
 }
@@ -228,9 +240,8 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 	if t == nil || !ok || !spec.SnapshotDeletes {
 		// Not a table of this configuration (any longer): nothing to close,
 		// nothing late to look at.
-		if _, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
-			pgx.Identifier{s.cfg.Schema}.Sanitize(), lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
-			return false, fmt.Errorf("dropping the late notes of the snapshot of %s: %w", sn.Target, err)
+		if err := s.takeLateNotes(ctx, s.pool, sn); err != nil {
+			return false, err
 		}
 		return false, s.markDone(ctx, nil, sn)
 	}
@@ -263,9 +274,8 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		// The late notes seen now are taken care of by this run (its key
 		// query starts after this statement); one committed later runs it
 		// again.
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`, sch, lateTable),
-			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
-			return fmt.Errorf("taking the late notes of the snapshot of %s: %w", sn.Target, err)
+		if err := s.takeLateNotes(ctx, tx, sn); err != nil {
+			return err
 		}
 		keys := t.keyNames()
 		sel := make([]string, len(keys))
