@@ -539,11 +539,19 @@ func (c *Config) applyDefaults() {
 	}
 }
 
+// Connectors are the values connector: takes: the Debezium source
+// connectors whose envelopes scd2sink knows (docs/sources.md).
+var Connectors = []string{"postgresql", "mysql", "mariadb", "sqlserver"}
+
 // DefaultSequenceBy is the sequence_by of each connector when a table does not set it.
 var DefaultSequenceBy = map[string][]string{
 	"postgresql": {"source.lsn"},
 	"mysql":      {"source.file", "source.pos", "source.row"},
-	"sqlserver":  {"source.commit_lsn", "source.change_lsn", "source.event_serial_no"},
+	// MariaDB: the GTID's number within its domain first, which a promoted
+	// replica continues while its binlog positions start again (the
+	// file, position and row order the events of one transaction).
+	"mariadb":   {"source.gtid", "source.file", "source.pos", "source.row"},
+	"sqlserver": {"source.commit_lsn", "source.change_lsn", "source.event_serial_no"},
 }
 
 // HTTPAddr returns the HTTP listen address; empty means disabled.

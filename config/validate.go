@@ -254,7 +254,7 @@ func (c *Config) validateServices() error {
 	d := c.Defaults
 	for _, chk := range []error{
 		oneOf("defaults.format", d.Format, "debezium-json", "debezium-avro"),
-		oneOf("defaults.connector", d.Connector, "postgresql", "mysql", "sqlserver"),
+		oneOf("defaults.connector", d.Connector, Connectors...),
 		oneOf("defaults.deletes", d.Deletes, "close", "ignore"),
 		oneOf("defaults.type1_scope", d.Type1Scope, "all_versions", "current_version"),
 	} {
@@ -319,7 +319,7 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 				return errf("schema_registry.url", "is required by %s (format debezium-avro)", key("format"))
 			}
 		}
-		if err := oneOf(key("connector"), t.Connector, "postgresql", "mysql", "sqlserver"); err != nil {
+		if err := oneOf(key("connector"), t.Connector, Connectors...); err != nil {
 			return err
 		}
 		if len(t.SequenceBy) == 0 {

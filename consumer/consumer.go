@@ -225,6 +225,8 @@ type Consumer struct {
 	rewound map[change.Partition]int64
 	// deadLog logs dead letters at a bounded rate (deadletters.go).
 	deadLog deadLog
+	// disagreeLog logs sequence/time disagreements at the same rate.
+	disagreeLog deadLog
 	// park holds the parked targets (park.go).
 	park parking
 	// waitMu guards the partitions held back (waits.go).
@@ -702,6 +704,7 @@ func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn fu
 		// side): their dead letters are logged and counted too.
 		c.m.record(res)
 		c.deadLog.log(c.log, res.Dead)
+		c.disagreeLog.logDisagreements(c.log, res.Disagree)
 		return err
 	})
 }

@@ -36,20 +36,48 @@ func (d *deadLog) log(l *zap.Logger, notes []sink.DeadNote) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, n := range notes {
-		if now := time.Now(); now.Sub(d.start) >= deadLogWindow {
-			d.start, d.logged = now, 0
+		fields, ok := d.allow(zap.String("topic", n.Origin.Topic), zap.Int32("partition", n.Origin.Partition.Partition),
+			zap.Int64("offset", n.Origin.Offset), zap.String("target", n.Table), zap.String("reason", n.Reason), zap.String("error", n.Err))
+		if ok {
+			l.Warn("event dead-lettered: it is kept in the dead-letter table (scd2sink dead-letters list); put the cause right and replay it", fields...)
 		}
-		if d.logged >= deadLogBurst {
-			d.skipped++
-			continue
+	}
+}
+
+// allow says whether a line may be logged now, adding to its fields the
+// count of lines left out before it. Called with d.mu held.
+func (d *deadLog) allow(fields ...zap.Field) ([]zap.Field, bool) {
+	if now := time.Now(); now.Sub(d.start) >= deadLogWindow {
+		d.start, d.logged = now, 0
+	}
+	if d.logged >= deadLogBurst {
+		d.skipped++
+		return nil, false
+	}
+	d.logged++
+	if d.skipped > 0 {
+		fields = append(fields, zap.Int("not_logged_before", d.skipped))
+		d.skipped = 0
+	}
+	return fields, true
+}
+
+// logDisagreements logs late events that their sequence and their valid
+// time place on different sides of an applied event, at the same rate as
+// dead letters (and with their own window).
+func (d *deadLog) logDisagreements(l *zap.Logger, notes []sink.Disagreement) {
+	if len(notes) == 0 || l == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, n := range notes {
+		fields, ok := d.allow(zap.String("topic", n.Origin.Topic), zap.Int32("partition", n.Origin.Partition.Partition),
+			zap.Int64("offset", n.Origin.Offset), zap.String("target", n.Table),
+			zap.Stringer("sequence", n.Seq), zap.Time("valid_time", n.T), zap.Stringer("later_sequence", n.Later), zap.Time("later_valid_time", n.LaterT))
+		if ok {
+			l.Warn("late event: its sequence puts it before an applied event with an earlier valid time; the history follows the sequence. "+
+				"if the sequence ran backwards (binlog positions after a failover), see docs/sources.md", fields...)
 		}
-		d.logged++
-		fields := []zap.Field{zap.String("topic", n.Origin.Topic), zap.Int32("partition", n.Origin.Partition.Partition),
-			zap.Int64("offset", n.Origin.Offset), zap.String("target", n.Table), zap.String("reason", n.Reason), zap.String("error", n.Err)}
-		if d.skipped > 0 {
-			fields = append(fields, zap.Int("not_logged_before", d.skipped))
-			d.skipped = 0
-		}
-		l.Warn("event dead-lettered: it is kept in the dead-letter table (scd2sink dead-letters list); put the cause right and replay it", fields...)
 	}
 }

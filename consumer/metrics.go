@@ -55,6 +55,12 @@ type Metrics struct {
 	// TargetApplied is, per target, the Unix time its last batch part
 	// committed: time() minus it is the seconds since its last apply.
 	TargetApplied *prometheus.GaugeVec
+	// Disagreements counts late events whose valid time is after that of
+	// an applied event their sequence puts after them, by target.
+	Disagreements *prometheus.CounterVec
+	// Streams counts a topic's events in a GTID stream (MariaDB domain,
+	// MySQL source uuid) other than those seen before, by topic.
+	Streams *prometheus.CounterVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -112,12 +118,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		OffsetsDiffer: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_differ_total",
 			Help: "Assigned partitions whose scd2sink_offsets offset differed from Kafka's committed one (direction: ahead, behind, missing); the partition resumes from scd2sink_offsets."},
 			[]string{"topic", "direction"}),
+		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_sequence_disagreements_total",
+			Help: "Late events whose valid time is after that of an applied event their sequence puts after them: the history follows the sequence; a sequence that runs backwards (binlog positions across a failover) needs another sequence_by (docs/sources.md)."},
+			[]string{"target"}),
+		Streams: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_sequence_streams_total",
+			Help: "GTID streams (MariaDB domains, MySQL source uuids) a topic's events carried after its first: GTIDs of different streams do not order each other (docs/sources.md)."},
+			[]string{"topic"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes)
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes,
+			m.Disagreements, m.Streams)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -136,6 +149,9 @@ func (m *Metrics) record(r sink.Result) {
 	m.Duplicates.Add(float64(r.Duplicates))
 	m.TypeMismatch.Add(float64(r.TypeMismatches))
 	m.Rejected.Add(float64(r.Rejected))
+	for t, n := range r.Disagreements {
+		m.Disagreements.WithLabelValues(t).Add(float64(n))
+	}
 }
 
 // Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL

@@ -183,7 +183,7 @@ func buildAvro(sch sr.Schema, envelope bool) *avroSchema {
 		}
 	}
 	if rs != nil && rs.Type == "struct" {
-		if out.row, err = newRowSchema(rs); err != nil {
+		if out.row, err = newRowSchema(rs, envelope && binlogSource(root)); err != nil {
 			out.err = err
 		}
 	}
@@ -292,7 +292,9 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	seq := make([]byte, 0, 12*len(r.seqPaths))
 	for i, p := range r.seqPaths {
 		v, _ := avroPath(s.root, rec, p)
-		if seq, err = appendAvroSeq(seq, v); err != nil {
+		if str, ok := v.(string); ok && r.gtid[i] {
+			seq = d.gtidPart(r, seq, str)
+		} else if seq, err = appendAvroSeq(seq, v); err != nil {
 			if errors.Is(err, errMissing) && op == change.OpRead {
 				seq = nil // an incremental-snapshot read: the consumer anchors it
 				break

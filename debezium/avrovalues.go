@@ -75,7 +75,7 @@ func (c *column) native(v any) (any, error) {
 				return decimalBytes(val, sc), nil
 			}
 		}
-	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:
+	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration, kMilliDuration:
 		if n, ok := avroInt(v); ok {
 			return c.fromInt(n)
 		}

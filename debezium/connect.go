@@ -61,6 +61,7 @@ const (
 	kTimestampNano
 	kZonedTimestamp // ISO 8601 in UTC
 	kMicroDuration  // microseconds
+	kMilliDuration  // milliseconds: MySQL's TIME with time.precision.mode=connect
 	kInterval       // ISO 8601 duration
 	kJSON           // io.debezium.data.Json: the JSON text
 	kStruct         // a struct or map: stored as JSON
@@ -123,9 +124,33 @@ var base = map[string]struct {
 	"map":     {kStruct, "jsonb"},
 }
 
-// newColumn maps one field's schema to a column.
-func newColumn(name string, s *Schema) (*column, error) {
+// durations are the time types that MySQL's and MariaDB's connectors use
+// for TIME, which is a duration (-838:59:59 … 838:59:59), not a time of
+// day: in their envelopes these map to interval (DESIGN.md section 4).
+var durations = map[string]kind{
+	"io.debezium.time.MicroTime":         kMicroDuration,
+	"io.debezium.time.Time":              kMilliDuration,
+	"org.apache.kafka.connect.data.Time": kMilliDuration,
+}
+
+// binlogSource says whether an envelope schema's source block is that of
+// MySQL's or MariaDB's connector (their TIME columns are durations).
+func binlogSource(envelope *Schema) bool {
+	switch envelope.field("source").Name {
+	case "io.debezium.connector.mysql.Source", "io.debezium.connector.mariadb.Source":
+		return true
+	}
+	return false
+}
+
+// newColumn maps one field's schema to a column; with durations, TIME
+// types are MySQL's durations.
+func newColumn(name string, s *Schema, durs bool) (*column, error) {
 	c := &column{name: name, union: s.union}
+	if k, ok := durations[s.Name]; ok && durs {
+		c.kind, c.pgType = k, "interval"
+		return c, nil
+	}
 	if sem, ok := semantic[s.Name]; ok {
 		c.kind, c.pgType = sem.kind, sem.pgType
 		if c.kind == kDecimal {
@@ -143,7 +168,7 @@ func newColumn(name string, s *Schema) (*column, error) {
 		if s.Items == nil {
 			return nil, fmt.Errorf("column %s: array without items", name)
 		}
-		el, err := newColumn(name, s.Items)
+		el, err := newColumn(name, s.Items, durs)
 		if err != nil {
 			return nil, err
 		}
@@ -172,13 +197,14 @@ type rowSchema struct {
 	columns []change.Column
 }
 
-func newRowSchema(s *Schema) (*rowSchema, error) {
+// newRowSchema reads a row schema; durs as for newColumn.
+func newRowSchema(s *Schema, durs bool) (*rowSchema, error) {
 	if s == nil || s.Type != "struct" {
 		return nil, fmt.Errorf("row schema is not a struct")
 	}
 	r := &rowSchema{byName: map[string]*column{}}
 	for _, f := range s.Fields {
-		c, err := newColumn(f.Field, f)
+		c, err := newColumn(f.Field, f, durs)
 		if err != nil {
 			return nil, err
 		}

@@ -28,6 +28,8 @@ type Rule struct {
 type rule struct {
 	Rule
 	seqPaths [][]string
+	gtid     []bool // seqPaths[i] is read as a GTID (gtid.go)
+	streams  streams
 	vfPath   []string
 	// The schemas of the topic's last message (value and key): the
 	// JsonConverter repeats them, so a message is first tried against them.
@@ -94,6 +96,27 @@ type Decoder struct {
 	schemas *schemaCache
 	avro    *avroCache
 	wire    WireIDs
+	// streamHook hears of a topic's first event in a GTID stream other
+	// than those it saw before (SetStreamHook).
+	streamHook func(topic, stream, other string)
+}
+
+// SetStreamHook sets f to be called, from Decode, the first time an event
+// of a topic carries a GTID of a stream (a MariaDB domain, a MySQL source
+// uuid) other than the streams the topic's events carried before: such
+// events do not order against each other by their GTIDs. Call it before
+// the first Decode.
+func (d *Decoder) SetStreamHook(f func(topic, stream, other string)) { d.streamHook = f }
+
+// gtidPart appends a GTID sequence component and notes its stream.
+func (d *Decoder) gtidPart(r *rule, seq []byte, s string) []byte {
+	seq, stream, ok := appendGTID(seq, s)
+	if ok {
+		if other, isNew := r.streams.note(stream); isNew && d.streamHook != nil {
+			d.streamHook(r.Topic, stream, other)
+		}
+	}
+	return seq
 }
 
 // maxSchemas bounds the schema cache: distinct schema texts (value and key
@@ -119,7 +142,9 @@ func New(rules []Rule, reg Registry, log *zap.Logger) *Decoder {
 func newRule(r Rule) *rule {
 	cr := &rule{Rule: r, vfPath: splitPath(r.ValidFrom)}
 	for _, p := range r.SequenceBy {
-		cr.seqPaths = append(cr.seqPaths, splitPath(p))
+		sp := splitPath(p)
+		cr.seqPaths = append(cr.seqPaths, sp)
+		cr.gtid = append(cr.gtid, isGTIDPath(sp))
 	}
 	return cr
 }

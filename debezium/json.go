@@ -253,7 +253,7 @@ func parseEnvelopeSchema(raw string) *cached {
 		rs = s.field("before")
 	}
 	if rs != nil {
-		if env.row, err = newRowSchema(rs); err != nil {
+		if env.row, err = newRowSchema(rs, binlogSource(s)); err != nil {
 			return &cached{err: fmt.Errorf("schema of %s: %w", s.Name, err)}
 		}
 	}
@@ -269,7 +269,7 @@ func parseKeySchema(raw string) *cached {
 	if err != nil {
 		return &cached{err: err}
 	}
-	row, err := newRowSchema(s)
+	row, err := newRowSchema(s, false)
 	if err != nil {
 		return &cached{err: fmt.Errorf("key schema: %w", err)}
 	}
@@ -344,7 +344,9 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	var seqBuf [64]byte
 	seq := seqBuf[:0]
 	for i, p := range r.seqPaths {
-		if seq, err = appendSeq(seq, env.get(p)); err != nil {
+		if v := env.get(p); r.gtid[i] && v.Type == gjson.String {
+			seq = d.gtidPart(r, seq, v.Str)
+		} else if seq, err = appendSeq(seq, v); err != nil {
 			if errors.Is(err, errMissing) && opv == change.OpRead {
 				seq = nil // an incremental-snapshot read: the consumer anchors it
 				break

@@ -256,7 +256,7 @@ func (c *column) value(v gjson.Result) (any, error) {
 			}
 			return decimal(val.Str, int32(scale))
 		}
-	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration:
+	case kDate, kTimeMilli, kTimeMicro, kTimeNano, kTimestampMilli, kTimestampMicro, kTimestampNano, kMicroDuration, kMilliDuration:
 		if n, ok := intOf(v); ok {
 			return c.fromInt(n)
 		}
@@ -335,6 +335,8 @@ func (c *column) fromInt(n int64) (any, error) {
 		return time.Unix(0, n).UTC(), nil
 	case kMicroDuration:
 		return pgtype.Interval{Microseconds: n, Valid: true}, nil
+	case kMilliDuration:
+		return pgtype.Interval{Microseconds: n * 1000, Valid: true}, nil
 	}
 	return nil, fmt.Errorf("%d does not fit %s", n, c.pgType)
 }

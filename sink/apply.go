@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -245,6 +246,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 	if l.sideMaxT != nil && (!st.hasPrev || l.sideMaxT.After(st.prevT)) {
 		st.prevT, st.hasPrev = *l.sideMaxT, true
 	}
+	res.noteDisagreements(t.spec.Target, evs, st.prevT)
 	out := t.fold(&st, mergeTruncates(evs, truncs, l.maxSeq()))
 	for _, v := range out.versions {
 		v.key = kp.key
@@ -400,6 +402,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	for _, v := range out.versions {
 		v.key = kp.key
 	}
+	res.noteDisagreements(t.spec.Target, evs, time.Time{})
 	if t.spec.Type1Scope == AllVersions && boundary != nil {
 		// The key's last event is past the boundary, unchanged: every
 		// version holds its Type 1 values, the boundary's too.

@@ -239,6 +239,74 @@ type Result struct {
 	Rejected       int
 	// Dead are the dead letters written, as DeadLetters counts them.
 	Dead []DeadNote
+	// Disagreements counts, per target, the late events whose valid time
+	// is after that of an event their sequence puts after them (a
+	// sequence that runs backwards, as binlog positions do across a MySQL
+	// failover); Disagree holds the first maxDisagreeNotes of them.
+	Disagreements map[string]int
+	Disagree      []Disagreement
+}
+
+// Disagreement is a pair of a key's events that its sequence and their
+// valid times order differently: the event at Seq comes first by sequence
+// but its time T is after LaterT, the time of the event at Later. The fold
+// follows the sequence (DESIGN.md section 5, clamping the later event's
+// time), which is right when a clock stepped back and wrong when the
+// sequence ran backwards — binlog positions compared across a failover —
+// and then the history is repaired into the past: it is logged and
+// counted, never silent (docs/sources.md). Origin is the record of the
+// pair that the batch brought.
+type Disagreement struct {
+	Origin change.Origin
+	Table  string
+	Seq    change.Seq
+	T      time.Time
+	Later  change.Seq
+	LaterT time.Time
+}
+
+// maxDisagreeNotes bounds the disagreements one batch reports in full.
+const maxDisagreeNotes = 20
+
+// noteDisagreements walks a key's events in sequence order (after start,
+// the time of what the table holds before them, zero when nothing) and
+// counts each event whose valid time is before an earlier event's where
+// one of the two is new in this batch. Snapshot reads take no part: their
+// time is when the snapshot read them, not when the row changed.
+func (r *Result) noteDisagreements(table string, evs []fevent, start time.Time) {
+	prev := start
+	var holder *fevent // the event that set prev; nil: the table
+	for i := range evs {
+		e := &evs[i]
+		if e.op == change.OpTruncate || e.op == change.OpRead {
+			continue
+		}
+		in := e.t
+		if !e.raw.IsZero() && !e.resolved {
+			in = e.raw
+		}
+		if in.Before(prev) && (e.src != nil || (holder != nil && holder.src != nil)) {
+			if r.Disagreements == nil {
+				r.Disagreements = map[string]int{}
+			}
+			r.Disagreements[table]++
+			if len(r.Disagree) < maxDisagreeNotes {
+				d := Disagreement{Table: table, T: prev, Later: e.seq, LaterT: in}
+				if holder != nil {
+					d.Seq = holder.seq
+				}
+				if e.src != nil {
+					d.Origin = e.src.Origin
+				} else {
+					d.Origin = holder.src.Origin
+				}
+				r.Disagree = append(r.Disagree, d)
+			}
+		}
+		if in.After(prev) {
+			prev, holder = in, e
+		}
+	}
 }
 
 func (r *Result) add(o Result) {
@@ -253,6 +321,15 @@ func (r *Result) add(o Result) {
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
 	r.Dead = append(r.Dead, o.Dead...)
+	for t, n := range o.Disagreements {
+		if r.Disagreements == nil {
+			r.Disagreements = map[string]int{}
+		}
+		r.Disagreements[t] += n
+	}
+	if n := maxDisagreeNotes - len(r.Disagree); n > 0 {
+		r.Disagree = append(r.Disagree, o.Disagree[:min(n, len(o.Disagree))]...)
+	}
 }
 
 func (c *Config) defaults() error {

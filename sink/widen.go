@@ -31,6 +31,8 @@ var wider = map[string][]string{
 	"bigint":   {"numeric"},
 	"real":     {"double precision"},
 	"date":     {"timestamp without time zone", "timestamp with time zone"},
+	// MySQL's TIME, mapped to time before it was known to be a duration.
+	"time without time zone": {"interval"},
 }
 
 // canonicalType spells a schema's type as format_type does.

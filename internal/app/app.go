@@ -244,6 +244,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
+	dec.SetStreamHook(func(topic, stream, other string) {
+		metrics.Streams.WithLabelValues(topic).Inc()
+		log.Warn("events of a topic carry GTIDs of a second stream: GTIDs of different MariaDB domains or MySQL source servers do not order each other, "+
+			"and scd2sink orders such events by stream (docs/sources.md)", zap.String("topic", topic), zap.String("stream", stream), zap.String("seen_before", other))
+	})
 	sc := SinkConfig(cfg, log.Named("sink"))
 	Route(cfg, router, dec, &sc)
 	sc.OnRetry = func(stage, what string, err error) {
