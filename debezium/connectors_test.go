@@ -42,6 +42,13 @@ func TestConnectorSequences(t *testing.T) {
 			"sequence":null,"ts_us":1767225600000000,"ts_ns":1767225600000000000,"table":"items","server_id":1,"gtid":%q,
 			"file":"mysql-bin.000003","pos":%d,"row":0,"thread":7,"query":null}`, gtid, pos)
 	}
+	// MySQL 8 with GTIDs: ts_us is the original commit time, kept by a
+	// replica; positions start again on the new primary.
+	mysqlCommit := func(tsUS int64, file string, pos, row int) string {
+		return fmt.Sprintf(`{"version":"3.6.1.Final","connector":"mysql","name":"inv","ts_ms":%d,"snapshot":"false","db":"inv",
+			"sequence":null,"ts_us":%d,"ts_ns":%d,"table":"items","server_id":1,"gtid":"3e11fa47-71ca-11e1-9e33-c80aa9429562:9",
+			"file":%q,"pos":%d,"row":%d,"thread":7,"query":null}`, tsUS/1000, tsUS, tsUS*1000, file, pos, row)
+	}
 	pgSource := func(seq string, lsn int) string {
 		return fmt.Sprintf(`{"version":"3.6.1.Final","connector":"postgresql","name":"shop","ts_ms":1767225600000,"snapshot":"false",
 			"db":"shop","sequence":%q,"ts_us":1767225600000000,"ts_ns":1767225600000000000,"schema":"public","table":"items",
@@ -66,6 +73,10 @@ func TestConnectorSequences(t *testing.T) {
 		{"mysql gtid numbers", []string{"source.gtid", "source.file", "source.pos", "source.row"}, []string{
 			mysqlGTID("3e11fa47-71ca-11e1-9e33-c80aa9429562:9", 900), mysqlGTID("3e11fa47-71ca-11e1-9e33-c80aa9429562:10", 100),
 			mysqlGTID("3e11fa47-71ca-11e1-9e33-c80aa9429562:1000000000000", 50)}},
+		{"mysql commit times across a failover", []string{"source.ts_us", "source.file", "source.pos", "source.row"}, []string{
+			mysqlCommit(1767225600000001, "mysql-bin.000007", 900, 0), mysqlCommit(1767225600000001, "mysql-bin.000007", 900, 1),
+			mysqlCommit(1767225600000001, "mysql-bin.000007", 1200, 0), mysqlCommit(1767225600250000, "mysql-bin.000001", 4, 0),
+			mysqlCommit(1767225601000000, "mysql-bin.000001", 380, 0)}},
 		{"postgresql lsn", []string{"source.lsn"}, []string{pgSource(`[null,"100"]`, 100), pgSource(`["100","180"]`, 180), pgSource(`["180","9000000000"]`, 9000000000)}},
 		{"postgresql sequence", []string{"source.sequence"}, []string{pgSource(`[null,"100"]`, 100), pgSource(`["100","180"]`, 180), pgSource(`["100","200"]`, 200), pgSource(`["180","190"]`, 190)}},
 	}

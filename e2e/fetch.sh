@@ -35,6 +35,19 @@ if [ ! -f "$jdbc/.complete" ]; then
   rm -rf "$cache/dl"
   touch "$jdbc/.complete"
 fi
+# Debezium's MariaDB connector: 3.6.1 is not served (nor 3.6.0); 3.5.0 is,
+# as a plugin tarball. Kafka's and slf4j's jars come from the worker.
+mdb="$cache/plugins/debezium-connector-mariadb"
+if [ ! -f "$mdb/.complete-3.5.0" ]; then
+  rm -rf "$mdb" "$cache/dl"; mkdir -p "$cache/dl"
+  echo "e2e: fetching the MariaDB connector into $mdb" >&2
+  mvn -q -B -Dstyle.color=never dependency:copy \
+    -Dartifact=io.debezium:debezium-connector-mariadb:3.5.0.Final:tar.gz:plugin -DoutputDirectory="$cache/dl" >&2
+  tar -xzf "$cache/dl"/debezium-connector-mariadb-*.tar.gz -C "$cache/plugins"
+  rm -f "$mdb"/kafka-clients-*.jar "$mdb"/connect-api-*.jar "$mdb"/slf4j-api-*.jar
+  rm -rf "$cache/dl"
+  touch "$mdb/.complete-3.5.0"
+fi
 # Apicurio Registry 2.4.2 (in-memory storage), rebuilt as a Quarkus runner
 # jar (see maven/apicurio-registry/pom.xml) in a copy of its folder under the
 # cache, so nothing lands in the work tree. Kept: apicurio-registry-runner.jar

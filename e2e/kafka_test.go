@@ -105,11 +105,13 @@ func (b *broker) start(t *testing.T, dir, cache string) {
 
 func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 
-// connect is Kafka Connect standalone running Debezium's PostgreSQL connector.
+// connect is Kafka Connect standalone running a Debezium connector
+// (PostgreSQL's unless said otherwise).
 type connect struct {
 	worker, connector string
 	rest              int
 	proc              *proc
+	what              string // the connector, for the log
 }
 
 // jsonConverters are the worker's converters unless a test says otherwise:
@@ -125,22 +127,6 @@ value.converter.schemas.enable=true
 // properties ("": jsonConverters).
 func startConnect(t *testing.T, cache, dir, bootstrap string, source sourceDB, tables, converters, extra string) *connect {
 	t.Helper()
-	c := &connect{worker: filepath.Join(dir, "worker.properties"), connector: filepath.Join(dir, "connector.properties"), rest: freePort(t)}
-	// Apicurio's converter jars carry no service manifest: the worker must
-	// scan for them (slower to start).
-	discovery := "service_load"
-	if converters == "" {
-		converters = jsonConverters
-	} else {
-		discovery = "hybrid_warn"
-	}
-	worker := fmt.Sprintf(`bootstrap.servers=%s
-%soffset.storage.file.filename=%s
-offset.flush.interval.ms=1000
-plugin.path=%s
-plugin.discovery=%s
-listeners=http://127.0.0.1:%d
-`, bootstrap, converters, filepath.Join(dir, "connect.offsets"), filepath.Join(cache, "plugins"), discovery, c.rest)
 	connector := fmt.Sprintf(`name=shop-source
 connector.class=io.debezium.connector.postgresql.PostgresConnector
 tasks.max=1
@@ -158,6 +144,28 @@ publication.autocreate.mode=filtered
 snapshot.mode=initial
 poll.interval.ms=100
 `, source.port, source.db, tables) + extra
+	return startConnector(t, cache, dir, bootstrap, connector, converters, "Debezium 3.6.1.Final (postgresql connector)")
+}
+
+// startConnector starts Connect with the given connector properties.
+func startConnector(t *testing.T, cache, dir, bootstrap, connector, converters, what string) *connect {
+	t.Helper()
+	c := &connect{worker: filepath.Join(dir, "worker.properties"), connector: filepath.Join(dir, "connector.properties"), rest: freePort(t), what: what}
+	// Apicurio's converter jars carry no service manifest: the worker must
+	// scan for them (slower to start).
+	discovery := "service_load"
+	if converters == "" {
+		converters = jsonConverters
+	} else {
+		discovery = "hybrid_warn"
+	}
+	worker := fmt.Sprintf(`bootstrap.servers=%s
+%soffset.storage.file.filename=%s
+offset.flush.interval.ms=1000
+plugin.path=%s
+plugin.discovery=%s
+listeners=http://127.0.0.1:%d
+`, bootstrap, converters, filepath.Join(dir, "connect.offsets"), filepath.Join(cache, "plugins"), discovery, c.rest)
 	if err := os.WriteFile(c.worker, []byte(worker), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +181,7 @@ func (c *connect) start(t *testing.T, dir, cache string) {
 	start := time.Now()
 	c.proc = startProc(t, dir, "connect", java(cache, "512m", "org.apache.kafka.connect.cli.ConnectStandalone", c.worker, c.connector))
 	waitPort(t, c.proc, c.rest, 90*time.Second)
-	t.Logf("Kafka Connect 4.3.1 with Debezium 3.6.1.Final (postgresql connector) up after %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("Kafka Connect 4.3.1 with %s up after %v", c.what, time.Since(start).Round(time.Millisecond))
 }
 
 // codecCounter counts the record batches a client reads, by compression
