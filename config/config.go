@@ -541,7 +541,7 @@ func (c *Config) applyDefaults() {
 
 // Connectors are the values connector: takes: the Debezium source
 // connectors whose envelopes scd2sink knows (docs/sources.md).
-var Connectors = []string{"postgresql", "mysql", "mariadb", "sqlserver"}
+var Connectors = []string{"postgresql", "mysql", "mariadb", "sqlserver", "oracle", "mongodb"}
 
 // DefaultSequenceBy is the sequence_by of each connector when a table does not set it.
 var DefaultSequenceBy = map[string][]string{
@@ -552,6 +552,14 @@ var DefaultSequenceBy = map[string][]string{
 	// file, position and row order the events of one transaction).
 	"mariadb":   {"source.gtid", "source.file", "source.pos", "source.row"},
 	"sqlserver": {"source.commit_lsn", "source.change_lsn", "source.event_serial_no"},
+	// Oracle (LogMiner): the commit's SCN orders transactions; the
+	// change's SCN, its redo record (rs_id, fixed-width hex) and SQL
+	// sequence number order a transaction's changes. SCNs are decimal
+	// strings of any length, compared as numbers.
+	"oracle": {"source.commit_scn", "source.scn", "source.rs_id", "source.ssn"},
+	// MongoDB: the oplog entry's cluster time (seconds) and its order
+	// within the second.
+	"mongodb": {"source.ts_ms", "source.ord"},
 }
 
 // HTTPAddr returns the HTTP listen address; empty means disabled.

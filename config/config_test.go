@@ -80,6 +80,31 @@ defaults:
 	}
 }
 
+// Every connector has a default sequence_by (DESIGN.md section 3,
+// docs/sources.md).
+func TestConnectorDefaults(t *testing.T) {
+	want := map[string]string{
+		"postgresql": "source.lsn",
+		"mysql":      "source.file,source.pos,source.row",
+		"mariadb":    "source.gtid,source.file,source.pos,source.row",
+		"sqlserver":  "source.commit_lsn,source.change_lsn,source.event_serial_no",
+		"oracle":     "source.commit_scn,source.scn,source.rs_id,source.ssn",
+		"mongodb":    "source.ts_ms,source.ord",
+	}
+	for _, conn := range Connectors {
+		c, err := Parse([]byte(minimal+"    connector: "+conn+"\n"), noEnv)
+		if err != nil {
+			t.Fatalf("%s: %v", conn, err)
+		}
+		if got := strings.Join(c.Tables[0].SequenceBy, ","); got != want[conn] {
+			t.Errorf("%s: sequence_by %s, want %s", conn, got, want[conn])
+		}
+	}
+	if len(want) != len(Connectors) {
+		t.Errorf("connectors %v, want those of %v", Connectors, want)
+	}
+}
+
 func TestEnvOverrides(t *testing.T) {
 	env := map[string]string{
 		"SCD2SINK_KAFKA_BROKERS":       "a:1, b:2",
@@ -175,7 +200,7 @@ func TestBadValues(t *testing.T) {
 		{"long target", minimal + "    target: \"" + strings.Repeat("ä", 26) + "\"\n", "tables[0].target"},
 		{"format", minimal + "    format: protobuf\n", "tables[0].format"},
 		{"avro without registry", minimal + "    format: debezium-avro\n", "schema_registry.url"},
-		{"connector", minimal + "    connector: oracle\n", "tables[0].connector"},
+		{"connector", minimal + "    connector: db2\n", "tables[0].connector"},
 		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
 		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
 		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
