@@ -252,6 +252,9 @@ func parseEnvelopeSchema(raw string) *cached {
 	if rs == nil {
 		rs = s.field("before")
 	}
+	if rs != nil && rs.Type == "string" { // MongoDB: documents as Extended JSON strings (mongo.go)
+		rs = nil
+	}
 	if rs != nil {
 		if env.row, err = newRowSchema(rs, binlogSource(s)); err != nil {
 			return &cached{err: fmt.Errorf("schema of %s: %w", s.Name, err)}
@@ -362,7 +365,19 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		row = env.schema.row
 	}
 	var after string
-	if opv.HasAfter() {
+	mongo := isMongo(env)
+	if opv.HasAfter() && mongo {
+		a := env.field("after")
+		if a.Type != gjson.String {
+			return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
+				"updateDescription; use change_streams_update_full (docs/sources.md)", op.Str)
+		}
+		rs, vals, err := mongoDocument(a.Str)
+		if err != nil {
+			return nil, fmt.Errorf("%s event: after document: %w", op.Str, err)
+		}
+		ev.Row, ev.AfterValues = rs, vals
+	} else if opv.HasAfter() {
 		a := env.field("after")
 		if !a.IsObject() {
 			if a.Exists() && a.Type != gjson.Null {
@@ -373,7 +388,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		after = a.Raw
 		ev.AfterValid = true // unwrapJSON validated the payload
 	}
-	if row != nil {
+	if row != nil && !mongo {
 		ev.Row = row
 	}
 	if ev.ValidFrom, err = validFrom(r, env, row); err != nil {
@@ -381,7 +396,16 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	}
 	var idBuf [64]byte
 	id := idBuf[:0]
-	if opv != change.OpTruncate {
+	switch {
+	case opv == change.OpTruncate:
+	case mongo && (len(r.Keys) == 0 || (len(r.Keys) == 1 && r.Keys[0] == "_id")):
+		k, err := mongoKey(key)
+		if err != nil {
+			return nil, err
+		}
+		ev.Key, ev.KeyNames = []any{k}, mongoKeyNames
+		id = change.AppendKeyID(id, ev.Key)
+	default:
 		if ev.Key, ev.KeyNames, err = d.keyOf(ev, r, key, env, row); err != nil {
 			return nil, err
 		}

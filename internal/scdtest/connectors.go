@@ -76,3 +76,55 @@ func (s *Source) ConnectorEnvelope(connector string, c Change, fields string) (k
 		c.Op, seen.UnixMilli(), seen.UnixMicro(), seen.UnixNano())
 	return []byte(kb.String()), vb.Bytes()
 }
+
+const mongoUpdateDescription = `{"type":"struct","fields":[{"type":"array","items":{"type":"string","optional":false},"optional":true,"field":"removedFields"},{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"updatedFields"},{"type":"array","items":{"type":"struct","fields":[{"type":"string","optional":false,"field":"field"},{"type":"int32","optional":false,"field":"size"}],"optional":false,"name":"io.debezium.connector.mongodb.changestream.truncatedarray","version":1},"optional":true,"field":"truncatedArrays"}],"optional":true,"name":"io.debezium.connector.mongodb.changestream.updatedescription","version":1,"field":"updateDescription"}`
+
+// MongoChange is one change as Debezium's MongoDB connector reports it:
+// the document (after; empty for deletes) in the BSON library's strict
+// Extended JSON, as the connector writes it ({"_id" : {"$oid" : "…"},…}),
+// the _id in relaxed Extended JSON for the key, the oplog time (whole
+// seconds) and the order within it.
+type MongoChange struct {
+	Op       string // c, r, u, d
+	ID       string // e.g. {"$oid": "5d505646cf6d4fe581014ab2"}, 1004, "abc"
+	After    string
+	Updated  string // updateDescription.updatedFields, for updates
+	At       time.Time
+	Ord      int
+	Snapshot string
+}
+
+// MongoEnvelope renders a change as the MongoDB connector writes it to
+// topic server.db.collection (s.Table is the collection), JsonConverter
+// with schemas.
+func (s *Source) MongoEnvelope(c MongoChange) (key, value []byte) {
+	src := connectorSources["mongodb"]
+	topic := s.ConnectorTopic("mongodb")
+	schema := `{"type":"struct","fields":[{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"before"},` +
+		`{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"after"},` + mongoUpdateDescription +
+		`,{"type":"struct","fields":[` + commonSourceFields + "," + src.fields + `],"optional":false,"name":"` + src.schemaName + `","version":1,"field":"source"}` +
+		`,{"type":"string","optional":true,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"},` + transactionSchema +
+		`],"optional":false,"name":"` + topic + `.Envelope"}`
+	idJSON, _ := json.Marshal(c.ID)
+	key = []byte(`{"schema":{"type":"struct","fields":[{"type":"string","optional":false,"field":"id"}],"optional":false,"name":"` + topic + `.Key"},"payload":{"id":` + string(idJSON) + `}}`)
+	after := "null"
+	if c.After != "" {
+		b, _ := json.Marshal(c.After)
+		after = string(b)
+	}
+	upd := "null"
+	if c.Op == "u" {
+		b, _ := json.Marshal(c.Updated)
+		upd = `{"removedFields":null,"updatedFields":` + string(b) + `,"truncatedArrays":null}`
+	}
+	snap := c.Snapshot
+	if snap == "" {
+		snap = "false"
+	}
+	at := c.At.UTC().Truncate(time.Second)
+	seen := c.At.Add(180 * time.Millisecond)
+	var vb bytes.Buffer
+	fmt.Fprintf(&vb, `{"schema":%s,"payload":{"before":null,"after":%s,"updateDescription":%s,"source":{"version":"3.6.1.Final","connector":"mongodb","name":%q,"ts_ms":%d,"snapshot":%q,"db":%q,"sequence":null,"ts_us":%d,"ts_ns":%d,"collection":%q,"ord":%d,"lsid":null,"txnNumber":null,"wallTime":%d},"op":%q,"ts_ms":%d,"transaction":null}}`,
+		schema, after, upd, s.Server, at.UnixMilli(), snap, s.DB, at.UnixMicro(), at.UnixNano(), s.Table, c.Ord, c.At.UnixMilli(), c.Op, seen.UnixMilli())
+	return key, vb.Bytes()
+}

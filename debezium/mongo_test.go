@@ -1,0 +1,90 @@
+package debezium_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// MongoDB documents, as Debezium's MongoDB connector writes them (after
+// as a string of strict Extended JSON, the key's id as relaxed Extended
+// JSON), become history rows: top-level fields as columns typed by their
+// Extended JSON, nested documents and arrays as jsonb, _id as the key;
+// a delete closes the document's version; an update without its document
+// (capture.mode change_streams) is an error that says what to set.
+func TestMongoDocuments(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	src := &scdtest.Source{Server: "app", DB: "shop", Table: "customers"}
+	topic := src.ConnectorTopic("mongodb")
+	d := debezium.New([]debezium.Rule{{Topic: topic, Target: "customers_history",
+		SequenceBy: config.DefaultSequenceBy["mongodb"], ValidFrom: "source.ts_ms"}}, nil, nil)
+	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	oid := `{"$oid": "5d505646cf6d4fe581014ab2"}`
+	doc := func(plan, city string) string {
+		return `{"_id" : {"$oid" : "5d505646cf6d4fe581014ab2"},"name" : "Anne","plan" : "` + plan + `","qty" : {"$numberLong" : "3"},` +
+			`"price" : {"$numberDecimal" : "9.50"},"since" : {"$date" : 1772360130123},"tags" : ["a", "b"],` +
+			`"addr" : {"city" : "` + city + `", "zip" : "1010"},"active" : true,"score" : 2.5,"blob" : {"$binary" : "AP8=", "$type" : "00"},"note" : null}`
+	}
+	changes := []scdtest.MongoChange{
+		{Op: "r", ID: oid, After: doc("pro", "Wien"), At: at, Ord: 1, Snapshot: "true"},
+		{Op: "c", ID: "1004", After: `{"_id" : {"$numberLong" : "1004"},"name" : "Bo","plan" : "basic"}`, At: at.Add(time.Second), Ord: 1},
+		{Op: "c", ID: `"abc"`, After: `{"_id" : "abc","name" : "Cy","plan" : "basic"}`, At: at.Add(time.Second), Ord: 2},
+		{Op: "u", ID: oid, After: doc("team", "Wien"), Updated: `{"plan" : "team"}`, At: at.Add(2 * time.Second), Ord: 1},
+		{Op: "u", ID: oid, After: doc("team", "Graz"), Updated: `{"addr.city" : "Graz"}`, At: at.Add(2 * time.Second), Ord: 2},
+		{Op: "d", ID: "1004", At: at.Add(3 * time.Second), Ord: 1},
+	}
+	var recs [][2][]byte
+	for _, c := range changes {
+		k, v := src.MongoEnvelope(c)
+		recs = append(recs, [2][]byte{k, v})
+	}
+	s := newSink(t, pool, sink.TableSpec{Target: "customers_history"})
+	if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, topic, recs)}); err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]string{}
+	rows, _ := pool.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = 'customers_history'::regclass AND attnum > 0 AND NOT attisdropped`)
+	var name, typ string
+	for rows.Next() {
+		if err := rows.Scan(&name, &typ); err != nil {
+			t.Fatal(err)
+		}
+		types[name] = typ
+	}
+	for col, want := range map[string]string{"_id": "text", "name": "text", "qty": "bigint", "price": "numeric", "since": "timestamp with time zone",
+		"tags": "jsonb", "addr": "jsonb", "active": "boolean", "score": "double precision", "blob": "bytea", "note": "text"} {
+		if types[col] != want {
+			t.Errorf("column %s: %s, want %s", col, types[col], want)
+		}
+	}
+	var hist string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws('|', _id, plan, qty, price, since, tags, addr->>'city', active, score, encode(blob, 'hex'), note,
+		to_char(valid_from AT TIME ZONE 'UTC', 'SS'), is_current), ' ' ORDER BY _id, valid_from, scd_id) FROM customers_history`).Scan(&hist); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"1004|basic|01|f",
+		"5d505646cf6d4fe581014ab2|pro|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Wien|t|2.5|00ff|00|f",
+		"5d505646cf6d4fe581014ab2|team|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Wien|t|2.5|00ff|02|f",
+		"5d505646cf6d4fe581014ab2|team|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Graz|t|2.5|00ff|02|t",
+		"abc|basic|01|t",
+	}, " ")
+	if hist != want {
+		t.Errorf("history:\n got %s\nwant %s", hist, want)
+	}
+
+	// capture.mode change_streams: an update with updateDescription only.
+	k, v := src.MongoEnvelope(scdtest.MongoChange{Op: "u", ID: oid, Updated: `{"plan" : "x"}`, At: at.Add(4 * time.Second), Ord: 1})
+	if _, err := d.Decode(ctx, change.Origin{Partition: change.Partition{Topic: topic}}, k, v); err == nil || !strings.Contains(err.Error(), "change_streams_update_full") {
+		t.Errorf("an update without its document: %v; want an error naming change_streams_update_full", err)
+	}
+}
