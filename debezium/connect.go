@@ -136,7 +136,11 @@ var durations = map[string]kind{
 // binlogSource says whether an envelope schema's source block is that of
 // MySQL's or MariaDB's connector (their TIME columns are durations).
 func binlogSource(envelope *Schema) bool {
-	switch envelope.field("source").Name {
+	src := envelope.field("source")
+	if src == nil {
+		return false
+	}
+	switch src.Name {
 	case "io.debezium.connector.mysql.Source", "io.debezium.connector.mariadb.Source":
 		return true
 	}
