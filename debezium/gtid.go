@@ -74,6 +74,9 @@ func (s *streams) note(stream string) (other string, isNew bool) {
 	if s.full || s.seen[stream] {
 		return "", false
 	}
+	// stream is cut from the record's bytes, which the consumer reuses:
+	// the map keeps its own copy.
+	stream = strings.Clone(stream)
 	if s.seen == nil {
 		s.seen = map[string]bool{stream: true}
 		return "", false

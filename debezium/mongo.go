@@ -179,7 +179,7 @@ func mongoWrapped(wrapper string, v gjson.Result) (pgType string, val any, ok bo
 	case "$numberDecimal":
 		if w.Type == gjson.String {
 			var num pgtype.Numeric
-			if err := num.Scan(w.Str); err != nil {
+			if err := num.ScanScientific(w.Str); err != nil { // Decimal128's text: "1.50", "1E+3", "1.0E-7"
 				return "", nil, true, fmt.Errorf("decimal %q: %w", clip(w.Str), err)
 			}
 			return "numeric", num, true, nil

@@ -30,7 +30,7 @@ func TestMongoDocuments(t *testing.T) {
 	oid := `{"$oid": "5d505646cf6d4fe581014ab2"}`
 	doc := func(plan, city string) string {
 		return `{"_id" : {"$oid" : "5d505646cf6d4fe581014ab2"},"name" : "Anne","plan" : "` + plan + `","qty" : {"$numberLong" : "3"},` +
-			`"price" : {"$numberDecimal" : "9.50"},"since" : {"$date" : 1772360130123},"tags" : ["a", "b"],` +
+			`"price" : {"$numberDecimal" : "9.50"},"big" : {"$numberDecimal" : "1.5E+3"},"since" : {"$date" : 1772360130123},"tags" : ["a", "b"],` +
 			`"addr" : {"city" : "` + city + `", "zip" : "1010"},"active" : true,"score" : 2.5,"blob" : {"$binary" : "AP8=", "$type" : "00"},"note" : null}`
 	}
 	changes := []scdtest.MongoChange{
@@ -64,10 +64,14 @@ func TestMongoDocuments(t *testing.T) {
 		types[name] = typ
 	}
 	for col, want := range map[string]string{"_id": "text", "name": "text", "qty": "bigint", "price": "numeric", "since": "timestamp with time zone",
-		"tags": "jsonb", "addr": "jsonb", "active": "boolean", "score": "double precision", "blob": "bytea", "note": "text"} {
+		"big": "numeric", "tags": "jsonb", "addr": "jsonb", "active": "boolean", "score": "double precision", "blob": "bytea", "note": "text"} {
 		if types[col] != want {
 			t.Errorf("column %s: %s, want %s", col, types[col], want)
 		}
+	}
+	var big string
+	if err := pool.QueryRow(ctx, `SELECT big::text FROM customers_history WHERE is_current AND _id = '5d505646cf6d4fe581014ab2'`).Scan(&big); err != nil || big != "1.5E+3" && big != "1500" {
+		t.Errorf("a decimal in scientific notation: %q, %v; want 1500", big, err)
 	}
 	var hist string
 	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws('|', _id, plan, qty, price, since, tags, addr->>'city', active, score, encode(blob, 'hex'), note,
