@@ -142,6 +142,7 @@ func TestBadValues(t *testing.T) {
 		{"duration", minimal + "sequencer:\n  reorder_window: soon\n", "sequencer.reorder_window"},
 		{"number", minimal + "sink:\n  batch_max_events: many\n", "sink.batch_max_events"},
 		{"list", minimal + "    keys: id\n", "tables[0].keys"},
+		{"mongodb keys", minimal + "    connector: mongodb\n    keys: [customer_id]\n", "tables[0].keys"},
 		{"buffer", minimal + "sequencer:\n  max_buffered_events: -5\n", "sequencer.max_buffered_events"},
 		{"buffer bytes", minimal + "sequencer:\n  max_buffered_bytes: 1000\n", "sequencer.max_buffered_bytes"},
 		{"view name", minimal + "    views: [{name: \"" + strings.Repeat("v", 64) + "\"}]\n", "tables[0].views[0].name"},

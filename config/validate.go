@@ -358,6 +358,9 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		if err := distinct(key("keys"), t.Keys); err != nil {
 			return err
 		}
+		if t.Connector == "mongodb" && len(t.Keys) > 0 && !slices.Equal(t.Keys, []string{"_id"}) {
+			return errf(key("keys"), "is %v: a MongoDB topic's key is its documents' _id (leave keys out)", t.Keys)
+		}
 		for _, col := range t.TrackHistory {
 			if slices.Contains(t.Keys, col) {
 				return errf(key("track_history"), "%q is a key column", col)

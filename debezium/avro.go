@@ -370,6 +370,14 @@ func appendAvroSeq(seq []byte, v any) ([]byte, error) {
 func avroValidFrom(r *rule, s *avroSchema, rec map[string]any) (time.Time, error) {
 	v, _ := avroPath(s.root, rec, r.vfPath)
 	if v == nil {
+		if a, _ := avroPath(s.root, rec, r.vfPath[:1]); r.imageTime() && a == nil {
+			// A delete: no row to take the time from.
+			if ms, _ := avroPath(s.root, rec, sourceTsMs); ms != nil {
+				if ms, ok := ms.(int64); ok {
+					return time.UnixMilli(ms).UTC(), nil
+				}
+			}
+		}
 		return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
 	}
 	if len(r.vfPath) == 2 && (r.vfPath[0] == "after" || r.vfPath[0] == "before") && s.row != nil {

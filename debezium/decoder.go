@@ -99,6 +99,8 @@ type Decoder struct {
 	// streamHook hears of a topic's first event in a GTID stream other
 	// than those it saw before (SetStreamHook).
 	streamHook func(topic, stream, other string)
+	// docs interns MongoDB documents' row schemas (mongo.go).
+	docs docSchemas
 }
 
 // SetStreamHook sets f to be called, from Decode, the first time an event

@@ -365,6 +365,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		row = env.schema.row
 	}
 	var after string
+	var doc *rowSchema // a MongoDB document's fields
 	mongo := isMongo(env)
 	if opv.HasAfter() && mongo {
 		a := env.field("after")
@@ -372,11 +373,11 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 			return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
 				"updateDescription; use change_streams_update_full (docs/sources.md)", op.Str)
 		}
-		rs, vals, err := mongoDocument(a.Str)
+		rs, vals, err := d.docs.mongoDocument(a.Str)
 		if err != nil {
 			return nil, fmt.Errorf("%s event: after document: %w", op.Str, err)
 		}
-		ev.Row, ev.AfterValues = rs, vals
+		doc, ev.Row, ev.AfterValues, ev.Complete = rs, rs, vals, true
 	} else if opv.HasAfter() {
 		a := env.field("after")
 		if !a.IsObject() {
@@ -391,7 +392,12 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	if row != nil && !mongo {
 		ev.Row = row
 	}
-	if ev.ValidFrom, err = validFrom(r, env, row); err != nil {
+	if doc != nil && r.imageTime() {
+		ev.ValidFrom, err = docTime(r, doc, ev.AfterValues)
+	} else {
+		ev.ValidFrom, err = validFrom(r, env, row)
+	}
+	if err != nil {
 		return nil, err
 	}
 	var idBuf [64]byte
@@ -484,7 +490,13 @@ func appendSeqArray(seq []byte, arr gjson.Result) ([]byte, error) {
 func validFrom(r *rule, env *jsonEnvelope, row *rowSchema) (time.Time, error) {
 	v := env.get(r.vfPath)
 	if !v.Exists() || v.Type == gjson.Null {
-		return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
+		if a := env.field("after"); r.imageTime() && (!a.Exists() || a.Type == gjson.Null) {
+			v = env.get(sourceTsMs) // a delete: no row to take the time from
+		}
+		if !v.Exists() || v.Type == gjson.Null {
+			return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
+		}
+		return time.UnixMilli(v.Int()).UTC(), nil
 	}
 	if len(r.vfPath) == 2 && (r.vfPath[0] == "after" || r.vfPath[0] == "before") && row != nil {
 		if c := row.byName[r.vfPath[1]]; c != nil {
@@ -509,6 +521,26 @@ func validFrom(r *rule, env *jsonEnvelope, row *rowSchema) (time.Time, error) {
 		return r.isoTime(v.Str)
 	}
 	return time.Time{}, fmt.Errorf("valid_from %s: %s is not a time", r.ValidFrom, clip(v.Raw))
+}
+
+// sourceTsMs is the envelope path of the connector's event time.
+var sourceTsMs = []string{"source", "ts_ms"}
+
+// imageTime says whether valid_from is a column of the row (after.<col>):
+// an event without an after image (a delete) then takes source.ts_ms.
+func (r *rule) imageTime() bool { return len(r.vfPath) == 2 && r.vfPath[0] == "after" }
+
+// docTime reads valid_from after.<field> from a MongoDB document.
+func docTime(r *rule, rs *rowSchema, vals []any) (time.Time, error) {
+	for i, c := range rs.columns {
+		if c.Name == r.vfPath[1] {
+			if t, ok := vals[i].(time.Time); ok {
+				return t, nil
+			}
+			return time.Time{}, fmt.Errorf("valid_from %s is a %s field, not a date", r.ValidFrom, c.PGType)
+		}
+	}
+	return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
 }
 
 // epochTime reads a valid_from number: milliseconds, or microseconds for

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -18,13 +20,14 @@ import (
 // writes a document's images as strings of Extended JSON (the BSON
 // library's strict mode: {"$oid": …}, {"$date": ms}, {"$numberLong": "…"},
 // {"$numberDecimal": "…"}, {"$binary": …}), and the message key as
-// {"id": "<the _id in relaxed Extended JSON>"}. A document becomes a row:
-// its top-level fields are columns typed by their values — ObjectId text,
-// dates timestamptz, 32- and 64-bit integers bigint, doubles double
-// precision, decimals numeric, binary bytea, strings text, booleans
-// boolean, nested documents and arrays jsonb (their Extended JSON), a
-// field first seen null text — and _id (its value as text: an ObjectId's
-// hex, a number's digits, a string itself) is the key.
+// {"id": "<the _id in relaxed Extended JSON>"}. A document becomes a
+// complete row image: its top-level fields are columns typed by their
+// values — ObjectId text, dates timestamptz, 32- and 64-bit integers
+// bigint, doubles and decimals numeric, binary bytea, strings text,
+// booleans boolean, nested documents and arrays jsonb (their Extended
+// JSON) — a field it lacks or holds null is null, and _id (its value as
+// text: an ObjectId's hex, a number's digits, a string itself, other
+// values their canonical JSON) is the key.
 
 // mongoKeyNames name a MongoDB event's key column.
 var mongoKeyNames = []string{"_id"}
@@ -53,7 +56,7 @@ func mongoIDText(v gjson.Result) string {
 			}
 		}
 	}
-	return v.Raw
+	return string(change.CanonJSON([]byte(v.Raw))) // one text however it is spaced
 }
 
 // mongoKey is the _id of the message key ({"id": "<relaxed JSON>"}, with
@@ -73,39 +76,79 @@ func mongoKey(raw []byte) (string, error) {
 	return mongoIDText(gjson.Parse(id.Str)), nil
 }
 
+// docSchemas interns the row schemas of documents: documents of one
+// collection mostly share their fields, and one schema per field set lets
+// the sink note a table's columns once per set, not once per event.
+type docSchemas struct {
+	mu sync.Mutex
+	m  map[string]*rowSchema
+}
+
+// maxDocSchemas bounds the interned schemas (a collection whose documents
+// all differ starts over when it is reached).
+const maxDocSchemas = 256
+
+// get returns the interned schema of the columns (names and types, in
+// order), making it if new.
+func (d *docSchemas) get(cols []change.Column) *rowSchema {
+	n := 0
+	for _, c := range cols {
+		n += len(c.Name) + len(c.PGType) + 2
+	}
+	sig := make([]byte, 0, n)
+	for _, c := range cols {
+		sig = append(append(append(append(sig, c.Name...), 0), c.PGType...), 0)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rs := d.m[string(sig)]; rs != nil {
+		return rs
+	}
+	if d.m == nil || len(d.m) >= maxDocSchemas {
+		d.m = map[string]*rowSchema{}
+	}
+	rs := &rowSchema{byName: make(map[string]*column, len(cols)), columns: slices.Clone(cols)}
+	for _, c := range rs.columns {
+		col := &column{name: c.Name, kind: kAny, pgType: c.PGType}
+		rs.cols = append(rs.cols, col)
+		rs.byName[c.Name] = col
+		rs.names = append(rs.names, c.Name)
+	}
+	d.m[string(sig)] = rs
+	return rs
+}
+
 // mongoDocument reads a document in Extended JSON into a row schema (its
-// fields, in order, _id first) and its typed values.
-func mongoDocument(doc string) (*rowSchema, []any, error) {
+// fields, in order, _id first) and its typed values. A null field is left
+// out: the image is complete (change.Event.Complete), so a field it lacks
+// is null, and a null says nothing of the field's type.
+func (d *docSchemas) mongoDocument(doc string) (*rowSchema, []any, error) {
 	if !gjson.Valid(doc) {
 		return nil, nil, errors.New("document is not valid JSON")
 	}
-	d := gjson.Parse(doc)
-	if !d.IsObject() {
+	p := gjson.Parse(doc)
+	if !p.IsObject() {
 		return nil, nil, errors.New("document is not a JSON object")
 	}
-	rs := &rowSchema{byName: map[string]*column{}}
-	var vals []any
-	var err error
-	add := func(name, pgType string, v any) {
-		c := &column{name: name, kind: kAny, pgType: pgType}
-		rs.cols = append(rs.cols, c)
-		rs.byName[name] = c
-		rs.names = append(rs.names, name)
-		rs.columns = append(rs.columns, change.Column{Name: name, PGType: pgType})
-		vals = append(vals, v)
-	}
-	id := d.Get("_id")
+	id := p.Get("_id")
 	if !id.Exists() {
 		return nil, nil, errors.New("document has no _id")
 	}
-	add("_id", "text", mongoIDText(id))
-	d.ForEach(func(k, v gjson.Result) bool {
+	cols := []change.Column{{Name: "_id", PGType: "text"}}
+	vals := []any{mongoIDText(id)}
+	seen := map[string]bool{"_id": true}
+	var err error
+	p.ForEach(func(k, v gjson.Result) bool {
 		if k.Str == "_id" {
 			return true
 		}
-		if _, dup := rs.byName[k.Str]; dup {
+		if seen[k.Str] {
 			err = fmt.Errorf("field %s appears twice", k.Str)
 			return false
+		}
+		seen[k.Str] = true
+		if v.Type == gjson.Null {
+			return true
 		}
 		var pgType string
 		var val any
@@ -113,13 +156,14 @@ func mongoDocument(doc string) (*rowSchema, []any, error) {
 			err = fmt.Errorf("field %s: %w", k.Str, err)
 			return false
 		}
-		add(k.Str, pgType, val)
+		cols = append(cols, change.Column{Name: k.Str, PGType: pgType})
+		vals = append(vals, val)
 		return true
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return rs, vals, nil
+	return d.get(cols), vals, nil
 }
 
 // mongoValue types one Extended JSON value.
@@ -135,11 +179,7 @@ func mongoValue(v gjson.Result) (string, any, error) {
 		if n, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
 			return "bigint", n, nil
 		}
-		f, err := strconv.ParseFloat(v.Raw, 64)
-		if err != nil {
-			return "", nil, fmt.Errorf("%s is not a number", clip(v.Raw))
-		}
-		return "double precision", f, nil
+		return mongoNumeric(v.Raw)
 	}
 	if v.IsObject() {
 		var wrapper string
@@ -157,6 +197,29 @@ func mongoValue(v gjson.Result) (string, any, error) {
 	return "jsonb", json.RawMessage(v.Raw), nil // a document or an array
 }
 
+// mongoNumeric reads a double or a Decimal128 as numeric: one type for
+// every non-integer number, so that a field's type does not depend on
+// which document came first (an integer field widens to numeric, DESIGN
+// section 11, when a fraction arrives), and a double keeps the digits it
+// prints with ("0.1", not 0.1000000000000000055). Decimal128's text
+// ("1.50", "1E+3", "1.0E-7") keeps its scale; NaN and the infinities are
+// numeric's own.
+func mongoNumeric(s string) (string, any, error) {
+	switch s {
+	case "NaN", "-NaN":
+		return "numeric", pgtype.Numeric{NaN: true, Valid: true}, nil
+	case "Infinity", "+Infinity", "inf":
+		return "numeric", pgtype.Numeric{InfinityModifier: pgtype.Infinity, Valid: true}, nil
+	case "-Infinity", "-inf":
+		return "numeric", pgtype.Numeric{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
+	}
+	var num pgtype.Numeric
+	if err := num.ScanScientific(s); err != nil {
+		return "", nil, fmt.Errorf("%q is not a number", clip(s))
+	}
+	return "numeric", num, nil
+}
+
 // mongoWrapped reads the Extended JSON wrappers of BSON types; ok is false
 // for an object that is none (a nested document).
 func mongoWrapped(wrapper string, v gjson.Result) (pgType string, val any, ok bool, err error) {
@@ -171,18 +234,10 @@ func mongoWrapped(wrapper string, v gjson.Result) (pgType string, val any, ok bo
 			n, err := strconv.ParseInt(w.Str, 10, 64)
 			return "bigint", n, true, err
 		}
-	case "$numberDouble":
+	case "$numberDouble", "$numberDecimal":
 		if w.Type == gjson.String {
-			f, err := strconv.ParseFloat(w.Str, 64) // also "NaN", "Infinity", "-Infinity"
-			return "double precision", f, true, err
-		}
-	case "$numberDecimal":
-		if w.Type == gjson.String {
-			var num pgtype.Numeric
-			if err := num.ScanScientific(w.Str); err != nil { // Decimal128's text: "1.50", "1E+3", "1.0E-7"
-				return "", nil, true, fmt.Errorf("decimal %q: %w", clip(w.Str), err)
-			}
-			return "numeric", num, true, nil
+			t, val, err := mongoNumeric(w.Str)
+			return t, val, true, err
 		}
 	case "$date":
 		switch {

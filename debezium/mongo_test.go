@@ -2,6 +2,7 @@ package debezium_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +16,10 @@ import (
 
 // MongoDB documents, as Debezium's MongoDB connector writes them (after
 // as a string of strict Extended JSON, the key's id as relaxed Extended
-// JSON), become history rows: top-level fields as columns typed by their
-// Extended JSON, nested documents and arrays as jsonb, _id as the key;
-// a delete closes the document's version; an update without its document
+// JSON), become complete history rows: top-level fields as columns typed
+// by their Extended JSON, nested documents and arrays as jsonb, _id as the
+// key, a field a document lacks (or holds null) null in its version; a
+// delete closes the document's version; an update without its document
 // (capture.mode change_streams) is an error that says what to set.
 func TestMongoDocuments(t *testing.T) {
 	ctx := context.Background()
@@ -31,27 +33,38 @@ func TestMongoDocuments(t *testing.T) {
 	doc := func(plan, city string) string {
 		return `{"_id" : {"$oid" : "5d505646cf6d4fe581014ab2"},"name" : "Anne","plan" : "` + plan + `","qty" : {"$numberLong" : "3"},` +
 			`"price" : {"$numberDecimal" : "9.50"},"big" : {"$numberDecimal" : "1.5E+3"},"since" : {"$date" : 1772360130123},"tags" : ["a", "b"],` +
-			`"addr" : {"city" : "` + city + `", "zip" : "1010"},"active" : true,"score" : 2.5,"blob" : {"$binary" : "AP8=", "$type" : "00"},"note" : null}`
+			`"addr" : {"city" : "` + city + `", "zip" : "1010"},"active" : true,"score" : 2.5,"ratio" : {"$numberDouble" : "0.1"},` +
+			`"blob" : {"$binary" : "AP8=", "$type" : "00"},"note" : null}`
 	}
-	changes := []scdtest.MongoChange{
+	cy := func(fields string) string { return `{"_id" : "abc","name" : "Cy","plan" : "basic"` + fields + `}` }
+	batches := [][]scdtest.MongoChange{{
 		{Op: "r", ID: oid, After: doc("pro", "Wien"), At: at, Ord: 1, Snapshot: "true"},
 		{Op: "c", ID: "1004", After: `{"_id" : {"$numberLong" : "1004"},"name" : "Bo","plan" : "basic"}`, At: at.Add(time.Second), Ord: 1},
-		{Op: "c", ID: `"abc"`, After: `{"_id" : "abc","name" : "Cy","plan" : "basic"}`, At: at.Add(time.Second), Ord: 2},
+		{Op: "c", ID: `"abc"`, After: cy(""), At: at.Add(time.Second), Ord: 2},
 		{Op: "u", ID: oid, After: doc("team", "Wien"), Updated: `{"plan" : "team"}`, At: at.Add(2 * time.Second), Ord: 1},
 		{Op: "u", ID: oid, After: doc("team", "Graz"), Updated: `{"addr.city" : "Graz"}`, At: at.Add(2 * time.Second), Ord: 2},
 		{Op: "d", ID: "1004", At: at.Add(3 * time.Second), Ord: 1},
-		// note was first seen null (a text column): a number lands as its
-		// text; Cy's first document had no note, so the version takes it.
-		{Op: "u", ID: `"abc"`, After: `{"_id" : "abc","name" : "Cy","plan" : "basic","note" : 42}`, Updated: `{"note" : 42}`, At: at.Add(3 * time.Second), Ord: 2},
-	}
-	var recs [][2][]byte
-	for _, c := range changes {
-		k, v := src.MongoEnvelope(c)
-		recs = append(recs, [2][]byte{k, v})
-	}
-	s := newSink(t, pool, sink.TableSpec{Target: "customers_history"})
-	if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, topic, recs)}); err != nil {
-		t.Fatal(err)
+		// A field new to Cy's document opens a version.
+		{Op: "u", ID: `"abc"`, After: cy(`,"note" : 42`), Updated: `{"note" : 42}`, At: at.Add(3 * time.Second), Ord: 2},
+	}, {
+		// $unset: the field is gone from the document, and null in the
+		// version it opens.
+		{Op: "u", ID: `"abc"`, After: cy(""), Updated: `{}`, At: at.Add(4 * time.Second), Ord: 1},
+		// null is the same document, and opens none; a fraction in an
+		// integer field widens its column to numeric.
+		{Op: "u", ID: `"abc"`, After: cy(`,"note" : null`), Updated: `{}`, At: at.Add(4 * time.Second), Ord: 2},
+		{Op: "u", ID: `"abc"`, After: cy(`,"qty" : 7.5`), Updated: `{"qty" : 7.5}`, At: at.Add(5 * time.Second), Ord: 1},
+	}}
+	for _, b := range batches {
+		var recs [][2][]byte
+		for _, c := range b {
+			k, v := src.MongoEnvelope(c)
+			recs = append(recs, [2][]byte{k, v})
+		}
+		s := newSink(t, pool, sink.TableSpec{Target: "customers_history"})
+		if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, topic, recs)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	types := map[string]string{}
 	rows, _ := pool.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
@@ -63,15 +76,16 @@ func TestMongoDocuments(t *testing.T) {
 		}
 		types[name] = typ
 	}
-	for col, want := range map[string]string{"_id": "text", "name": "text", "qty": "bigint", "price": "numeric", "since": "timestamp with time zone",
-		"big": "numeric", "tags": "jsonb", "addr": "jsonb", "active": "boolean", "score": "double precision", "blob": "bytea", "note": "text"} {
+	for col, want := range map[string]string{"_id": "text", "name": "text", "qty": "numeric", "price": "numeric", "since": "timestamp with time zone",
+		"big": "numeric", "tags": "jsonb", "addr": "jsonb", "active": "boolean", "score": "numeric", "ratio": "numeric", "blob": "bytea", "note": "bigint"} {
 		if types[col] != want {
 			t.Errorf("column %s: %s, want %s", col, types[col], want)
 		}
 	}
-	var big string
-	if err := pool.QueryRow(ctx, `SELECT big::text FROM customers_history WHERE is_current AND _id = '5d505646cf6d4fe581014ab2'`).Scan(&big); err != nil || big != "1.5E+3" && big != "1500" {
-		t.Errorf("a decimal in scientific notation: %q, %v; want 1500", big, err)
+	var big, ratio string
+	if err := pool.QueryRow(ctx, `SELECT big::text, ratio::text FROM customers_history WHERE is_current AND _id = '5d505646cf6d4fe581014ab2'`).Scan(&big, &ratio); err != nil ||
+		big != "1.5E+3" && big != "1500" || ratio != "0.1" {
+		t.Errorf("a decimal in scientific notation and a double: %q, %q, %v; want 1500 and 0.1", big, ratio, err)
 	}
 	var hist string
 	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws('|', _id, plan, qty, price, since, tags, addr->>'city', active, score, encode(blob, 'hex'), note,
@@ -83,7 +97,10 @@ func TestMongoDocuments(t *testing.T) {
 		"5d505646cf6d4fe581014ab2|pro|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Wien|t|2.5|00ff|00|f",
 		"5d505646cf6d4fe581014ab2|team|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Wien|t|2.5|00ff|02|f",
 		"5d505646cf6d4fe581014ab2|team|3|9.50|2026-03-01 10:15:30.123+00|[\"a\", \"b\"]|Graz|t|2.5|00ff|02|t",
-		"abc|basic|42|01|t",
+		"abc|basic|01|f",
+		"abc|basic|42|03|f",
+		"abc|basic|04|f",
+		"abc|basic|7.5|05|t",
 	}, " ")
 	if hist != want {
 		t.Errorf("history:\n got %s\nwant %s", hist, want)
@@ -93,5 +110,43 @@ func TestMongoDocuments(t *testing.T) {
 	k, v := src.MongoEnvelope(scdtest.MongoChange{Op: "u", ID: oid, Updated: `{"plan" : "x"}`, At: at.Add(4 * time.Second), Ord: 1})
 	if _, err := d.Decode(ctx, change.Origin{Partition: change.Partition{Topic: topic}}, k, v); err == nil || !strings.Contains(err.Error(), "change_streams_update_full") {
 		t.Errorf("an update without its document: %v; want an error naming change_streams_update_full", err)
+	}
+}
+
+// Under schema_changes: fail a document without one of the table's
+// fields is no dropped column (documents vary), while a field's change of
+// type still stops the table.
+func TestMongoSparseDocumentsUnderFail(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	src := &scdtest.Source{Server: "app", DB: "shop", Table: "orders"}
+	topic := src.ConnectorTopic("mongodb")
+	d := debezium.New([]debezium.Rule{{Topic: topic, Target: "orders_history",
+		SequenceBy: config.DefaultSequenceBy["mongodb"], ValidFrom: "source.ts_ms"}}, nil, nil)
+	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	apply := func(cs ...scdtest.MongoChange) error {
+		var recs [][2][]byte
+		for _, c := range cs {
+			k, v := src.MongoEnvelope(c)
+			recs = append(recs, [2][]byte{k, v})
+		}
+		s := newSink(t, pool, sink.TableSpec{Target: "orders_history", FailOnSchemaChange: true})
+		_, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, topic, recs)})
+		return err
+	}
+	if err := apply(scdtest.MongoChange{Op: "c", ID: "1", After: `{"_id" : 1, "a" : "x", "b" : 2}`, At: at, Ord: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(scdtest.MongoChange{Op: "u", ID: "1", After: `{"_id" : 1, "b" : 2}`, Updated: `{}`, At: at.Add(time.Second), Ord: 1}); err != nil {
+		t.Fatalf("a document without a: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders_history WHERE is_current AND a IS NULL AND b = 2`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("current versions without a: %d, %v; want 1", n, err)
+	}
+	err := apply(scdtest.MongoChange{Op: "u", ID: "1", After: `{"_id" : 1, "b" : 2.5}`, Updated: `{}`, At: at.Add(2 * time.Second), Ord: 1})
+	var drift *sink.DriftError
+	if !errors.As(err, &drift) {
+		t.Errorf("b became a fraction under schema_changes: fail: %v; want a DriftError", err)
 	}
 }

@@ -238,7 +238,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 			}
 		}
 		carried := f.carried
-		if carried < len(t.cols) {
+		if carried < len(t.cols) && !ev.Complete {
 			fe.absent = t.absentFrom(has)
 		}
 		for i, ki := range t.keyIdx {

@@ -324,7 +324,9 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			for _, c := range ev.Row.Columns() {
 				note(c.Name, c.PGType, false)
 			}
-			if t != nil && spec.FailOnSchemaChange && failed[ev.Table] == "" {
+			// A complete image (a document) lacks the fields it does not
+			// have: that is no drop.
+			if t != nil && spec.FailOnSchemaChange && failed[ev.Table] == "" && !ev.Complete {
 				if gone := t.dropped(ev.Row.Columns()); len(gone) > 0 {
 					failed[ev.Table] = fmt.Sprintf("the source no longer has column %s (dropped or renamed)", strings.Join(gone, ", "))
 				}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -249,6 +250,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		log.Warn("events of a topic carry GTIDs of a second stream: GTIDs of different MariaDB domains or MySQL source servers do not order each other, "+
 			"and scd2sink orders such events by stream (docs/sources.md)", zap.String("topic", topic), zap.String("stream", stream), zap.String("seen_before", other))
 	})
+	warnPositionOnly(cfg, log)
 	sc := SinkConfig(cfg, log.Named("sink"))
 	Route(cfg, router, dec, &sc)
 	sc.OnRetry = func(stage, what string, err error) {
@@ -500,4 +502,21 @@ func (a *awsCredentials) retrieve(ctx context.Context) (aws.Credentials, error) 
 		return aws.Credentials{}, fmt.Errorf("retrieving AWS credentials: %w", err)
 	}
 	return cr, nil
+}
+
+// warnPositionOnly warns of tables ordered by MySQL binlog positions
+// alone (connector: mysql's default): exact on one server, wrong after a
+// primary failover (docs/sources.md, MySQL).
+func warnPositionOnly(cfg *config.Config, log *zap.Logger) {
+	var tables []string
+	for _, t := range cfg.Tables {
+		if t.Connector == "mysql" && slices.Equal(t.SequenceBy, config.DefaultSequenceBy["mysql"]) {
+			tables = append(tables, t.Target)
+		}
+	}
+	if len(tables) > 0 {
+		log.Warn("sequence_by is binlog positions only (connector: mysql's default): exact on one server, but a primary failover "+
+			"starts new positions and the history goes wrong; with GTIDs on, set sequence_by: [source.ts_us, source.file, source.pos, source.row] "+
+			"(MySQL) or use connector: mariadb (MariaDB); docs/sources.md", zap.Strings("tables", tables))
+	}
 }

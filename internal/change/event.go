@@ -109,7 +109,12 @@ type Event struct {
 	// once (Avro): a slice, not a map per image. Set at most one of
 	// After, AfterJSON and AfterValues.
 	AfterValues []any
-	Origin      Origin
+	// Complete says the image is the whole row: a column it lacks is null
+	// in it, not unknown (a MongoDB document, whose fields come and go).
+	// Without it a column missing from an image is absent (DESIGN.md
+	// section 5): the version takes it from a later image that has it.
+	Complete bool
+	Origin   Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
 	// incremental snapshot's): its Seq is the snapshot's sequence.
