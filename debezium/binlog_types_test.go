@@ -41,6 +41,11 @@ var binlogCases = []typeCase{
 	{"tags", `{"type":"string","optional":true,"name":"io.debezium.data.EnumSet","version":1,"parameters":{"allowed":"a,b,c"}}`, "text", "a,c", "a,c"},
 	{"doc", `{"type":"string","optional":true}`, "text", `{"a": 1}`, `{"a": 1}`},                                                           // MariaDB JSON: a plain string
 	{"mdoc", `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`, "jsonb", `{"b":2,"a":1}`, `{"a": 1, "b": 2}`}, // MySQL JSON
+	// GEOMETRY (here POINT(1 2), SRID 4326): Debezium's struct of the WKB
+	// and the SRID, kept as they came.
+	{"geo", `{"type":"struct","fields":[{"type":"bytes","optional":false,"field":"wkb"},{"type":"int32","optional":true,"field":"srid"}],` +
+		`"optional":true,"name":"io.debezium.data.geometry.Geometry","version":1,"doc":"Geometry"}`, "jsonb",
+		map[string]any{"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": 4326}, `{"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": 4326}`},
 }
 
 // MySQL's and MariaDB's types reach the history table as their users mean

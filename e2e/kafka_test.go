@@ -109,6 +109,7 @@ func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 // (PostgreSQL's unless said otherwise).
 type connect struct {
 	worker, connector string
+	more              []string // further connectors' configurations
 	rest              int
 	proc              *proc
 	what              string // the connector, for the log
@@ -159,6 +160,9 @@ func startConnector(t *testing.T, cache, dir, bootstrap, connector, converters, 
 	} else {
 		discovery = "hybrid_warn"
 	}
+	if strings.Contains(connector, "apicurio") {
+		discovery = "hybrid_warn"
+	}
 	worker := fmt.Sprintf(`bootstrap.servers=%s
 %soffset.storage.file.filename=%s
 offset.flush.interval.ms=1000
@@ -169,8 +173,16 @@ listeners=http://127.0.0.1:%d
 	if err := os.WriteFile(c.worker, []byte(worker), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(c.connector, []byte(connector), 0o644); err != nil {
-		t.Fatal(err)
+	// Several connectors' configurations are separated by a "---" line.
+	for i, conf := range strings.Split(connector, "\n---\n") {
+		f := c.connector
+		if i > 0 {
+			f = filepath.Join(dir, fmt.Sprintf("connector%d.properties", i+1))
+			c.more = append(c.more, f)
+		}
+		if err := os.WriteFile(f, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.start(t, dir, cache)
 	return c
@@ -179,7 +191,7 @@ listeners=http://127.0.0.1:%d
 func (c *connect) start(t *testing.T, dir, cache string) {
 	t.Helper()
 	start := time.Now()
-	c.proc = startProc(t, dir, "connect", java(cache, "512m", "org.apache.kafka.connect.cli.ConnectStandalone", c.worker, c.connector))
+	c.proc = startProc(t, dir, "connect", java(cache, "512m", append([]string{"org.apache.kafka.connect.cli.ConnectStandalone", c.worker, c.connector}, c.more...)...))
 	waitPort(t, c.proc, c.rest, 90*time.Second)
 	t.Logf("Kafka Connect 4.3.1 with %s up after %v", c.what, time.Since(start).Round(time.Millisecond))
 }
