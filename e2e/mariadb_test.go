@@ -232,7 +232,8 @@ schema.history.internal=io.debezium.storage.file.history.FileSchemaHistory
 schema.history.internal.file.filename=%s
 snapshot.mode=initial
 bigint.unsigned.handling.mode=precise
-`, port, filepath.Join(dir, "schema-history.dat"))
+provide.transaction.metadata=%t
+`, port, filepath.Join(dir, "schema-history.dat"), os.Getenv("E2E_MDB_TXMETA") != "")
 }
 
 const mariadbDebezium = "Debezium 3.5.0.Final (mariadb connector)"
@@ -308,6 +309,8 @@ func TestMariaDBFailover(t *testing.T) {
 	conn := startConnector(t, cache, dir, kafka.addr(), mariadbConnector(dir, primary.port), "", mariadbDebezium)
 	// E2E_MDB_CONNECTOR=mysql runs it with MySQL's [file, pos, row] (to see
 	// the history go wrong at the failover).
+	// E2E_MDB_TXMETA=1 turns Debezium's transaction metadata on and orders
+	// by [source.gtid, transaction.total_order] (docs/sources.md).
 	tablesYAML := `defaults:
   connector: ` + envOr("E2E_MDB_CONNECTOR", "mariadb") + `
 tables:
@@ -315,6 +318,9 @@ tables:
     target: accounts_history
     track_history: [plan, qty, price, dur]
 `
+	if os.Getenv("E2E_MDB_TXMETA") != "" {
+		tablesYAML += "    sequence_by: [source.gtid, transaction.total_order]\n"
+	}
 	sinkProc := runSinkTables(t, dir, "scd2sink", kafka.addr(), target.dsn, tablesYAML)
 	// The workload starts once the snapshot is in the history: changes
 	// before a snapshot completes are history Debezium never sends.

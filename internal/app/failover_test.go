@@ -43,8 +43,10 @@ type binlogRecord struct {
 // the failover sent again from the replica's binlog (Debezium resumes by
 // GTID from its last flushed offset), and later a connector restart that
 // sends the last transactions again from the same binlog (exact
-// duplicates).
-func failoverWorkload(src *scdtest.Source, seed uint64) []binlogRecord {
+// duplicates). With txMeta the records carry Debezium's transaction block
+// (provide.transaction.metadata=true), and the transactions sent again
+// from the replica may create accounts too.
+func failoverWorkload(src *scdtest.Source, seed uint64, txMeta bool) []binlogRecord {
 	rng := rand.New(rand.NewPCG(seed, 29))
 	t0 := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
 	alive := map[int]bool{}
@@ -120,10 +122,13 @@ func failoverWorkload(src *scdtest.Source, seed uint64) []binlogRecord {
 	// server that committed it first (its GTID's server id).
 	write := func(bl *binlog, g int, chs []change1, origin int64) []binlogRecord {
 		var recs []binlogRecord
-		for _, ch := range chs {
+		for i, ch := range chs {
 			bl.pos += 150 + int64(rng.IntN(100))
-			recs = append(recs, render(ch.id, ch.c, scdtest.Binlog{GTID: fmt.Sprintf("0-%d-%d", origin, g),
-				File: fmt.Sprintf("mysql-bin.%06d", bl.file), Pos: bl.pos, ServerID: origin, Thread: 11}, ch.idx)...)
+			b := scdtest.Binlog{GTID: fmt.Sprintf("0-%d-%d", origin, g), File: fmt.Sprintf("mysql-bin.%06d", bl.file), Pos: bl.pos, ServerID: origin, Thread: 11}
+			if txMeta {
+				b.TxOrder = int64(i + 1)
+			}
+			recs = append(recs, render(ch.id, ch.c, b, ch.idx)...)
 		}
 		bl.pos += 60
 		return recs
@@ -133,9 +138,10 @@ func failoverWorkload(src *scdtest.Source, seed uint64) []binlogRecord {
 	var fromReplica [][]binlogRecord // the primary's transactions in the replica's binlog
 	for i := 0; i < 56; i++ {
 		// The last four, which Debezium sends again after the failover,
-		// change only live accounts (docs/sources.md: a create sent again
-		// from another server's binlog).
-		g, chs := newTxn(i >= 52)
+		// change only live accounts unless the transaction block orders
+		// them (docs/sources.md: a create sent again from another server's
+		// binlog).
+		g, chs := newTxn(i >= 52 && !txMeta)
 		out = append(out, write(primary, g, chs, 1)...)
 		fromReplica = append(fromReplica, write(replica, g, chs, 1))
 		if i%12 == 11 {
@@ -215,26 +221,45 @@ func withoutSeq(lines []string) []string {
 // exact duplicates. With connector mysql's binlog positions alone the
 // history is repaired into the past, as it was before GTIDs were read:
 // not silently — every such late event is logged and counted in
-// scd2sink_sequence_disagreements_total.
+// scd2sink_sequence_disagreements_total. Transactions sent again from the
+// new primary's binlog are duplicates when the order inside a transaction
+// is Debezium's transaction block ([source.gtid, transaction.total_order]);
+// with positions a create among them leaves a zero-length version (the
+// documented limit).
 func TestMariaDBFailover(t *testing.T) {
 	src := &scdtest.Source{Server: "inv", DB: "inv", Table: "accounts", Keys: []string{"id"}, Cols: []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},
 		{Name: "qty", Schema: `{"type":"int32","optional":true}`},
 	}}
-	recs := failoverWorkload(src, 1)
 	spec := sink.TableSpec{Target: "accounts_history", Schema: "public", Keys: []string{"id"}}
 	cols := []string{"plan", "qty"}
-	want := failoverLines(t, src, recs, spec, cols)
-	counts := map[int32]int64{}
-	for _, r := range recs {
-		counts[r.part]++
-	}
 	for _, tc := range []struct {
-		connector string
-		exact     bool
-	}{{"mariadb", true}, {"mysql", false}} {
-		t.Run(tc.connector, func(t *testing.T) {
+		name, connector, sequenceBy string
+		txMeta, exact               bool
+	}{
+		{"mariadb", "mariadb", "", false, true},
+		// Transactions sent again from the new primary, creates among
+		// them, are duplicates when their order inside the transaction is
+		// Debezium's transaction block, not the server's binlog position.
+		{"mariadb with transaction metadata", "mariadb", "[source.gtid, transaction.total_order]", true, true},
+		{"mysql", "mysql", "", false, false},
+		// The documented limit of positions inside a transaction: a create
+		// sent again from the new primary's binlog is no duplicate, and
+		// leaves a zero-length version.
+		{"mariadb, a create sent again without transaction metadata", "mariadb", "", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs := failoverWorkload(src, 1, tc.txMeta)
+			want := failoverLines(t, src, recs, spec, cols)
+			counts := map[int32]int64{}
+			for _, r := range recs {
+				counts[r.part]++
+			}
+			seqBy := ""
+			if tc.sequenceBy != "" {
+				seqBy = "\n    sequence_by: " + tc.sequenceBy
+			}
 			kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, src.MariaDBTopic()))
 			if err != nil {
 				t.Fatal(err)
@@ -264,8 +289,8 @@ sink: {batch_max_wait: 50ms, batch_max_events: 40}
 defaults: {connector: %s}
 tables:
   - topic: %s
-    target: accounts_history
-`, brokers, dsn, addr, tc.connector, src.MariaDBTopic())), func(string) (string, bool) { return "", false })
+    target: accounts_history%s
+`, brokers, dsn, addr, tc.connector, src.MariaDBTopic(), seqBy)), func(string) (string, bool) { return "", false })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,6 +335,13 @@ tables:
 			}
 			if diff == "" {
 				t.Fatal("binlog positions across the failover gave the right history: the workload does not fail over")
+			}
+			if tc.connector == "mariadb" {
+				if !strings.Contains(diff, "extra:") || strings.Contains(diff, "missing:") {
+					t.Fatalf("a create sent again: want only extra (zero-length) versions:\n%s", diff)
+				}
+				t.Logf("a create sent again from the new primary's binlog:\n%s", diff)
+				return
 			}
 			if disagreements == 0 {
 				t.Fatalf("the history was repaired into the past silently (no disagreement counted):\n%s", diff)

@@ -13,7 +13,10 @@ import (
 // its transaction ("domain-server-seq"; empty for snapshot reads, which
 // carry null), the binlog file and the position of its rows event, the
 // row's index within that event, and the server id of the server that
-// wrote it first (a replica's binlog keeps the primary's).
+// wrote it first (a replica's binlog keeps the primary's). TxOrder, when
+// set, is the change's place in its transaction (1, 2, …), written as the
+// transaction block of provide.transaction.metadata=true (id the GTID,
+// total_order and data_collection_order TxOrder: one table).
 type Binlog struct {
 	GTID     string
 	File     string
@@ -21,6 +24,7 @@ type Binlog struct {
 	Row      int
 	ServerID int64
 	Thread   int64
+	TxOrder  int64
 }
 
 const mariadbSourceSchema = `{"type":"struct","fields":[{"type":"string","optional":false,"field":"version"},{"type":"string","optional":false,"field":"connector"},{"type":"string","optional":false,"field":"name"},{"type":"int64","optional":false,"field":"ts_ms"},{"type":"string","optional":true,"name":"io.debezium.data.Enum","version":1,"parameters":{"allowed":"true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},"default":"false","field":"snapshot"},{"type":"string","optional":false,"field":"db"},{"type":"string","optional":true,"field":"sequence"},{"type":"int64","optional":true,"field":"ts_us"},{"type":"int64","optional":true,"field":"ts_ns"},{"type":"string","optional":true,"field":"table"},{"type":"int64","optional":false,"field":"server_id"},{"type":"string","optional":true,"field":"gtid"},{"type":"string","optional":false,"field":"file"},{"type":"int64","optional":false,"field":"pos"},{"type":"int32","optional":false,"field":"row"},{"type":"int64","optional":true,"field":"thread"},{"type":"string","optional":true,"field":"query"}],"optional":false,"name":"io.debezium.connector.mariadb.Source","version":1,"field":"source"}`
@@ -72,12 +76,16 @@ func (s *Source) MariaDBEnvelope(c Change, b Binlog) (key, value []byte) {
 	if b.Thread != 0 {
 		thread = fmt.Sprint(b.Thread)
 	}
+	tx := "null"
+	if b.TxOrder > 0 {
+		tx = fmt.Sprintf(`{"id":%q,"total_order":%d,"data_collection_order":%d}`, b.GTID, b.TxOrder, b.TxOrder)
+	}
 	commit := c.Commit.UTC().Truncate(time.Second)
 	seen := c.Commit.UTC().Add(412 * time.Millisecond)
 	var vb bytes.Buffer
-	fmt.Fprintf(&vb, `{"schema":%s,"payload":{"before":%s,"after":%s,"source":{"version":"3.5.0.Final","connector":"mariadb","name":%q,"ts_ms":%d,"snapshot":%q,"db":%q,"sequence":null,"ts_us":%d,"ts_ns":%d,"table":%q,"server_id":%d,"gtid":%s,"file":%q,"pos":%d,"row":%d,"thread":%s,"query":null},"transaction":null,"op":%q,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}}`,
+	fmt.Fprintf(&vb, `{"schema":%s,"payload":{"before":%s,"after":%s,"source":{"version":"3.5.0.Final","connector":"mariadb","name":%q,"ts_ms":%d,"snapshot":%q,"db":%q,"sequence":null,"ts_us":%d,"ts_ns":%d,"table":%q,"server_id":%d,"gtid":%s,"file":%q,"pos":%d,"row":%d,"thread":%s,"query":null},"transaction":%s,"op":%q,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}}`,
 		s.MariaDBValueSchema(), s.row(c.Before), s.row(c.After), s.Server, commit.UnixMilli(), snap, s.DB,
-		commit.UnixMicro(), commit.UnixNano(), s.Table, b.ServerID, gtid, b.File, b.Pos, b.Row, thread, c.Op,
+		commit.UnixMicro(), commit.UnixNano(), s.Table, b.ServerID, gtid, b.File, b.Pos, b.Row, thread, tx, c.Op,
 		seen.UnixMilli(), seen.UnixMicro(), seen.UnixNano())
 	return []byte(kb.String()), vb.Bytes()
 }
