@@ -279,6 +279,9 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		return nil, err
 	}
 	ev := &change.Event{Table: r.Target, Op: op, Origin: o}
+	conn, _ := avroPath(s.root, rec, []string{"source", "connector"})
+	mongo := conn == "mongodb"
+	var doc *rowSchema // a MongoDB document's fields
 	ev.Source = r.connector(func() string {
 		v, _ := avroPath(s.root, rec, sourceName)
 		name, _ := v.(string)
@@ -293,7 +296,9 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	for i, p := range r.seqPaths {
 		v, _ := avroPath(s.root, rec, p)
 		if str, ok := v.(string); ok && r.gtid[i] {
-			seq = d.gtidPart(r, seq, str)
+			if seq, err = d.gtidPart(r, seq, str); err != nil {
+				return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
+			}
 		} else if seq, err = appendAvroSeq(seq, v); err != nil {
 			if errors.Is(err, errMissing) && op == change.OpRead {
 				seq = nil // an incremental-snapshot read: the consumer anchors it
@@ -311,14 +316,27 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if op.HasAfter() {
 		after, _ := avroPath(s.root, rec, []string{"after"})
 		m, ok := after.(map[string]any)
-		if !ok || s.row == nil {
+		if str, isStr := after.(string); isStr && mongo { // a MongoDB document (mongo.go)
+			if doc, ev.AfterValues, err = r.docs.mongoDocument(str); err != nil {
+				return nil, fmt.Errorf("%s event: after document: %w", opStr, err)
+			}
+			ev.Row, ev.Complete = doc, true
+		} else if !ok || s.row == nil {
+			if mongo {
+				return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
+					"updateDescription; use change_streams_update_full (docs/sources.md)", opStr)
+			}
 			return nil, fmt.Errorf("%s event: no after image", opStr)
-		}
-		if ev.AfterValues, err = s.row.nativeValues(m); err != nil {
+		} else if ev.AfterValues, err = s.row.nativeValues(m); err != nil {
 			return nil, fmt.Errorf("%s event: %w", opStr, err)
 		}
 	}
-	if ev.ValidFrom, err = avroValidFrom(r, s, rec); err != nil {
+	if doc != nil && r.imageTime() {
+		ev.ValidFrom, err = docTime(r, doc, ev.AfterValues)
+	} else {
+		ev.ValidFrom, err = avroValidFrom(r, s, rec, &ev.TimeStandIn)
+	}
+	if err != nil {
 		return nil, err
 	}
 	ev.PackAfterValues() // compact while it waits in the buffer (digested first, with its time)
@@ -327,6 +345,13 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	}
 	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, key, hs, s, rec); err != nil {
 		return nil, err
+	}
+	if mongo && len(ev.Key) == 1 && len(ev.KeyNames) == 1 && ev.KeyNames[0] == "id" {
+		id, ok := ev.Key[0].(string)
+		if !ok {
+			return nil, fmt.Errorf(`message key: a MongoDB key's "id" is a %T, not the _id as JSON`, ev.Key[0])
+		}
+		ev.Key, ev.KeyNames = []any{mongoKeyText(id)}, mongoKeyNames
 	}
 	return ev, nil
 }
@@ -367,13 +392,14 @@ func appendAvroSeq(seq []byte, v any) ([]byte, error) {
 	return nil, fmt.Errorf("is a %T, not a number or string", v)
 }
 
-func avroValidFrom(r *rule, s *avroSchema, rec map[string]any) (time.Time, error) {
+func avroValidFrom(r *rule, s *avroSchema, rec map[string]any, standIn *bool) (time.Time, error) {
 	v, _ := avroPath(s.root, rec, r.vfPath)
 	if v == nil {
 		if a, _ := avroPath(s.root, rec, r.vfPath[:1]); r.imageTime() && a == nil {
 			// A delete: no row to take the time from.
 			if ms, _ := avroPath(s.root, rec, sourceTsMs); ms != nil {
 				if ms, ok := ms.(int64); ok {
+					*standIn = true
 					return time.UnixMilli(ms).UTC(), nil
 				}
 			}

@@ -22,6 +22,9 @@ type Rule struct {
 	SequenceBy []string // envelope paths, "payload." implied
 	ValidFrom  string   // envelope path
 	Format     string   // debezium-json (default) | debezium-avro
+	// Connector is the source connector (config's connector); "mongodb"
+	// reads flattened records as documents (flat.go).
+	Connector string
 }
 
 // rule is a Rule with its paths split.
@@ -30,6 +33,7 @@ type rule struct {
 	seqPaths [][]string
 	gtid     []bool // seqPaths[i] is read as a GTID (gtid.go)
 	streams  streams
+	docs     docSchemas // the topic's MongoDB documents' row schemas (mongo.go)
 	vfPath   []string
 	// The schemas of the topic's last message (value and key): the
 	// JsonConverter repeats them, so a message is first tried against them.
@@ -99,8 +103,6 @@ type Decoder struct {
 	// streamHook hears of a topic's first event in a GTID stream other
 	// than those it saw before (SetStreamHook).
 	streamHook func(topic, stream, other string)
-	// docs interns MongoDB documents' row schemas (mongo.go).
-	docs docSchemas
 }
 
 // SetStreamHook sets f to be called, from Decode, the first time an event
@@ -110,15 +112,17 @@ type Decoder struct {
 // the first Decode.
 func (d *Decoder) SetStreamHook(f func(topic, stream, other string)) { d.streamHook = f }
 
-// gtidPart appends a GTID sequence component and notes its stream.
-func (d *Decoder) gtidPart(r *rule, seq []byte, s string) []byte {
+// gtidPart appends a GTID sequence component and notes its stream; a
+// value that is no GTID is an error (the event cannot be ordered).
+func (d *Decoder) gtidPart(r *rule, seq []byte, s string) ([]byte, error) {
 	seq, stream, ok := appendGTID(seq, s)
-	if ok {
-		if other, isNew := r.streams.note(stream); isNew && d.streamHook != nil {
-			d.streamHook(r.Topic, stream, other)
-		}
+	if !ok {
+		return nil, fmt.Errorf("is %q, not a GTID (MariaDB's domain-server-seq or MySQL's uuid:N, numbers below 2^63)", clip(s))
 	}
-	return seq
+	if other, isNew := r.streams.note(stream); isNew && d.streamHook != nil {
+		d.streamHook(r.Topic, stream, other)
+	}
+	return seq, nil
 }
 
 // maxSchemas bounds the schema cache: distinct schema texts (value and key

@@ -31,12 +31,12 @@ import (
 // isGTIDPath says whether a sequence path is read as a GTID.
 func isGTIDPath(p []string) bool { return len(p) > 0 && p[len(p)-1] == "gtid" }
 
-// appendGTID appends the comparable form of a GTID and returns its stream.
-// A value that is neither form is appended as text (ok false).
+// appendGTID appends the comparable form of a GTID and returns its stream;
+// ok is false for a value of neither form (seq then unchanged).
 func appendGTID(seq []byte, s string) (out []byte, stream string, ok bool) {
 	s = strings.TrimSpace(s)
 	if i := strings.LastIndexByte(s, ':'); i > 0 { // MySQL: uuid[:tag]:N
-		if n, err := strconv.ParseInt(s[i+1:], 10, 64); err == nil && n >= 0 {
+		if n, err := strconv.ParseInt(s[i+1:], 10, 64); err == nil && n >= 0 && !strings.ContainsAny(s[:i], ", \n") { // not a GTID set
 			src := s[:i]
 			seq = change.AppendSeqText(seq, src)
 			return change.AppendSeqInt(seq, n), src, true
@@ -52,7 +52,7 @@ func appendGTID(seq []byte, s string) (out []byte, stream string, ok bool) {
 			}
 		}
 	}
-	return change.AppendSeqText(seq, s), "", false
+	return seq, "", false
 }
 
 // maxStreams bounds the streams remembered per topic; a topic seeing more

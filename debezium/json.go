@@ -18,6 +18,16 @@ type envelopeSchema struct {
 	row *rowSchema // the before/after struct; nil when the schema has none
 }
 
+// flatKind says how a payload is read: an envelope, or a flattened record
+// (flat.go) with or without its row.
+type flatKind uint8
+
+const (
+	notFlat    flatKind = iota
+	flatRow             // a flattened create, update or read: the payload is the row
+	flatDelete          // a flattened delete (__deleted): the payload is the old row
+)
+
 // jsonEnvelope is the payload of one record, its top-level fields read in
 // one pass (Get would scan the payload again for each).
 type jsonEnvelope struct {
@@ -30,6 +40,7 @@ type jsonEnvelope struct {
 	// field.
 	sub     members
 	subName string // the top-level field they belong to; "" when none is read
+	flat    flatKind
 }
 
 // members are an object's members, taken in one pass, strings left
@@ -72,7 +83,7 @@ func (m *members) get(obj gjson.Result, name string) gjson.Result {
 
 // read takes the payload's top-level fields.
 func (e *jsonEnvelope) read(payload gjson.Result, schema *envelopeSchema) {
-	e.payload, e.schema, e.subName = payload, schema, ""
+	e.payload, e.schema, e.subName, e.flat = payload, schema, "", notFlat
 	e.top.read(payload.Raw) // validated by unwrapJSON
 }
 
@@ -84,6 +95,9 @@ func (e *jsonEnvelope) field(name string) gjson.Result { return e.top.get(e.payl
 func (e *jsonEnvelope) get(path []string) gjson.Result {
 	if len(path) == 0 {
 		return gjson.Result{}
+	}
+	if e.flat != notFlat {
+		return e.flatGet(path)
 	}
 	v := e.field(path[0])
 	if len(path) == 2 && v.IsObject() {
@@ -255,6 +269,9 @@ func parseEnvelopeSchema(raw string) *cached {
 	if rs != nil && rs.Type == "string" { // MongoDB: documents as Extended JSON strings (mongo.go)
 		rs = nil
 	}
+	if rs == nil {
+		rs = flatRowSchema(s) // a flattened record's (flat.go), or nil
+	}
 	if rs != nil {
 		if env.row, err = newRowSchema(rs, binlogSource(s)); err != nil {
 			return &cached{err: fmt.Errorf("schema of %s: %w", s.Name, err)}
@@ -324,6 +341,9 @@ func escapePath(p string) string {
 func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEnvelope) (*change.Event, error) {
 	op := env.field("op")
 	if !op.Exists() || op.Type == gjson.Null {
+		op = env.flatOp() // a flattened record's __op, or its __deleted
+	}
+	if !op.Exists() || op.Type == gjson.Null {
 		if env.field("ts_ms").Exists() && env.top.n <= 2 {
 			return nil, ErrSkip // a heartbeat: {"ts_ms": ...}
 		}
@@ -333,7 +353,8 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		if env.field("tableChanges").Exists() || env.field("ddl").Exists() {
 			return nil, ErrSkip // a schema change, from a topic a pattern took
 		}
-		return nil, errors.New("envelope has no op field")
+		return nil, errors.New("envelope has no op field (a record flattened by ExtractNewRecordState or ExtractNewDocumentState needs " +
+			"add.fields=op,… or delete.tombstone.handling.mode=rewrite; docs/sources.md, flattened records)")
 	}
 	if op.Type != gjson.String {
 		return nil, fmt.Errorf("unknown operation %s", clip(op.Raw))
@@ -348,7 +369,9 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	seq := seqBuf[:0]
 	for i, p := range r.seqPaths {
 		if v := env.get(p); r.gtid[i] && v.Type == gjson.String {
-			seq = d.gtidPart(r, seq, v.Str)
+			if seq, err = d.gtidPart(r, seq, v.Str); err != nil {
+				return nil, fmt.Errorf("sequence path %s %w", r.SequenceBy[i], err)
+			}
 		} else if seq, err = appendSeq(seq, v); err != nil {
 			if errors.Is(err, errMissing) && opv == change.OpRead {
 				seq = nil // an incremental-snapshot read: the consumer anchors it
@@ -367,13 +390,22 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	var after string
 	var doc *rowSchema // a MongoDB document's fields
 	mongo := isMongo(env)
-	if opv.HasAfter() && mongo {
+	if env.flat != notFlat {
+		mongo = false // a flattened document is a row (flat.go)
+	}
+	if opv.HasAfter() && env.flat == flatRow {
+		if after, err = flatAfter(env.payload); err != nil {
+			return nil, fmt.Errorf("%s event: %w", op.Str, err)
+		}
+		ev.AfterValid = true
+		ev.Complete = r.Connector == "mongodb"
+	} else if opv.HasAfter() && mongo {
 		a := env.field("after")
 		if a.Type != gjson.String {
 			return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
 				"updateDescription; use change_streams_update_full (docs/sources.md)", op.Str)
 		}
-		rs, vals, err := d.docs.mongoDocument(a.Str)
+		rs, vals, err := r.docs.mongoDocument(a.Str)
 		if err != nil {
 			return nil, fmt.Errorf("%s event: after document: %w", op.Str, err)
 		}
@@ -395,7 +427,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	if doc != nil && r.imageTime() {
 		ev.ValidFrom, err = docTime(r, doc, ev.AfterValues)
 	} else {
-		ev.ValidFrom, err = validFrom(r, env, row)
+		ev.ValidFrom, err = validFrom(r, env, row, &ev.TimeStandIn)
 	}
 	if err != nil {
 		return nil, err
@@ -404,6 +436,12 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	id := idBuf[:0]
 	switch {
 	case opv == change.OpTruncate:
+	case env.flat != notFlat && r.Connector == "mongodb":
+		if ev.Key, err = flatDocumentKey(key, env); err != nil {
+			return nil, err
+		}
+		ev.KeyNames = mongoKeyNames
+		id = change.AppendKeyID(id, ev.Key)
 	case mongo && (len(r.Keys) == 0 || (len(r.Keys) == 1 && r.Keys[0] == "_id")):
 		k, err := mongoKey(key)
 		if err != nil {
@@ -487,13 +525,14 @@ func appendSeqArray(seq []byte, arr gjson.Result) ([]byte, error) {
 // validFrom reads the configured time: a number of milliseconds
 // (microseconds for paths ending in _us, nanoseconds for _ns), an RFC 3339
 // string, or a column of the after image (typed by its schema).
-func validFrom(r *rule, env *jsonEnvelope, row *rowSchema) (time.Time, error) {
+func validFrom(r *rule, env *jsonEnvelope, row *rowSchema, standIn *bool) (time.Time, error) {
 	v := env.get(r.vfPath)
 	if !v.Exists() || v.Type == gjson.Null {
-		if a := env.field("after"); r.imageTime() && (!a.Exists() || a.Type == gjson.Null) {
+		if a := env.field("after"); r.imageTime() && (env.flat == flatDelete || env.flat == notFlat && (!a.Exists() || a.Type == gjson.Null)) {
 			v = env.get(sourceTsMs) // a delete: no row to take the time from
+			*standIn = true
 		}
-		if !v.Exists() || v.Type == gjson.Null {
+		if v.Type != gjson.Number {
 			return time.Time{}, fmt.Errorf("valid_from path %s is missing", r.ValidFrom)
 		}
 		return time.UnixMilli(v.Int()).UTC(), nil

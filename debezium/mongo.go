@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,10 +71,16 @@ func mongoKey(raw []byte) (string, error) {
 	if id.Type != gjson.String {
 		return "", errors.New(`message key has no "id" string (a MongoDB key is {"id": "<_id as JSON>"})`)
 	}
-	if !gjson.Valid(id.Str) {
-		return id.Str, nil
+	return mongoKeyText(id.Str), nil
+}
+
+// mongoKeyText is the _id of a key's "id" (the _id in relaxed Extended
+// JSON), as text.
+func mongoKeyText(id string) string {
+	if !gjson.Valid(id) {
+		return id
 	}
-	return mongoIDText(gjson.Parse(id.Str)), nil
+	return mongoIDText(gjson.Parse(id))
 }
 
 // docSchemas interns the row schemas of documents: documents of one
@@ -84,8 +91,8 @@ type docSchemas struct {
 	m  map[string]*rowSchema
 }
 
-// maxDocSchemas bounds the interned schemas (a collection whose documents
-// all differ starts over when it is reached).
+// maxDocSchemas bounds a topic's interned schemas (a collection whose
+// documents all differ starts over when it is reached).
 const maxDocSchemas = 256
 
 // get returns the interned schema of the columns (names and types, in
@@ -124,7 +131,11 @@ func (d *docSchemas) get(cols []change.Column) *rowSchema {
 // is null, and a null says nothing of the field's type.
 func (d *docSchemas) mongoDocument(doc string) (*rowSchema, []any, error) {
 	if !gjson.Valid(doc) {
-		return nil, nil, errors.New("document is not valid JSON")
+		fixed, ok := wrapBareDoubles(doc)
+		if !ok || !gjson.Valid(fixed) {
+			return nil, nil, errors.New("document is not valid JSON")
+		}
+		doc = fixed
 	}
 	p := gjson.Parse(doc)
 	if !p.IsObject() {
@@ -179,7 +190,7 @@ func mongoValue(v gjson.Result) (string, any, error) {
 		if n, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
 			return "bigint", n, nil
 		}
-		return mongoNumeric(v.Raw)
+		return mongoDouble(v.Raw)
 	}
 	if v.IsObject() {
 		var wrapper string
@@ -220,6 +231,59 @@ func mongoNumeric(s string) (string, any, error) {
 	return "numeric", num, nil
 }
 
+// mongoDouble reads a double as numeric (mongoNumeric) with the digits of
+// its shortest round-trip form: the same value whatever the writer printed
+// ("1.0E-4" from one JDK, "1.0e-4" from another, "3.0") — 0.0001 and 3,
+// not a scale the printing gave it.
+func mongoDouble(s string) (string, any, error) {
+	f, err := strconv.ParseFloat(s, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return "", nil, fmt.Errorf("%q is not a number", clip(s))
+	case math.IsNaN(f) || math.IsInf(f, 0):
+		return mongoNumeric(s)
+	}
+	return mongoNumeric(strconv.FormatFloat(f, 'g', -1, 64))
+}
+
+// wrapBareDoubles rewrites the bare NaN, Infinity and -Infinity that the
+// BSON library's strict JSON mode prints for doubles (not JSON) as
+// {"$numberDouble": …}; ok is false when there were none.
+func wrapBareDoubles(doc string) (string, bool) {
+	var b strings.Builder
+	inString, found := false, false
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		switch {
+		case inString:
+			if c == '\\' && i+1 < len(doc) {
+				b.WriteByte(c)
+				i++
+				c = doc[i]
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		default:
+			for _, tok := range []string{"-Infinity", "Infinity", "NaN"} {
+				if strings.HasPrefix(doc[i:], tok) {
+					b.WriteString(`{"$numberDouble": "` + tok + `"}`)
+					i += len(tok) - 1
+					found = true
+					c = 0
+					break
+				}
+			}
+			if c == 0 {
+				continue
+			}
+		}
+		b.WriteByte(c)
+	}
+	return b.String(), found
+}
+
 // mongoWrapped reads the Extended JSON wrappers of BSON types; ok is false
 // for an object that is none (a nested document).
 func mongoWrapped(wrapper string, v gjson.Result) (pgType string, val any, ok bool, err error) {
@@ -234,7 +298,12 @@ func mongoWrapped(wrapper string, v gjson.Result) (pgType string, val any, ok bo
 			n, err := strconv.ParseInt(w.Str, 10, 64)
 			return "bigint", n, true, err
 		}
-	case "$numberDouble", "$numberDecimal":
+	case "$numberDouble":
+		if w.Type == gjson.String {
+			t, val, err := mongoDouble(w.Str)
+			return t, val, true, err
+		}
+	case "$numberDecimal":
 		if w.Type == gjson.String {
 			t, val, err := mongoNumeric(w.Str)
 			return t, val, true, err

@@ -3,15 +3,19 @@ package debezium_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/linkedin/goavro/v2"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
 
 // MongoDB documents, as Debezium's MongoDB connector writes them (after
@@ -54,6 +58,11 @@ func TestMongoDocuments(t *testing.T) {
 		// integer field widens its column to numeric.
 		{Op: "u", ID: `"abc"`, After: cy(`,"note" : null`), Updated: `{}`, At: at.Add(4 * time.Second), Ord: 2},
 		{Op: "u", ID: `"abc"`, After: cy(`,"qty" : 7.5`), Updated: `{"qty" : 7.5}`, At: at.Add(5 * time.Second), Ord: 1},
+	}, {
+		// A field new to the collection, in a later batch (the versions
+		// are read back from the table): Cy's version did not have it, so
+		// the change opens one.
+		{Op: "u", ID: `"abc"`, After: cy(`,"qty" : 7.5,"vip" : true`), Updated: `{"vip" : true}`, At: at.Add(6 * time.Second), Ord: 1},
 	}}
 	for _, b := range batches {
 		var recs [][2][]byte
@@ -100,7 +109,8 @@ func TestMongoDocuments(t *testing.T) {
 		"abc|basic|01|f",
 		"abc|basic|42|03|f",
 		"abc|basic|04|f",
-		"abc|basic|7.5|05|t",
+		"abc|basic|7.5|05|f",
+		"abc|basic|7.5|06|t",
 	}, " ")
 	if hist != want {
 		t.Errorf("history:\n got %s\nwant %s", hist, want)
@@ -148,5 +158,75 @@ func TestMongoSparseDocumentsUnderFail(t *testing.T) {
 	var drift *sink.DriftError
 	if !errors.As(err, &drift) {
 		t.Errorf("b became a fraction under schema_changes: fail: %v; want a DriftError", err)
+	}
+}
+
+// MongoDB change events through Avro (a registry's wire format): after is
+// a string of Extended JSON there too, the key a record {"id": <_id as
+// JSON>}; the history is the one the JsonConverter's records build.
+func TestMongoAvro(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	topic := "app.shop.customers"
+	json := `{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}`
+	value := `{"type":"record","name":"Envelope","namespace":"app.shop.customers","fields":[
+		{"name":"before","type":["null",` + json + `],"default":null},{"name":"after","type":["null",` + json + `],"default":null},
+		{"name":"source","type":{"type":"record","name":"Source","namespace":"io.debezium.connector.mongo","fields":[
+			{"name":"version","type":"string"},{"name":"connector","type":"string"},{"name":"name","type":"string"},{"name":"ts_ms","type":"long"},
+			{"name":"db","type":"string"},{"name":"collection","type":"string"},{"name":"ord","type":"int"}]}},
+		{"name":"op","type":["null","string"],"default":null},{"name":"ts_ms","type":["null","long"],"default":null}]}`
+	keySchema := `{"type":"record","name":"Key","namespace":"app.shop.customers","fields":[{"name":"id","type":"string"}]}`
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	reg.SeedSchema(topic+"-value", 1, 11, sr.Schema{Schema: value, Type: sr.TypeAvro})
+	reg.SeedSchema(topic+"-key", 1, 12, sr.Schema{Schema: keySchema, Type: sr.TypeAvro})
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc, err := goavro.NewCodec(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := goavro.NewCodec(keySchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire := func(c *goavro.Codec, id byte, native map[string]any) []byte {
+		b, err := c.BinaryFromNative([]byte{0, 0, 0, 0, id}, native)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	rec := func(op, after string, sec int) [2][]byte {
+		var a any
+		if after != "" {
+			a = goavro.Union("string", after)
+		}
+		v := wire(vc, 11, map[string]any{"before": nil, "after": a, "op": goavro.Union("string", op), "ts_ms": goavro.Union("long", at.UnixMilli()),
+			"source": map[string]any{"version": "3.6.1.Final", "connector": "mongodb", "name": "app", "ts_ms": at.Add(time.Duration(sec) * time.Second).UnixMilli(),
+				"db": "shop", "collection": "customers", "ord": 1}})
+		return [2][]byte{wire(kc, 12, map[string]any{"id": `{"$oid": "5d505646cf6d4fe581014ab2"}`}), v}
+	}
+	doc := func(plan string) string {
+		return `{"_id": {"$oid": "5d505646cf6d4fe581014ab2"}, "plan": "` + plan + `", "qty": {"$numberLong": "3"}, "changed": {"$date": ` +
+			strconv.FormatInt(at.Add(500*time.Millisecond).UnixMilli(), 10) + `}}`
+	}
+	recs := [][2][]byte{rec("c", doc("basic"), 1), rec("u", doc("pro"), 2), rec("d", "", 3)}
+	d := debezium.New([]debezium.Rule{{Topic: topic, Target: "avro_docs", Format: debezium.FormatAvro,
+		SequenceBy: config.DefaultSequenceBy["mongodb"], ValidFrom: "source.ts_ms"}}, cl, nil)
+	s := newSink(t, pool, sink.TableSpec{Target: "avro_docs"})
+	if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, topic, recs)}); err != nil {
+		t.Fatal(err)
+	}
+	var hist string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws('|', _id, plan, qty, changed, to_char(valid_from AT TIME ZONE 'UTC', 'SS'),
+		coalesce(to_char(valid_to AT TIME ZONE 'UTC', 'SS'), 'open')), ' ' ORDER BY valid_from) FROM avro_docs`).Scan(&hist); err != nil {
+		t.Fatal(err)
+	}
+	if want := "5d505646cf6d4fe581014ab2|basic|3|2026-03-01 10:00:00.5+00|01|02 5d505646cf6d4fe581014ab2|pro|3|2026-03-01 10:00:00.5+00|02|03"; hist != want {
+		t.Errorf("history:\n got %s\nwant %s", hist, want)
 	}
 }

@@ -54,6 +54,9 @@ func TestValidFromColumn(t *testing.T) {
 			if got := ev.ValidFrom.UTC().String(); got != c.want {
 				t.Errorf("%s %s: valid from %s, want %s (%s)", format, c.op, got, c.want, c.what)
 			}
+			if ev.TimeStandIn != (c.op == "d") {
+				t.Errorf("%s %s: TimeStandIn %v", format, c.op, ev.TimeStandIn)
+			}
 		}
 	}
 

@@ -47,8 +47,9 @@ func mariadbBin(t *testing.T, name string) string {
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
-// startMariaDB initialises and starts a server with the given server_id.
-func startMariaDB(t *testing.T, ctx context.Context, dir string, id int) *mariadb {
+// startMariaDB initialises and starts a server with the given server_id,
+// in time zone zone ("": UTC).
+func startMariaDB(t *testing.T, ctx context.Context, dir string, id int, zone ...string) *mariadb {
 	t.Helper()
 	data := filepath.Join(dir, fmt.Sprintf("mariadb%d", id))
 	// The socket's path must stay short (108 bytes).
@@ -72,7 +73,7 @@ func startMariaDB(t *testing.T, ctx context.Context, dir string, id int) *mariad
 		"--port=" + strconv.Itoa(m.port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 		"--pid-file=" + filepath.Join(data, "mariadbd.pid"), "--log-error=" + filepath.Join(data, "error.log"),
 		"--server-id=" + strconv.Itoa(id), "--log-bin=mysql-bin", "--binlog-format=ROW", "--binlog-row-image=FULL",
-		"--log-slave-updates=ON", "--gtid-strict-mode=ON", "--binlog-ignore-db=audit", "--default-time-zone=+00:00",
+		"--log-slave-updates=ON", "--gtid-strict-mode=ON", "--binlog-ignore-db=audit", "--default-time-zone=" + append(zone, "+00:00")[0],
 		"--innodb-buffer-pool-size=32M", "--performance-schema=OFF", "--skip-innodb-doublewrite"}, user...)
 	m.proc = startProc(t, dir, fmt.Sprintf("mariadb%d", id), args)
 	db, err := sql.Open("mysql", "root@unix("+m.sock+")/?multiStatements=true&loc=UTC")

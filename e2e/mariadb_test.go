@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,11 +50,17 @@ func newMDBWorkload(seed uint64) *mdbWorkload {
 	return &mdbWorkload{rng: rand.New(rand.NewPCG(seed, 3)), live: map[int]bool{}, next: 1}
 }
 
+// anyLive picks a live id, the same for the same seed.
 func (w *mdbWorkload) anyLive() int {
-	for id := range w.live {
-		return id
+	if len(w.live) == 0 {
+		return 0
 	}
-	return 0
+	ids := make([]int, 0, len(w.live))
+	for id := range w.live {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	return ids[w.rng.IntN(len(ids))]
 }
 
 func (w *mdbWorkload) dur() any {

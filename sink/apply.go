@@ -260,7 +260,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 		switch {
 		case !v.stored:
 			w.insVersions = append(w.insVersions, v)
-		case !slices.Equal(v.absent, orig.absent) || !rowsEqual(v.row, orig.row, t.trkIdx) ||
+		case !slices.Equal(v.absent, orig.absent) || v.complete != orig.complete || !rowsEqual(v.row, orig.row, t.trkIdx) ||
 			(!spread && !rowsEqual(v.row, orig.row, t.t1Idx)):
 			// (A column learned as NULL changes no value, but what the
 			// version knows: it is written, or a restart would not know it.)
@@ -494,7 +494,7 @@ func (t *table) withPlaceholders(e fevent) fevent {
 }
 
 func sameSide(a, b fevent) bool {
-	if a.op != b.op || !slices.Equal(a.unavail, b.unavail) || !slices.Equal(a.absent, b.absent) || !a.t.Equal(b.t) || !a.raw.Equal(b.raw) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
+	if a.op != b.op || a.complete != b.complete || !slices.Equal(a.unavail, b.unavail) || !slices.Equal(a.absent, b.absent) || !a.t.Equal(b.t) || !a.raw.Equal(b.raw) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
 		return false
 	}
 	for i := range a.row {

@@ -63,6 +63,9 @@ func packLatest(b []byte, l *latest) ([]byte, bool) {
 	if v.closed {
 		vf |= 2
 	}
+	if v.complete {
+		vf |= 16
+	}
 	switch {
 	case v.openAbsent == nil:
 	case v.absent != nil && len(v.openAbsent) == len(v.absent) && (len(v.absent) == 0 || &v.openAbsent[0] == &v.absent[0]):
@@ -108,7 +111,7 @@ func unpackLatest(blob []byte, boxes *change.Boxes, mem *slabs) (*latest, error)
 	if flags&2 != 0 {
 		vf := u.Byte()
 		v := mem.version()
-		v.stored, v.closed, v.op = vf&1 != 0, vf&2 != 0, change.Op(u.Byte())
+		v.stored, v.closed, v.complete, v.op = vf&1 != 0, vf&2 != 0, vf&16 != 0, change.Op(u.Byte())
 		v.id = u.Varint()
 		v.seq = change.Seq(u.OptBytes())
 		v.hash = u.OptBytes()

@@ -30,7 +30,11 @@ type fevent struct {
 	// absent names the columns the event did not carry (dropped at the
 	// source, or not added yet): stored NULL, never compared.
 	absent []string
-	src    *change.Event // nil when rebuilt from the table
+	// complete: the image is the whole row (change.Event.Complete): a
+	// column added to the table later is null in it, not unknown; written
+	// with scd_attnum NULL, which says so.
+	complete bool
+	src      *change.Event // nil when rebuilt from the table
 	// oldKey: a create of a primary-key change, whose placeholders take
 	// the old key's values (typed, in key column order).
 	oldKey []any
@@ -59,12 +63,13 @@ type version struct {
 	// side table, as its image is no longer the version's row.
 	absent     []string
 	openAbsent []string
+	complete   bool // opened by a complete image (fevent.complete)
 }
 
 // event returns the event that opened v, rebuilt from the table, with row
 // as its image and absent as the columns it lacked.
 func (v *version) event(row []any, absent []string) fevent {
-	return fevent{seq: v.seq, op: v.op, t: v.from, raw: v.raw, row: row, hash: v.hash, unavail: v.unavail, absent: absent}
+	return fevent{seq: v.seq, op: v.op, t: v.from, raw: v.raw, row: row, hash: v.hash, unavail: v.unavail, absent: absent, complete: v.complete}
 }
 
 // clone returns a copy of v with its own row, from w's slabs.
@@ -76,7 +81,7 @@ func (v *version) clone(w *writes) *version {
 }
 
 func (v *version) sameAs(o *version) bool {
-	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !slices.Equal(v.unavail, o.unavail) || !slices.Equal(v.absent, o.absent) || !v.from.Equal(o.from) || !v.raw.Equal(o.raw) || v.closed != o.closed ||
+	if v.op != o.op || !bytes.Equal(v.hash, o.hash) || !slices.Equal(v.unavail, o.unavail) || !slices.Equal(v.absent, o.absent) || v.complete != o.complete || !v.from.Equal(o.from) || !v.raw.Equal(o.raw) || v.closed != o.closed ||
 		!bytes.Equal(v.closeSeq, o.closeSeq) || len(v.row) != len(o.row) {
 		return false
 	}
@@ -160,7 +165,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			}
 			if st.live == nil {
 				v := st.w.slabs().version()
-				*v = version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: st.w.row(row), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent}
+				*v = version{seq: e.seq, op: e.op, hash: e.hash, from: at, raw: raw, row: st.w.row(row), opener: row, unavail: e.unavail, absent: e.absent, openAbsent: e.absent, complete: e.complete}
 				st.live = v
 				out.versions = append(out.versions, v) // new: not touched before
 				out.opened++
@@ -175,7 +180,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			if out.side == nil {
 				out.side = st.w.slabs().sideList()
 			}
-			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, row: row, hash: e.hash, unavail: e.unavail, absent: e.absent, src: e.src})
+			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, row: row, hash: e.hash, unavail: e.unavail, absent: e.absent, complete: e.complete, src: e.src})
 		case e.op == change.OpDelete:
 			if t.spec.Deletes == DeletesClose && st.live != nil {
 				closeLive(at, e.seq)

@@ -97,6 +97,7 @@ func (t *table) scanVersion(vals []any, off int) (*version, error) {
 	}
 	v.unavail = asStrings(vals[off+7])
 	v.absent = t.unknown(asStrings(vals[off+8]), vals[off+10])
+	v.complete = vals[off+10] == nil
 	v.openAbsent = v.absent
 	v.raw, _ = vals[off+9].(time.Time)
 	return v, nil
@@ -363,7 +364,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		if _, err := change.ParseOp(op); err != nil {
 			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
-		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5]), absent: t.unknown(asStrings(vals[6]), vals[8])}
+		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5]), absent: t.unknown(asStrings(vals[6]), vals[8]), complete: vals[8] == nil}
 		fe.t, _ = vals[3].(time.Time)
 		fe.raw, _ = vals[7].(time.Time)
 		if fe.op.HasAfter() {

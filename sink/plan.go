@@ -177,7 +177,7 @@ func sortEvents(evs []fevent) {
 
 func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fevent, []any, error) {
 	h := ev.Hash()
-	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: s.boxes.CopyBytes(h[:]), src: ev}
+	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: s.boxes.CopyBytes(h[:]), src: ev, complete: ev.Complete}
 	if len(ev.Seq) == 0 {
 		return fe, nil, fmt.Errorf("event has no sequence")
 	}

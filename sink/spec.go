@@ -272,13 +272,14 @@ const maxDisagreeNotes = 20
 // the time of what the table holds before them, zero when nothing) and
 // counts each event whose valid time is before an earlier event's where
 // one of the two is new in this batch. Snapshot reads take no part: their
-// time is when the snapshot read them, not when the row changed.
+// time is when the snapshot read them, not when the row changed; nor do
+// events whose time stands in for a column they lack (TimeStandIn).
 func (r *Result) noteDisagreements(table string, evs []fevent, start time.Time) {
 	prev := start
 	var holder *fevent // the event that set prev; nil: the table
 	for i := range evs {
 		e := &evs[i]
-		if e.op == change.OpTruncate || e.op == change.OpRead {
+		if e.op == change.OpTruncate || e.op == change.OpRead || (e.src != nil && e.src.TimeStandIn) {
 			continue
 		}
 		in := e.t

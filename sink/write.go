@@ -200,7 +200,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 				}
 			}
 			b := &w.boxes
-			return append(row, b.Bytes(sr.ev.seq), opText[sr.ev.op], b.Time(sr.ev.t), b.Bytes(sr.ev.hash), sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw, b), t.attnum)
+			return append(row, b.Bytes(sr.ev.seq), opText[sr.ev.op], b.Time(sr.ev.t), b.Bytes(sr.ev.hash), sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw, b), t.attnumOf(sr.ev.complete))
 		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
@@ -239,7 +239,17 @@ func (t *table) appendBook(row []any, v *version, b *change.Boxes) []any {
 	if v.closeSeq != nil {
 		cs = b.Bytes(v.closeSeq)
 	}
-	return append(row, b.Time(v.from), to, !v.closed, b.Bytes(v.seq), cs, opText[v.op], b.Bytes(v.hash), v.unavail, v.absent, timeOrNil(v.raw, b), t.attnum)
+	return append(row, b.Time(v.from), to, !v.closed, b.Bytes(v.seq), cs, opText[v.op], b.Bytes(v.hash), v.unavail, v.absent, timeOrNil(v.raw, b), t.attnumOf(v.complete))
+}
+
+// attnumOf is the scd_attnum a row is written with: the table's newest
+// column, or NULL for a complete image (it knows every column, those
+// added later too: they are null in it).
+func (t *table) attnumOf(complete bool) any {
+	if complete {
+		return nil
+	}
+	return t.attnum
 }
 
 // timeOrNil is t, or NULL for the zero time.

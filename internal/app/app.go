@@ -82,7 +82,7 @@ func fraction(f *float64) float64 {
 // rule is the decoder's rule of one resolved tables entry.
 func rule(t config.Table) debezium.Rule {
 	return debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
-		SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format}
+		SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format, Connector: t.Connector}
 }
 
 // Route gives the decoder and the sink what a topic_pattern entry resolves

@@ -114,7 +114,12 @@ type Event struct {
 	// Without it a column missing from an image is absent (DESIGN.md
 	// section 5): the version takes it from a later image that has it.
 	Complete bool
-	Origin   Origin
+	// TimeStandIn says ValidFrom is source.ts_ms standing in for a
+	// valid_from column the event has no image of (a delete, with
+	// valid_from: after.<column>): coarser, and from another clock, so it
+	// takes no part in the sequence disagreements (sink.Result).
+	TimeStandIn bool
+	Origin      Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
 	// incremental snapshot's): its Seq is the snapshot's sequence.
