@@ -343,7 +343,11 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if op == change.OpTruncate {
 		return ev, nil
 	}
-	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, key, hs, s, rec); err != nil {
+	keys := r.Keys
+	if mongo && len(keys) == 1 && keys[0] == "_id" {
+		keys = nil // the message key's id is the _id
+	}
+	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, keys, key, hs, s, rec); err != nil {
 		return nil, err
 	}
 	if mongo && len(ev.Key) == 1 && len(ev.KeyNames) == 1 && ev.KeyNames[0] == "id" {
@@ -427,7 +431,7 @@ func avroValidFrom(r *rule, s *avroSchema, rec map[string]any, standIn *bool) (t
 // avroKey reads the key: an Avro record (wire format, or bare with
 // Apicurio's key header) or JSON, as the key converter wrote it;
 // configured key columns may come from the row images instead.
-func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header, s *avroSchema, rec map[string]any) ([]any, []string, error) {
+func (d *Decoder) avroKey(ctx context.Context, r *rule, keys []string, raw []byte, hs []Header, s *avroSchema, rec map[string]any) ([]any, []string, error) {
 	var names []string
 	var vals []any
 	var kerr error
@@ -461,7 +465,7 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header,
 			names, vals = append(names, strings.Clone(f.name)), append(vals, v)
 		}
 	}
-	if len(r.Keys) == 0 {
+	if len(keys) == 0 {
 		if kerr != nil {
 			return nil, nil, fmt.Errorf("message key: %w", kerr)
 		}
@@ -470,8 +474,8 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header,
 		}
 		return vals, names, nil
 	}
-	out := make([]any, len(r.Keys))
-	for i, k := range r.Keys {
+	out := make([]any, len(keys))
+	for i, k := range keys {
 		var v any
 		for j, n := range names {
 			if n == k {
@@ -496,5 +500,5 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, raw []byte, hs []Header,
 		}
 		out[i] = v
 	}
-	return out, r.Keys, nil
+	return out, keys, nil
 }

@@ -15,70 +15,116 @@ import (
 // transaction.total_order → __transaction_total_order); with
 // delete.tombstone.handling.mode=rewrite a delete is the old row with
 // __deleted true (a boolean, or the string "true"). A record is read as
-// flattened when it has no op but __op or __deleted: its operation is
-// __op, else a delete when __deleted, else an update; its image is the
-// payload without the "__" fields; and an envelope path the configuration
-// names (sequence_by, valid_from) is looked up as the field add.fields made
-// of it. after.<column> is the row's column (before.<column> a deleted
-// row's). A plain tombstone, which the transform's default delete mode
-// writes, carries no sequence: it is skipped as tombstones are, so such
-// deletes do not reach the history — set the rewrite mode.
+// flattened when it has __op or __deleted and no source block; it must
+// carry __op (add.fields=op,…): a create, a snapshot read and an update
+// are told apart by nothing else. Its operation is __op (a delete when
+// __deleted), its image the payload without the fields the transform added
+// (flatAdded; a row's own __v stays), and an envelope path the
+// configuration names (sequence_by, valid_from) is looked up as the field
+// add.fields made of it. after.<column> is the row's column (before.<column>
+// a deleted row's). A plain tombstone, which the transform's default delete
+// mode writes, carries no sequence: it is skipped as tombstones are, so
+// such deletes do not reach the history — set the rewrite mode.
+
+// looksFlat says whether a payload is a flattened record's; its schema,
+// when there is one, has said so already.
+func (e *jsonEnvelope) looksFlat() bool {
+	if e.schema != nil {
+		return e.schema.flat
+	}
+	return (e.field("__op").Exists() || e.field("__deleted").Exists()) && !e.field("source").IsObject()
+}
 
 // flatRowSchema is the row schema of a flattened record's value schema:
-// its fields but the "__" ones; nil when s is not one.
+// its fields but those the transform added; nil when s is not one.
 func flatRowSchema(s *Schema) *Schema {
 	if s == nil || s.Type != "struct" || (s.field("__op") == nil && s.field("__deleted") == nil) {
 		return nil
 	}
+	if src := s.field("source"); src != nil && src.Type == "struct" {
+		return nil // an envelope with a column of that name
+	}
 	row := *s
 	row.Fields = nil
 	for _, f := range s.Fields {
-		if !strings.HasPrefix(f.Field, "__") {
+		if !flatAdded(f.Field) {
 			row.Fields = append(row.Fields, f)
 		}
 	}
 	return &row
 }
 
-// flatOp reads a flattened record's operation and marks e flattened; it
-// returns no value for an envelope (nor for a payload without __op and
-// __deleted).
-func (e *jsonEnvelope) flatOp() gjson.Result {
-	op, del := e.field("__op"), e.field("__deleted")
-	if !op.Exists() && !del.Exists() {
-		return gjson.Result{}
+// addedBare are the fields add.fields names unqualified (op → __op, lsn →
+// __lsn): the envelope's own, the connectors' source fields, the
+// transaction block's.
+var addedBare = map[string]bool{}
+
+func init() {
+	for _, f := range strings.Fields(`op ts_ms ts_us ts_ns version connector name snapshot db sequence schema table
+		txId lsn xmin change_lsn commit_lsn event_serial_no server_id gtid file pos row thread query scn commit_scn rs_id ssn
+		redo_thread user_name lcr_position collection ord lsid txnNumber wallTime id total_order data_collection_order`) {
+		addedBare[f] = true
 	}
-	if del.Type == gjson.True || (del.Type == gjson.String && del.Str == "true") || (op.Type == gjson.String && op.Str == "d") {
+}
+
+// flatAdded says whether a flattened record's field is one the transform
+// added, not the row's.
+func flatAdded(name string) bool {
+	rest, ok := strings.CutPrefix(name, "__")
+	if !ok {
+		return false
+	}
+	return rest == "deleted" || addedBare[rest] || strings.HasPrefix(rest, "source_") ||
+		strings.HasPrefix(rest, "transaction_") || strings.HasPrefix(rest, "updateDescription")
+}
+
+// bareStruct is the envelope block add.fields takes an unqualified name
+// from (Debezium's FieldReference.determineStruct): "" for the envelope's
+// own fields.
+func bareStruct(field string) string {
+	switch field {
+	case "id", "total_order", "data_collection_order":
+		return "transaction"
+	case "op", "ts_ms", "ts_us", "ts_ns":
+		return ""
+	case "updateDescription":
+		return "updateDescription"
+	}
+	return "source"
+}
+
+// flatOp reads a flattened record's operation and marks e flattened.
+func (e *jsonEnvelope) flatOp() (gjson.Result, error) {
+	op, del := e.field("__op"), e.field("__deleted")
+	if op.Type != gjson.String {
+		return gjson.Result{}, errors.New("flattened record without __op: add op to the transform's add.fields " +
+			"(a create, an update and a snapshot read differ in nothing else; docs/sources.md, flattened records)")
+	}
+	if del.Type == gjson.True || (del.Type == gjson.String && del.Str == "true") || op.Str == "d" {
 		e.flat = flatDelete
-		return gjson.Result{Type: gjson.String, Str: "d", Raw: `"d"`}
+		return gjson.Result{Type: gjson.String, Str: "d", Raw: `"d"`}, nil
 	}
 	e.flat = flatRow
-	if op.Type == gjson.String {
-		return op
-	}
-	return gjson.Result{Type: gjson.String, Str: "u", Raw: `"u"`}
+	return op, nil
 }
 
 // flatGet follows an envelope path through a flattened record.
 func (e *jsonEnvelope) flatGet(path []string) gjson.Result {
-	if len(path) == 2 && (path[0] == "after" || path[0] == "before") {
+	switch {
+	case len(path) == 2 && (path[0] == "after" || path[0] == "before"):
 		if (path[0] == "after") == (e.flat == flatRow) {
 			return e.field(path[1])
 		}
 		return gjson.Result{}
-	}
-	if len(path) == 1 && !strings.HasPrefix(path[0], "__") {
-		if v := e.field("__" + path[0]); v.Exists() {
-			return v
-		}
-	}
-	if len(path) == 1 {
-		return e.field(path[0]) // a field named as it is written
+	case len(path) == 1 && strings.HasPrefix(path[0], "__"):
+		return e.field(path[0]) // a field named as the transform wrote it
+	case len(path) == 1:
+		return e.field("__" + path[0])
 	}
 	if v := e.field("__" + strings.Join(path, "_")); v.Exists() {
 		return v
 	}
-	if len(path) == 2 {
+	if len(path) == 2 && bareStruct(path[1]) == path[0] {
 		return e.field("__" + path[1]) // add.fields named it unqualified
 	}
 	return gjson.Result{}
@@ -95,7 +141,7 @@ func flatAfter(p gjson.Result) (string, error) {
 	b.WriteByte('{')
 	n := 0
 	p.ForEach(func(k, v gjson.Result) bool {
-		if strings.HasPrefix(k.Str, "__") {
+		if flatAdded(k.Str) {
 			return true
 		}
 		if n > 0 {
@@ -110,7 +156,6 @@ func flatAfter(p gjson.Result) (string, error) {
 	b.WriteByte('}')
 	return b.String(), nil
 }
-
 // flatDocumentKey is the _id of a flattened MongoDB record, as text (as
 // mongoIDText spells it): ExtractNewDocumentState's key is {"id": <the
 // _id, typed>}; a record without one takes the row's _id.

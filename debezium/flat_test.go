@@ -27,10 +27,15 @@ func TestFlattenedRecords(t *testing.T) {
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},
 		{Name: "qty", Schema: `{"type":"int32","optional":true}`},
 		{Name: "changed", Schema: `{"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1}`},
+		// Columns of the row named like envelope fields, and a Mongoose-style
+		// __v: the row's, not the transform's.
+		{Name: "op", Schema: `{"type":"string","optional":true}`},
+		{Name: "__v", Schema: `{"type":"int32","optional":true}`},
 	}}
 	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	row := func(id int, plan string, qty int, sec int) scdtest.Row {
-		return scdtest.Row{"id": id, "plan": plan, "qty": qty, "changed": at.Add(time.Duration(sec)*time.Second + 250*time.Millisecond).UnixMicro()}
+		return scdtest.Row{"id": id, "plan": plan, "qty": qty, "changed": at.Add(time.Duration(sec)*time.Second + 250*time.Millisecond).UnixMicro(),
+			"op": "x", "__v": sec}
 	}
 	changes := []scdtest.Change{
 		{Op: "r", After: row(3, "basic", 1, 0), LSN: 100, Commit: at, Snapshot: "last"},
@@ -57,7 +62,7 @@ func TestFlattenedRecords(t *testing.T) {
 		if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs)}); err != nil {
 			t.Fatal(err)
 		}
-		return scdtest.HistoryLines(t, pool, spec, []string{"plan", "qty", "changed"})
+		return scdtest.HistoryLines(t, pool, spec, []string{"plan", "qty", "changed", "op", "__v"})
 	}
 	for _, vf := range []string{"source.ts_ms", "after.changed"} {
 		t.Run(vf, func(t *testing.T) {
@@ -73,6 +78,23 @@ func TestFlattenedRecords(t *testing.T) {
 		})
 	}
 
+	t.Run("misconfigured transforms", func(t *testing.T) {
+		d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "x", SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
+		k, v := src.Envelope(changes[1])
+		for _, tc := range []struct {
+			what, want string
+			fields     []string
+		}{
+			// ts_ms unqualified is the envelope's (when Debezium processed
+			// the change), not source.ts_ms.
+			{"add.fields=op,source.lsn,ts_ms", "valid_from path source.ts_ms is missing", []string{"op", "source.lsn", "ts_ms"}},
+			{"add.fields without op", "__op", []string{"source.lsn", "source.ts_ms"}},
+		} {
+			if _, err := d.Decode(ctx, change.Origin{Partition: change.Partition{Topic: src.Topic()}}, k, scdtest.Flatten(v, tc.fields...)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: %v; want an error with %q", tc.what, err, tc.want)
+			}
+		}
+	})
 	t.Run("no op and no __deleted", func(t *testing.T) {
 		d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "x", SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 		k, _ := src.Envelope(changes[1])

@@ -15,7 +15,8 @@ import (
 
 // envelopeSchema is the parsed value schema of a Debezium envelope.
 type envelopeSchema struct {
-	row *rowSchema // the before/after struct; nil when the schema has none
+	row  *rowSchema // the before/after struct; nil when the schema has none
+	flat bool       // a flattened record's schema (flat.go): row is the record's
 }
 
 // flatKind says how a payload is read: an envelope, or a flattened record
@@ -262,15 +263,15 @@ func parseEnvelopeSchema(raw string) *cached {
 		return &cached{err: err}
 	}
 	env := &envelopeSchema{}
-	rs := s.field("after")
+	rs := flatRowSchema(s) // a flattened record's (flat.go), or nil
+	env.flat = rs != nil
 	if rs == nil {
-		rs = s.field("before")
+		if rs = s.field("after"); rs == nil {
+			rs = s.field("before")
+		}
 	}
 	if rs != nil && rs.Type == "string" { // MongoDB: documents as Extended JSON strings (mongo.go)
 		rs = nil
-	}
-	if rs == nil {
-		rs = flatRowSchema(s) // a flattened record's (flat.go), or nil
 	}
 	if rs != nil {
 		if env.row, err = newRowSchema(rs, binlogSource(s)); err != nil {
@@ -339,9 +340,14 @@ func escapePath(p string) string {
 }
 
 func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEnvelope) (*change.Event, error) {
-	op := env.field("op")
-	if !op.Exists() || op.Type == gjson.Null {
-		op = env.flatOp() // a flattened record's __op, or its __deleted
+	var op gjson.Result
+	if env.looksFlat() {
+		var err error
+		if op, err = env.flatOp(); err != nil {
+			return nil, err
+		}
+	} else {
+		op = env.field("op")
 	}
 	if !op.Exists() || op.Type == gjson.Null {
 		if env.field("ts_ms").Exists() && env.top.n <= 2 {
@@ -354,7 +360,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 			return nil, ErrSkip // a schema change, from a topic a pattern took
 		}
 		return nil, errors.New("envelope has no op field (a record flattened by ExtractNewRecordState or ExtractNewDocumentState needs " +
-			"add.fields=op,… or delete.tombstone.handling.mode=rewrite; docs/sources.md, flattened records)")
+			"add.fields=op,… and delete.tombstone.handling.mode=rewrite; docs/sources.md, flattened records)")
 	}
 	if op.Type != gjson.String {
 		return nil, fmt.Errorf("unknown operation %s", clip(op.Raw))

@@ -240,8 +240,12 @@ func mongoDouble(s string) (string, any, error) {
 	switch {
 	case err != nil && !errors.Is(err, strconv.ErrRange):
 		return "", nil, fmt.Errorf("%q is not a number", clip(s))
-	case math.IsNaN(f) || math.IsInf(f, 0):
-		return mongoNumeric(s)
+	case math.IsNaN(f):
+		return "numeric", pgtype.Numeric{NaN: true, Valid: true}, nil
+	case math.IsInf(f, 1): // also a value beyond the range of a double
+		return "numeric", pgtype.Numeric{InfinityModifier: pgtype.Infinity, Valid: true}, nil
+	case math.IsInf(f, -1):
+		return "numeric", pgtype.Numeric{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, nil
 	}
 	return mongoNumeric(strconv.FormatFloat(f, 'g', -1, 64))
 }

@@ -215,6 +215,13 @@ func TestMongoAvro(t *testing.T) {
 			strconv.FormatInt(at.Add(500*time.Millisecond).UnixMilli(), 10) + `}}`
 	}
 	recs := [][2][]byte{rec("c", doc("basic"), 1), rec("u", doc("pro"), 2), rec("d", "", 3)}
+	withKeys := debezium.New([]debezium.Rule{{Topic: topic, Target: "avro_docs", Format: debezium.FormatAvro, Keys: []string{"_id"},
+		SequenceBy: config.DefaultSequenceBy["mongodb"], ValidFrom: "source.ts_ms"}}, cl, nil)
+	for _, ev := range decodeAll(t, withKeys, topic, recs) { // keys: [_id] is the message key's id
+		if len(ev.Key) != 1 || ev.Key[0] != "5d505646cf6d4fe581014ab2" {
+			t.Errorf("keys [_id]: key %v", ev.Key)
+		}
+	}
 	d := debezium.New([]debezium.Rule{{Topic: topic, Target: "avro_docs", Format: debezium.FormatAvro,
 		SequenceBy: config.DefaultSequenceBy["mongodb"], ValidFrom: "source.ts_ms"}}, cl, nil)
 	s := newSink(t, pool, sink.TableSpec{Target: "avro_docs"})
