@@ -156,6 +156,7 @@ func flatAfter(p gjson.Result) (string, error) {
 	b.WriteByte('}')
 	return b.String(), nil
 }
+
 // flatDocumentKey is the _id of a flattened MongoDB record, as text (as
 // mongoIDText spells it): ExtractNewDocumentState's key is {"id": <the
 // _id, typed>}; a record without one takes the row's _id.
