@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test lint bench build e2e e2e-bench
+.PHONY: test lint bench build e2e e2e-bench only-go
 
 build:
 	$(GO) build -o bin/scd2sink ./cmd/scd2sink
@@ -12,6 +12,11 @@ test: lint
 	# What a rebalance callback shares with the applying goroutine, and the
 	# parts of a batch applied side by side, under the race detector.
 	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure' ./sink/
+
+# Only Go: the demo and the debezium tests with PostgreSQL's binaries
+# hidden, on the embedded PostgreSQL (as root: it uses a mount namespace).
+only-go:
+	sh .ci/only-go
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -78,6 +79,31 @@ func TestComposeAgrees(t *testing.T) {
 	if !strings.HasPrefix(kafka.Image, "apache/kafka:") || !strings.Contains(env(kafka, "KAFKA_PROCESS_ROLES"), "controller") {
 		t.Errorf("kafka is not Apache Kafka in KRaft mode: %s %v", kafka.Image, kafka.Environment)
 	}
+	// The images are the versions the end-to-end suite checks.
+	for _, v := range []struct{ image, pom, prop string }{
+		{kafka.Image, "../e2e/maven/kafka/pom.xml", `<kafka.version>([^<]+)</kafka.version>`},
+		{connect.Image, "../e2e/maven/debezium/pom.xml", `<artifactId>debezium-connector-postgres</artifactId>\s*<version>([^<]+)</version>`},
+	} {
+		pom, err := os.ReadFile(v.pom)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(v.prop).FindSubmatch(pom)
+		if m == nil {
+			t.Fatalf("%s: no version matching %s", v.pom, v.prop)
+		}
+		if _, tag, _ := strings.Cut(v.image, ":"); tag != string(m[1]) {
+			t.Errorf("image %s: the e2e suite checks %s (%s)", v.image, m[1], v.pom)
+		}
+	}
+	// Host ports clear of a local PostgreSQL or Kafka, on loopback only.
+	for _, s := range p.Services {
+		for _, port := range s.Ports {
+			if port.Published == "5432" || port.Published == "9092" || port.HostIP != "127.0.0.1" {
+				t.Errorf("service %s publishes %s:%s: it collides with a local server or is open beyond loopback", s.Name, port.HostIP, port.Published)
+			}
+		}
+	}
 	if !slices.Contains(source.Command, "wal_level=logical") {
 		t.Errorf("the source has no logical decoding: %v", source.Command)
 	}
@@ -115,7 +141,7 @@ func TestComposeAgrees(t *testing.T) {
 	_, port, _ := net.SplitHostPort(cfg.HTTPAddr())
 	published := false
 	for _, p := range sink.Ports {
-		published = published || (p.Published == port && p.Target == 9464)
+		published = published || strconv.Itoa(int(p.Target)) == port
 	}
 	if !published || !strings.HasPrefix(cfg.HTTPAddr(), "0.0.0.0:") {
 		t.Errorf("metrics on %s are not reachable through the published ports %v", cfg.HTTPAddr(), sink.Ports)

@@ -308,8 +308,8 @@ func composeTarget() bool { return os.Getenv("E2E_TARGET") == "compose" }
 // source; the processes are not this test's to start or stop.
 func composeStack(t *testing.T, ctx context.Context) *stack {
 	t.Helper()
-	srcDSN := envOr("E2E_SOURCE_DSN", "postgres://postgres:postgres@127.0.0.1:5432/shop?sslmode=disable")
-	st := &stack{targetDSN: envOr("E2E_TARGET_DSN", "postgres://postgres:postgres@127.0.0.1:5433/warehouse?sslmode=disable")}
+	srcDSN := envOr("E2E_SOURCE_DSN", "postgres://postgres:postgres@127.0.0.1:15432/shop?sslmode=disable")
+	st := &stack{targetDSN: envOr("E2E_TARGET_DSN", "postgres://postgres:postgres@127.0.0.1:15433/warehouse?sslmode=disable")}
 	st.src = sourceDB{dsn: srcDSN, db: "shop", pool: utcPool(t, srcDSN)}
 	st.src.audit(t, ctx)
 	st.tpool = utcPool(t, st.targetDSN)

