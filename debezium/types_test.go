@@ -504,7 +504,7 @@ func TestPrimaryKeyChange(t *testing.T) {
 			want := "1:basic:long text of 1:f 1:pro:long text of 1:f 2:team:the old life of 2:f 2:pro:long text of 1:f 2:team:long text of 1:t"
 			if name == "new key first" {
 				// The old key is applied after the create: its value was
-				// not known, and the columns are NULL (see README).
+				// not known, and the columns are NULL (see docs/formats-and-types.md).
 				want = "1:basic:long text of 1:f 1:pro:long text of 1:f 2:team:the old life of 2:f 2:pro:NULL:f 2:team:NULL:t"
 			}
 			if got != want {

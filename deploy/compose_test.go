@@ -194,7 +194,7 @@ func TestComposeAgrees(t *testing.T) {
 }
 
 // The dashboard is valid JSON and every metric it queries is one scd2sink
-// serves (README's list).
+// serves (docs/operations.md's list).
 func TestDashboard(t *testing.T) {
 	raw, err := os.ReadFile("grafana/scd2sink.json")
 	if err != nil {
@@ -204,7 +204,7 @@ func TestDashboard(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatalf("dashboard: %v", err)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestDashboard(t *testing.T) {
 	for _, m := range metrics {
 		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")
 		if !strings.Contains(string(readme), "`"+base) {
-			t.Errorf("the dashboard queries %s, which README does not list", m)
+			t.Errorf("the dashboard queries %s, which docs/operations.md does not list", m)
 		}
 	}
 }

@@ -190,7 +190,7 @@ func Hint(err error) string {
 	case code == "42P01":
 		return "a table scd2sink writes is missing (dropped by hand?): restore it, or restart to create it anew"
 	case code == "42501":
-		return "a privilege is missing: grant what README's Least privilege section lists"
+		return "a privilege is missing: grant what docs/operations.md's Least privilege section lists"
 	case strings.HasPrefix(code, "28"):
 		return "PostgreSQL refused the login: check the role and its password (postgres.dsn)"
 	case strings.HasPrefix(code, "42"):
