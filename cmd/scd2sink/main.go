@@ -7,6 +7,7 @@
 //	scd2sink dead-letters list|replay --config FILE ...
 //	scd2sink reconcile --config FILE --table T --confirm
 //	scd2sink tables   --config FILE
+//	scd2sink init     --brokers B [--registry URL] [--topics RE] [--dsn DSN] > scd2sink.yaml
 //	scd2sink demo
 //	scd2sink version
 package main
@@ -19,11 +20,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/internal/app"
@@ -60,6 +63,9 @@ const usage = `usage:
                                     print it and exit 2
   scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
                                     versions, lag, complete_through; straight from Kafka and PostgreSQL
+  scd2sink init     --brokers B[,B...] [--registry URL] [--topics RE] [--dsn DSN] [--wait D]
+                                    write a first configuration for the cluster's Debezium topics
+                                    (one record of each read: format, connector, key, columns)
   scd2sink demo                     play a scripted scenario in-process and print its history
   scd2sink version
   scd2sink help                     this text (also -h, --help)
@@ -133,6 +139,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&keyList, "key", "", "the key values, comma-separated, in key column order")
 		fs.StringVar(&hq.At, "at", "", "a time: print the version valid then")
 	}
+	var initOpts app.InitOptions
+	var brokers, topics string
+	if cmd == "init" {
+		fs.StringVar(&brokers, "brokers", "", "Kafka bootstrap brokers, comma-separated")
+		fs.StringVar(&initOpts.Registry, "registry", "", "the schema registry's URL (for Avro topics)")
+		fs.StringVar(&topics, "topics", "", "a regular expression: only the topics it matches (whole names)")
+		fs.StringVar(&initOpts.DSN, "dsn", "", "the warehouse's DSN (default: a placeholder to edit)")
+		fs.DurationVar(&initOpts.Wait, "wait", 10*time.Second, "how long to wait for a topic's first record")
+	}
 	if err := fs.Parse(rest); err != nil {
 		return 2
 	}
@@ -146,6 +161,24 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return exitCode(stderr, runDemo(context.Background(), stdout))
+	case "init":
+		if brokers == "" {
+			fmt.Fprintf(stderr, "scd2sink init: --brokers is required\n%s", usage)
+			return 2
+		}
+		for _, b := range strings.Split(brokers, ",") {
+			initOpts.Brokers = append(initOpts.Brokers, strings.TrimSpace(b))
+		}
+		if topics != "" {
+			re, err := regexp.Compile("^(?:" + topics + ")$")
+			if err != nil {
+				return exitCode(stderr, &config.Error{Key: "--topics", Msg: err.Error()})
+			}
+			initOpts.Topics = re
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return exitCode(stderr, app.Init(ctx, initOpts, stdout))
 	case "run", "verify", "rebuild", "history", "tables", "reconcile", "dead-letters list", "dead-letters replay":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
