@@ -13,7 +13,7 @@ test: lint
 	# parts of a batch applied side by side, under the race detector.
 	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure' ./sink/
 
-# Only Go: the demo and the debezium tests with PostgreSQL's binaries
+# Only Go: the demo and every package's tests with PostgreSQL's binaries
 # hidden, on the embedded PostgreSQL (as root: it uses a mount namespace).
 only-go:
 	sh .ci/only-go

@@ -18,13 +18,16 @@ import (
 // psql finds the psql client (Debian's postgresql-client).
 func psql(t *testing.T) string {
 	t.Helper()
-	if p, err := exec.LookPath("psql"); err == nil {
+	runs := func(p string) bool { return exec.Command(p, "--version").Run() == nil }
+	if p, err := exec.LookPath("psql"); err == nil && runs(p) {
 		return p
 	}
-	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql"); len(m) > 0 {
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql"); len(m) > 0 && runs(m[len(m)-1]) {
 		return m[len(m)-1]
 	}
-	t.Fatal("psql not found: install postgresql-client")
+	// deploy/least-privilege.sql is a psql script (variables, ON_ERROR_STOP):
+	// a machine with Go alone (the embedded PostgreSQL) has no psql to run it.
+	t.Skip("psql not found (install postgresql-client): the least-privilege script is run by psql")
 	return ""
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
+	"github.com/jackc/pgx/v5"
 )
 
 // EmbeddedVersion is the PostgreSQL of the embedded server, whose binaries
@@ -64,8 +65,15 @@ func startEmbedded(ctx context.Context) (*Cluster, error) {
 			lastErr = fmt.Errorf("embedded PostgreSQL %s: %w\n%s", EmbeddedVersion, err, tail(b, 2000))
 			continue
 		}
+		// Trust loopback connections, as the local clusters do: the tests
+		// log in as other roles, with passwords they only carry.
+		if err := trustLoopback(ctx, port, filepath.Join(runtime, "data")); err != nil {
+			_ = db.Stop()
+			lastErr = err
+			continue
+		}
 		return &Cluster{
-			base: &url.URL{Scheme: "postgres", User: url.UserPassword("postgres", "postgres"),
+			base: &url.URL{Scheme: "postgres", User: url.User("postgres"),
 				Host: fmt.Sprintf("127.0.0.1:%d", port), Path: "/postgres", RawQuery: "sslmode=disable"},
 			stop: func() {
 				_ = db.Stop()
@@ -78,6 +86,32 @@ func startEmbedded(ctx context.Context) (*Cluster, error) {
 	log.Close()
 	os.RemoveAll(dir)
 	return nil, lastErr
+}
+
+// trustLoopback rewrites the server's pg_hba.conf to trust connections
+// from the loopback address and the socket, and reloads it.
+func trustLoopback(ctx context.Context, port int, data string) error {
+	hba := "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n"
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("embedded PostgreSQL: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port))
+	if err != nil {
+		return fmt.Errorf("embedded PostgreSQL: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("embedded PostgreSQL: reloading pg_hba.conf: %w", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) { // the reload is asynchronous
+		c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port))
+		if err == nil {
+			return c.Close(ctx)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("embedded PostgreSQL: still asks for a password after the reload: %w", err)
+		}
+	}
 }
 
 // tail is the end of b, at most n bytes.
