@@ -7,6 +7,7 @@ import (
 	"io"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,8 +65,8 @@ func Init(ctx context.Context, o InitOptions, out io.Writer) error {
 	cfg := &config.Config{SchemaRegistry: config.SchemaRegistry{URL: o.Registry}}
 	for _, r := range firsts {
 		for _, h := range r.Headers {
-			if h.Key == debezium.ApicurioValueGlobalID {
-				cfg.SchemaRegistry.Kind = "apicurio"
+			if h.Key == debezium.ApicurioValueGlobalID || h.Key == debezium.ApicurioValueContentID {
+				cfg.SchemaRegistry.Kind = "apicurio" // the header names its id's kind
 			}
 		}
 	}
@@ -93,7 +94,9 @@ func Init(ctx context.Context, o InitOptions, out io.Writer) error {
 		for _, h := range r.Headers {
 			hs = append(hs, debezium.Header{Key: h.Key, Value: h.Value})
 		}
-		d, err := dec.Describe(ctx, r.Key, r.Value, hs...)
+		dctx, cancel := context.WithTimeout(ctx, o.Wait) // a registry that does not answer
+		d, err := dec.Describe(dctx, r.Key, r.Value, hs...)
+		cancel()
 		switch {
 		case err != nil && o.Registry == "" && len(r.Value) > 0 && r.Value[0] != '{':
 			skipped = append(skipped, name+": Avro, and no --registry to read it")
@@ -109,7 +112,11 @@ func Init(ctx context.Context, o InitOptions, out io.Writer) error {
 		return fmt.Errorf("no Debezium data topic found (%s)", strings.Join(skipped, "; "))
 	}
 	text := renderInit(o, cfg.SchemaRegistry, data, skipped)
-	if _, err := config.Parse([]byte(text), func(string) (string, bool) { return "", false }); err != nil {
+	parsed, err := config.Parse([]byte(text), func(string) (string, bool) { return "", false })
+	if err == nil {
+		err = config.NewRouter(parsed).Check(names) // what run checks at start
+	}
+	if err != nil {
 		return fmt.Errorf("the configuration written does not pass validation (a bug): %w\n%s", err, text)
 	}
 	_, err = io.WriteString(out, text)
@@ -143,10 +150,21 @@ func firstRecords(ctx context.Context, brokers, topics []string, wait time.Durat
 	return out, ctx.Err()
 }
 
-// initGroup is topics that one tables entry takes.
+// initGroup is topics that one tables entry takes; target is a lone
+// topic's.
 type initGroup struct {
 	prefix string
 	topics []initTopic
+	target string
+}
+
+// quoteAll writes names as YAML's double-quoted strings.
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }
 
 // renderInit writes the configuration.
@@ -178,10 +196,11 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 		}
 	}
 	b.WriteString("tables:\n")
-	for _, g := range groupTopics(data) {
+	for _, g := range groupTopics(data, skipped) {
 		t := g.topics[0]
 		connector := t.Connector
 		if !contains(config.Connectors, connector) {
+			fmt.Fprintf(&b, "  # The records name no connector scd2sink knows (%q): postgresql is assumed; set connector.\n", connector)
 			connector = "postgresql"
 		}
 		if len(g.topics) > 1 {
@@ -191,11 +210,11 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 			}
 			b.WriteString("  # Every non-key column is tracked (Type 2). To track fewer for one table, give it an entry of its own\n")
 			b.WriteString("  # with track_history, and leave it out of the pattern.\n")
-			fmt.Fprintf(&b, "  - topic_pattern: '%s\\.[^.]+'\n    target: \"{table}_history\"\n", regexp.QuoteMeta(g.prefix))
+			fmt.Fprintf(&b, "  - topic_pattern: %q\n    target: \"{table}_history\"\n", regexp.QuoteMeta(g.prefix)+`\.[^.]+`)
 		} else {
-			fmt.Fprintf(&b, "  - topic: %s\n", t.name)
+			fmt.Fprintf(&b, "  - topic: %q\n    target: %q\n", t.name, g.target)
 			if connector != "mongodb" && len(t.Keys) > 0 {
-				fmt.Fprintf(&b, "    keys: [%s]   # the message key's fields\n", strings.Join(t.Keys, ", "))
+				fmt.Fprintf(&b, "    keys: [%s]   # the message key's fields\n", quoteAll(t.Keys))
 			}
 			var tracked []string
 			for _, c := range t.Columns {
@@ -206,7 +225,7 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 			if len(tracked) > 0 {
 				b.WriteString("    # Type 2: a change to one of these opens a version. Remove a column to make it Type 1\n")
 				b.WriteString("    # (overwritten in place), or list it in ignore_columns to keep it out.\n")
-				fmt.Fprintf(&b, "    track_history: [%s]\n", strings.Join(tracked, ", "))
+				fmt.Fprintf(&b, "    track_history: [%s]\n", quoteAll(tracked))
 			}
 		}
 		if t.Format == debezium.FormatAvro {
@@ -219,27 +238,69 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 	return b.String()
 }
 
-// groupTopics groups topics of one prefix (the name up to its last dot),
-// connector, format and key fields; others stay alone.
-func groupTopics(data []initTopic) []initGroup {
-	byKey := map[string]*initGroup{}
-	var order []string
-	for _, t := range data {
-		prefix := t.name
-		if i := strings.LastIndexByte(t.name, '.'); i > 0 {
-			prefix = t.name[:i]
+// groupTopics groups the topics of one prefix (the name up to its last
+// dot) under a topic_pattern when they share connector and format, and no
+// other topic of that prefix (of another connector or format, or left out)
+// would be caught by the pattern, and their targets ({table}_history) are
+// nobody else's; the others get entries of their own, with targets that
+// are unique (the whole topic name when the table's is taken).
+func groupTopics(data []initTopic, skipped []string) []initGroup {
+	prefixOf := func(name string) string {
+		if i := strings.LastIndexByte(name, '.'); i > 0 {
+			return name[:i]
 		}
-		k := strings.Join([]string{prefix, t.Connector, t.Format, strings.Join(t.Keys, ",")}, "\x00")
-		if byKey[k] == nil {
-			byKey[k] = &initGroup{prefix: prefix}
-			order = append(order, k)
-		}
-		byKey[k].topics = append(byKey[k].topics, t)
+		return name
 	}
-	sort.Strings(order)
+	tableOf := func(name string) string { return name[strings.LastIndexByte(name, '.')+1:] }
+	kinds := map[string]map[string]bool{} // prefix → connector/format kinds
+	for _, t := range data {
+		p := prefixOf(t.name)
+		if kinds[p] == nil {
+			kinds[p] = map[string]bool{}
+		}
+		kinds[p][t.Connector+"/"+t.Format] = true
+	}
+	for _, s := range skipped { // "topic: why"
+		name, _, _ := strings.Cut(s, ": ")
+		if kinds[prefixOf(name)] != nil {
+			kinds[prefixOf(name)]["left out"] = true
+		}
+	}
+	byPrefix := map[string][]initTopic{}
+	var prefixes []string
+	for _, t := range data {
+		p := prefixOf(t.name)
+		if byPrefix[p] == nil {
+			prefixes = append(prefixes, p)
+		}
+		byPrefix[p] = append(byPrefix[p], t)
+	}
+	sort.Strings(prefixes)
 	var out []initGroup
-	for _, k := range order {
-		out = append(out, *byKey[k])
+	var lone []initTopic
+	taken := map[string]bool{}
+	for _, p := range prefixes {
+		ts := byPrefix[p]
+		ok := len(ts) > 1 && len(kinds[p]) == 1
+		for _, t := range ts {
+			ok = ok && !taken[tableOf(t.name)+"_history"]
+		}
+		if !ok {
+			lone = append(lone, ts...)
+			continue
+		}
+		for _, t := range ts {
+			taken[tableOf(t.name)+"_history"] = true
+		}
+		out = append(out, initGroup{prefix: p, topics: ts})
+	}
+	for _, t := range lone {
+		target := tableOf(t.name) + "_history"
+		if taken[target] || len(target) > config.MaxTargetBytes {
+			target = strings.NewReplacer(".", "_", "-", "_").Replace(t.name) + "_history"
+		}
+		taken[target] = true
+		out = append(out, initGroup{prefix: prefixOf(t.name), topics: []initTopic{t}, target: target})
 	}
 	return out
 }

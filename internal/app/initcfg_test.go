@@ -36,11 +36,13 @@ func TestInit(t *testing.T) {
 	orders := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "orders", Keys: []string{"id"}, Cols: cols}
 	accounts := &scdtest.Source{Server: "inv", DB: "inv", Table: "accounts", Keys: []string{"id"}, Cols: cols}
 	items := &scdtest.Source{Server: "cat", DB: "cat", Schema: "public", Table: "items", Keys: []string{"id"}, Cols: cols}
+	// A table of the name of one the pattern takes: its target must differ.
+	oldCustomers := &scdtest.Source{Server: "old", DB: "old", Schema: "public", Table: "customers", Keys: []string{"id"}, Cols: cols}
 	reg := srfake.New()
 	t.Cleanup(reg.Close)
 	reg.SeedSchema(items.Topic()+"-value", 1, 21, sr.Schema{Schema: items.AvroValueSchema(), Type: sr.TypeAvro})
 	reg.SeedSchema(items.Topic()+"-key", 1, 22, sr.Schema{Schema: items.AvroKeySchema(), Type: sr.TypeAvro})
-	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, customers.Topic(), orders.Topic(), accounts.MariaDBTopic(),
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, customers.Topic(), orders.Topic(), oldCustomers.Topic(), accounts.MariaDBTopic(),
 		items.Topic(), "shop.transaction", "inv", "empty.topic", "__debezium-heartbeat.shop"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +63,7 @@ func TestInit(t *testing.T) {
 		{Op: "d", Before: scdtest.Row{"id": 1}},
 	} {
 		c.LSN, c.Commit = int64(100+10*i), at.Add(time.Duration(i)*time.Minute)
-		for _, s := range []*scdtest.Source{customers, orders} {
+		for _, s := range []*scdtest.Source{customers, orders, oldCustomers} {
 			k, v := s.Envelope(c)
 			recs = append(recs, &kgo.Record{Topic: s.Topic(), Key: k, Value: v})
 		}
@@ -69,7 +71,7 @@ func TestInit(t *testing.T) {
 		recs = append(recs, &kgo.Record{Topic: accounts.MariaDBTopic(), Key: k, Value: v})
 		k, v = items.AvroEnvelope(c, 21, 22)
 		recs = append(recs, &kgo.Record{Topic: items.Topic(), Key: k, Value: v})
-		n += 4
+		n += 5
 	}
 	recs = append(recs,
 		&kgo.Record{Topic: "shop.transaction", Key: []byte(`{"id":"571"}`), Value: []byte(`{"status":"BEGIN","id":"571","ts_ms":1772355600000,"event_count":null,"data_collections":null}`)},
@@ -84,9 +86,10 @@ func TestInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
-	for _, want := range []string{`topic_pattern: 'shop\.public\.[^.]+'`, "- topic: inv.inv.accounts", "connector: mariadb",
-		"sequence_by: [source.gtid, source.file, source.pos, source.row]", "- topic: cat.public.items", "format: debezium-avro",
-		"kind: confluent", "track_history: [plan, qty]", "keys: [id]",
+	for _, want := range []string{`topic_pattern: "shop\\.public\\.[^.]+"`, `- topic: "inv.inv.accounts"`, "connector: mariadb",
+		"sequence_by: [source.gtid, source.file, source.pos, source.row]", `- topic: "cat.public.items"`, "format: debezium-avro",
+		`- topic: "old.public.customers"`, `target: "old_public_customers_history"`,
+		"kind: confluent", `track_history: ["plan", "qty"]`, `keys: ["id"]`,
 		"Left out: shop.transaction: transaction", "Left out: inv: schema-change", "Left out: empty.topic: no record"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the configuration lacks %q:\n%s", want, text)
@@ -104,6 +107,7 @@ schema_registry: {url: %q}
 tables:
   - {topic: shop.public.customers, target: customers_history}
   - {topic: shop.public.orders, target: orders_history}
+  - {topic: old.public.customers, target: old_public_customers_history}
   - {topic: inv.inv.accounts, target: accounts_history, connector: mariadb}
   - {topic: cat.public.items, target: items_history, format: debezium-avro}
 `, kafka.ListenAddrs(), handDSN, reg.URL())
@@ -138,14 +142,14 @@ tables:
 		if err := <-done; err != nil {
 			t.Fatalf("%s: Run: %v", run.name, err)
 		}
-		for _, target := range []string{"customers_history", "orders_history", "accounts_history", "items_history"} {
+		for _, target := range []string{"customers_history", "orders_history", "old_public_customers_history", "accounts_history", "items_history"} {
 			lines := scdtest.HistoryLines(t, pool, sink.TableSpec{Target: target, Schema: "public", Keys: []string{"id"}}, []string{"plan", "qty"})
 			histories[run.name] = append(histories[run.name], target)
 			histories[run.name] = append(histories[run.name], withoutSeq(lines)...)
 		}
 		pool.Close()
 	}
-	if d := scdtest.DiffLines(histories["hand"], histories["init"]); d != "" || len(histories["init"]) < 4*4 {
+	if d := scdtest.DiffLines(histories["hand"], histories["init"]); d != "" || len(histories["init"]) < 5*4 {
 		t.Errorf("init's configuration builds another history than the hand-written one:\n%s", d)
 	}
 }

@@ -27,9 +27,9 @@ func startEmbedded(ctx context.Context) (*Cluster, error) {
 	if os.Geteuid() == 0 {
 		return nil, errors.New("the embedded PostgreSQL cannot run as root (initdb refuses): run as another user")
 	}
-	cache, err := os.UserCacheDir()
+	cache, err := os.UserCacheDir() // never a shared directory: the archive is run
 	if err != nil {
-		cache = os.TempDir()
+		return nil, fmt.Errorf("the embedded PostgreSQL needs a user cache directory for its binaries: %w", err)
 	}
 	cacheDir := filepath.Join(cache, "scd2sink", "embedded-postgres")
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
@@ -85,6 +85,9 @@ func startEmbedded(ctx context.Context) (*Cluster, error) {
 	}
 	log.Close()
 	os.RemoveAll(dir)
+	if lastErr == nil {
+		lastErr = fmt.Errorf("embedded PostgreSQL: not started: %w", ctx.Err())
+	}
 	return nil, lastErr
 }
 
