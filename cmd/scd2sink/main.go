@@ -146,7 +146,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&initOpts.Registry, "registry", "", "the schema registry's URL (for Avro topics)")
 		fs.StringVar(&topics, "topics", "", "a regular expression: only the topics it matches (whole names)")
 		fs.StringVar(&initOpts.DSN, "dsn", "", "the warehouse's DSN (default: a placeholder to edit)")
-		fs.DurationVar(&initOpts.Wait, "wait", 10*time.Second, "how long to wait for a topic's first record")
+		fs.DurationVar(&initOpts.Wait, "wait", 10*time.Second, "how long to wait for the topics' first records (and for the registry)")
 	}
 	if err := fs.Parse(rest); err != nil {
 		return 2
@@ -160,7 +160,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "scd2sink", version)
 		return 0
 	case "demo":
-		return exitCode(stderr, runDemo(context.Background(), stdout))
+		// Interrupted, it still stops the PostgreSQL it started.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return exitCode(stderr, runDemo(ctx, stdout))
 	case "init":
 		if brokers == "" {
 			fmt.Fprintf(stderr, "scd2sink init: --brokers is required\n%s", usage)
