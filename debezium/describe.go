@@ -62,12 +62,11 @@ func (d *Decoder) Describe(ctx context.Context, key, value []byte, headers ...He
 	if s.row != nil {
 		out.Columns = append(out.Columns, s.row.names...)
 	}
-	ks, krec, isAvro, err := d.decodeRecord(ctx, key, headers, true)
+	ks, _, isAvro, err := d.decodeRecord(ctx, key, headers, true)
 	switch {
 	case isAvro && err != nil:
 		return out, fmt.Errorf("key: %w", err)
 	case isAvro && ks.row != nil:
-		_ = krec
 		out.Keys = append(out.Keys, ks.row.names...)
 	case !isAvro:
 		out.Keys = jsonKeyNames(key)
@@ -124,12 +123,8 @@ func jsonKeyNames(key []byte) []string {
 	if !gjson.ValidBytes(key) {
 		return nil
 	}
-	k := gjson.ParseBytes(key)
-	if pl := k.Get("payload"); k.Get("schema").Exists() && pl.Exists() {
-		k = pl
-	}
 	var out []string
-	k.ForEach(func(name, _ gjson.Result) bool {
+	keyPayload(key).ForEach(func(name, _ gjson.Result) bool {
 		out = append(out, name.Str)
 		return true
 	})

@@ -161,11 +161,7 @@ func flatAfter(p gjson.Result) (string, error) {
 // mongoIDText spells it): ExtractNewDocumentState's key is {"id": <the
 // _id, typed>}; a record without one takes the row's _id.
 func flatDocumentKey(raw []byte, env *jsonEnvelope) ([]any, error) {
-	k := gjson.ParseBytes(raw)
-	if p := k.Get("payload"); p.IsObject() && k.Get("schema").Exists() {
-		k = p
-	}
-	id := k.Get("id")
+	id := keyPayload(raw).Get("id")
 	if !id.Exists() || id.Type == gjson.Null {
 		id = env.field("_id")
 	}

@@ -63,15 +63,21 @@ func mongoIDText(v gjson.Result) string {
 // mongoKey is the _id of the message key ({"id": "<relaxed JSON>"}, with
 // or without the JsonConverter's schema), as text.
 func mongoKey(raw []byte) (string, error) {
-	k := gjson.ParseBytes(raw)
-	if p := k.Get("payload"); p.IsObject() && k.Get("schema").Exists() {
-		k = p
-	}
-	id := k.Get("id")
+	id := keyPayload(raw).Get("id")
 	if id.Type != gjson.String {
 		return "", errors.New(`message key has no "id" string (a MongoDB key is {"id": "<_id as JSON>"})`)
 	}
 	return mongoKeyText(id.Str), nil
+}
+
+// keyPayload is a JSON message key's object, without the JsonConverter's
+// schema when it has one.
+func keyPayload(raw []byte) gjson.Result {
+	k := gjson.ParseBytes(raw)
+	if p := k.Get("payload"); p.IsObject() && k.Get("schema").Exists() {
+		return p
+	}
+	return k
 }
 
 // mongoKeyText is the _id of a key's "id" (the _id in relaxed Extended

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -199,7 +200,7 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 	for _, g := range groupTopics(data, skipped) {
 		t := g.topics[0]
 		connector := t.Connector
-		if !contains(config.Connectors, connector) {
+		if !slices.Contains(config.Connectors, connector) {
 			fmt.Fprintf(&b, "  # The records name no connector scd2sink knows (%q): postgresql is assumed; set connector.\n", connector)
 			connector = "postgresql"
 		}
@@ -218,7 +219,7 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 			}
 			var tracked []string
 			for _, c := range t.Columns {
-				if !contains(t.Keys, c) && c != "_id" {
+				if !slices.Contains(t.Keys, c) && c != "_id" {
 					tracked = append(tracked, c)
 				}
 			}
@@ -303,13 +304,4 @@ func groupTopics(data []initTopic, skipped []string) []initGroup {
 		out = append(out, initGroup{prefix: prefixOf(t.name), topics: []initTopic{t}, target: target})
 	}
 	return out
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
