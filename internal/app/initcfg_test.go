@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // `scd2sink init` on a cluster holding topics of two connectors in JSON and
@@ -151,5 +152,28 @@ tables:
 	}
 	if d := scdtest.DiffLines(histories["hand"], histories["init"]); d != "" || len(histories["init"]) < 5*4 {
 		t.Errorf("init's configuration builds another history than the hand-written one:\n%s", d)
+	}
+}
+
+// A table ordered by MySQL's binlog positions alone (connector: mysql's
+// default) is warned of at start; one with a failover-safe sequence is not.
+func TestWarnPositionOnly(t *testing.T) {
+	for _, tc := range []struct {
+		extra string
+		warns bool
+	}{{"", true}, {"\n    sequence_by: [source.ts_us, source.file, source.pos, source.row]", false}} {
+		cfg, err := config.Parse([]byte(`kafka: {brokers: ["127.0.0.1:9092"]}
+postgres: {dsn: "postgres://u@127.0.0.1:5432/db"}
+tables:
+  - topic: inv.inv.accounts
+    connector: mysql`+tc.extra+"\n"), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		core, logs := observer.New(zap.WarnLevel)
+		warnPositionOnly(cfg, zap.New(core))
+		if got := logs.FilterMessageSnippet("binlog positions only").Len() == 1; got != tc.warns {
+			t.Errorf("sequence_by %q: warned %v, want %v", tc.extra, got, tc.warns)
+		}
 	}
 }
