@@ -30,6 +30,15 @@ type Config struct {
 	ShutdownTimeout time.Duration  `yaml:"shutdown_timeout"`
 	Defaults        TableDefaults  `yaml:"defaults"`
 	Tables          []Table        `yaml:"tables"`
+	// ErasureKeyFile holds the secret that keys the hashes of erased keys
+	// (DESIGN.md section 12); erase needs it, and so does run once a key
+	// has been erased.
+	ErasureKeyFile string `yaml:"erasure_key_file"`
+	// ErasureKey is ErasureKeyFile's content, read by validation.
+	ErasureKey []byte `yaml:"-"`
+	// Rebuilding marks the configuration of a rebuild's tables: the
+	// erasures recorded for a target apply to its rebuild table.
+	Rebuilding bool `yaml:"-"`
 }
 
 // Kafka is the kafka: block.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/url"
@@ -250,6 +251,17 @@ func (c *Config) validateServices() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		return errf("shutdown_timeout", "must be positive")
+	}
+	if c.ErasureKeyFile != "" {
+		raw, err := os.ReadFile(c.ErasureKeyFile)
+		if err != nil {
+			return errf("erasure_key_file", "%v", err)
+		}
+		key := bytes.TrimRight(raw, "\r\n")
+		if len(key) < 16 {
+			return errf("erasure_key_file", "%s holds %d bytes; the secret must be at least 16 (e.g. openssl rand -hex 32)", c.ErasureKeyFile, len(key))
+		}
+		c.ErasureKey = key
 	}
 	d := c.Defaults
 	for _, chk := range []error{

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -38,7 +39,7 @@ func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 	ev := cf.Event
 	// Its Kafka bytes are not kept: the record is read again by its
 	// coordinates when the dead letter is replayed (Decoded).
-	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: []byte(fmt.Sprint(ev.Key)),
+	return sink.DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: keyJSON(ev.Key),
 		Value: []byte(fmt.Sprintf("op=%s seq=%s after=%s", ev.Op, ev.Seq, ev.AfterJSON)), Err: cf.Err.Error(), Decoded: true, Reason: sink.ReasonConflict}
 }
 
@@ -237,4 +238,14 @@ func lastValid(evs []*change.Event, offsets map[change.Partition]int64) map[chan
 		}
 	}
 	return out
+}
+
+// keyJSON is a decoded key as a JSON array (what erase matches a dead
+// letter's key by).
+func keyJSON(key []any) []byte {
+	b, err := json.Marshal(key)
+	if err != nil {
+		return []byte(fmt.Sprint(key))
+	}
+	return b
 }

@@ -61,6 +61,9 @@ type Metrics struct {
 	// Streams counts a topic's events in a GTID stream (MariaDB domain,
 	// MySQL source uuid) other than those seen before, by topic.
 	Streams *prometheus.CounterVec
+	// ErasedDropped counts events (and dead letters) of erased keys
+	// dropped instead of stored, by target (DESIGN.md section 12).
+	ErasedDropped *prometheus.CounterVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -124,13 +127,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Streams: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_sequence_streams_total",
 			Help: "GTID streams (MariaDB domains, MySQL source uuids) a topic's events carried after its first: GTIDs of different streams do not order each other (docs/sources.md)."},
 			[]string{"topic"}),
+		ErasedDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_erased_events_dropped_total",
+			Help: "Events and dead letters of keys erased with scd2sink erase, dropped instead of stored (a replay, a rebuild, a re-snapshot), by target."},
+			[]string{"target"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
 			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes,
-			m.Disagreements, m.Streams)
+			m.Disagreements, m.Streams, m.ErasedDropped)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -151,6 +157,9 @@ func (m *Metrics) record(r sink.Result) {
 	m.Rejected.Add(float64(r.Rejected))
 	for t, n := range r.Disagreements {
 		m.Disagreements.WithLabelValues(t).Add(float64(n))
+	}
+	for t, n := range r.Erased {
+		m.ErasedDropped.WithLabelValues(t).Add(float64(n))
 	}
 }
 

@@ -119,7 +119,7 @@ func createSchema(schema string) string {
 func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	cat, err := readCatalog(ctx, pool, cfg.Schema,
-		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable, topicsTable, lateTable}, "", "")
+		[]string{"scd2sink_offsets", "scd2sink_truncates", "scd2sink_snapshots", cfg.DeadLetterTable, watermarkView, progressTable, claimsTable, outsideWritesTable, topicsTable, lateTable, erasuresTable}, "", "")
 	if err != nil {
 		return err
 	}
@@ -198,6 +198,7 @@ func ensureServiceTables(ctx context.Context, pool *pgxpool.Pool, cfg *Config) e
 	stmts = append(stmts, watermarkDDL(cat, cfg)...)
 	stmts = append(stmts, claimsDDL(cat, cfg)...)
 	stmts = append(stmts, replayDDL(cat, cfg)...)
+	stmts = append(stmts, erasureDDL(cat, cfg)...)
 	if len(stmts) == 0 {
 		return nil
 	}

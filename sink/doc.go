@@ -30,6 +30,12 @@
 //     from a later event. In a history of mostly tracked changes it stays
 //     small: its size is the number of events that changed no tracked column.
 //   - scd2sink_truncates in the service schema: every truncate per target.
+//   - scd2sink_erasures in the service schema: erased keys, as keyed
+//     hashes, never the keys (erasure.go). A writer drops the events and
+//     dead letters of erased keys after its fence, inside the batch's
+//     transaction, so an erase and a batch of the same partitions never
+//     interleave; the rest of the fold does not change, because a key's
+//     history depends on its own events only.
 //
 // # Why this state is enough
 //

@@ -124,6 +124,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			return err
 		}
 		if reconciled != s.reconciled {
+			s.erasureStale.Store(true) // an erase counts as an outside write
 			if s.reconciled >= 0 {
 				s.cache.reset()
 			}

@@ -124,7 +124,9 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 				mismatches++
 				reason = ReasonTypeMismatch
 			}
-			dead = append(dead, eventDeadLetter(ev, reason, err))
+			d := eventDeadLetter(ev, reason, err)
+			d.kid = s.keyIDOf(t, ev)
+			dead = append(dead, d)
 			continue
 		}
 		if ev.Op == change.OpTruncate {

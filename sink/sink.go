@@ -90,6 +90,11 @@ type Sink struct {
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
 	snapDeletes map[string]bool
+	// erased holds the erased key hashes per table (under emu);
+	// erasureStale asks the next batch to read them again (erasure.go).
+	emu          sync.Mutex
+	erased       map[string]map[string]bool
+	erasureStale atomic.Bool
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -114,6 +119,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		s.specs[t.Target] = t
 		s.snapDeletes[t.Target] = t.SnapshotDeletes
 	}
+	s.erasureStale.Store(true)
 	return s, nil
 }
 
@@ -183,7 +189,10 @@ func (s *Sink) Init(ctx context.Context) error {
 			}
 			s.tables[spec.Target] = t
 		}
-		return nil
+		// A writer that could not recognise erased keys must not start.
+		s.emu.Lock()
+		defer s.emu.Unlock()
+		return s.loadErasures(ctx, s.pool)
 	})
 	return err
 }
@@ -646,6 +655,14 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
 				return err
 			}
+			if len(offsets) == 0 && len(p.lock) == 0 {
+				s.erasureStale.Store(true) // no fence read the outside-writes count
+			}
+			erased, dead, err := s.dropErased(ctx, tx, p, dead)
+			if err != nil {
+				return err
+			}
+			res.Erased = erased
 			if p.outside {
 				if err := s.countOutsideWrite(ctx, tx); err != nil {
 					return err

@@ -84,6 +84,12 @@ type Config struct {
 	// partition complete through the time it was last seen fully applied,
 	// less this.
 	ReorderWindow time.Duration
+	// ErasureSecret keys the hashes of erased keys (erasure_key_file,
+	// erasure.go); ErasureAlias names the table this Sink writes the
+	// history of a target erasures were recorded for (a rebuild's); nil:
+	// the target itself.
+	ErasureSecret []byte
+	ErasureAlias  func(target string) string
 	// Resolve gives the spec of a target not in Tables (a topic matched by
 	// a pattern): asked once per target, its answer kept when ok. It must
 	// be safe for concurrent use and must not block.
@@ -127,6 +133,9 @@ type DeadLetter struct {
 	// Reason is why it is a dead letter (one of the Reason constants): the
 	// reason label of scd2sink_events_dead_lettered_total.
 	Reason string
+	// kid is the identity of the event's key when it converted (an
+	// erased key's dead letters are dropped too).
+	kid string
 }
 
 // Why an event is a dead letter (DeadLetter.Reason).
@@ -245,6 +254,9 @@ type Result struct {
 	// failover); Disagree holds the first maxDisagreeNotes of them.
 	Disagreements map[string]int
 	Disagree      []Disagreement
+	// Erased counts, per target, the events and dead letters of erased
+	// keys dropped (erasure.go).
+	Erased map[string]int
 }
 
 // Disagreement is a pair of a key's events that its sequence and their
@@ -322,6 +334,12 @@ func (r *Result) add(o Result) {
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
 	r.Dead = append(r.Dead, o.Dead...)
+	for t, n := range o.Erased {
+		if r.Erased == nil {
+			r.Erased = map[string]int{}
+		}
+		r.Erased[t] += n
+	}
 	for t, n := range o.Disagreements {
 		if r.Disagreements == nil {
 			r.Disagreements = map[string]int{}

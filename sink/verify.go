@@ -81,7 +81,12 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	var out []Violation
 	_, err = s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
 		out = append([]Violation(nil), missing...)
-		return s.verify(ctx, hist, checks, &out)
+		if err := s.verify(ctx, hist, checks, &out); err != nil {
+			return err
+		}
+		erased, err := s.erasedViolations(ctx, spec, hist)
+		out = append(out, erased...)
+		return err
 	})
 	return out, err
 }

@@ -7,6 +7,7 @@
 //	scd2sink dead-letters list|replay --config FILE ...
 //	scd2sink reconcile --config FILE --table T --confirm
 //	scd2sink tables   --config FILE
+//	scd2sink erase    --config FILE --table T --key V[,V...] [--key ...] [--reason TEXT] [--lift]
 //	scd2sink init     --brokers B [--registry URL] [--topics RE] [--dsn DSN] > scd2sink.yaml
 //	scd2sink demo
 //	scd2sink version
@@ -63,6 +64,11 @@ const usage = `usage:
                                     print it and exit 2
   scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
                                     versions, lag, complete_through; straight from Kafka and PostgreSQL
+  scd2sink erase    --config FILE --table T --key V[,V...] [--key ...] [--reason TEXT] [--lift]
+                                    remove every trace of the keys (versions, side rows, repair
+                                    audits, dead letters) and keep them from coming back; the
+                                    erasure is recorded as a keyed hash (erasure_key_file);
+                                    --lift allows the keys again
   scd2sink init     --brokers B[,B...] [--registry URL] [--topics RE] [--dsn DSN] [--wait D]
                                     write a first configuration for the cluster's Debezium topics
                                     (one record of each read: format, connector, key, columns)
@@ -139,6 +145,16 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&keyList, "key", "", "the key values, comma-separated, in key column order")
 		fs.StringVar(&hq.At, "at", "", "a time: print the version valid then")
 	}
+	var er app.EraseRequest
+	if cmd == "erase" {
+		fs.StringVar(&er.Table, "table", "", "the target")
+		fs.Func("key", "a key's values, comma-separated, in key column order (repeat for more keys)", func(v string) error {
+			er.Keys = append(er.Keys, strings.Split(v, ","))
+			return nil
+		})
+		fs.StringVar(&er.Reason, "reason", "", "why, recorded with the erasure (never put the key here)")
+		fs.BoolVar(&er.Lift, "lift", false, "allow the keys again instead of erasing them")
+	}
 	var initOpts app.InitOptions
 	var brokers, topics string
 	if cmd == "init" {
@@ -182,7 +198,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return exitCode(stderr, app.Init(ctx, initOpts, stdout))
-	case "run", "verify", "rebuild", "history", "tables", "reconcile", "dead-letters list", "dead-letters replay":
+	case "run", "verify", "rebuild", "history", "tables", "reconcile", "erase", "dead-letters list", "dead-letters replay":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -236,6 +252,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return exitCode(stderr, app.Reconcile(context.Background(), cfg, app.Options{Logger: log}, hq.Table, confirm, stdout))
+	}
+	if cmd == "erase" {
+		if er.Table == "" || len(er.Keys) == 0 {
+			fmt.Fprintf(stderr, "scd2sink erase: --table and --key are required\n%s", usage)
+			return 2
+		}
+		return exitCode(stderr, app.Erase(context.Background(), cfg, app.Options{Logger: log}, er, stdout))
 	}
 	if cmd == "tables" {
 		return exitCode(stderr, app.Tables(context.Background(), cfg, app.Options{Logger: log}, stdout))

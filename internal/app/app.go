@@ -54,7 +54,10 @@ type Options struct {
 func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 	sc := sink.Config{Schema: cfg.Postgres.Schema, DeadLetterTable: cfg.Sink.DeadLetterTable,
 		ConsumerGroup: cfg.Kafka.GroupID, Logger: log, MaxRetries: 5, ReorderWindow: cfg.Sequencer.ReorderWindow,
-		ApplyWorkers: cfg.Sink.ApplyWorkers}
+		ApplyWorkers: cfg.Sink.ApplyWorkers, ErasureSecret: cfg.ErasureKey}
+	if cfg.Rebuilding {
+		sc.ErasureAlias = RebuildTarget
+	}
 	for _, t := range cfg.Tables {
 		if t.TopicPattern == "" {
 			sc.Tables = append(sc.Tables, tableSpec(cfg, t))
@@ -311,6 +314,9 @@ func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consum
 		if err == nil {
 			health.Wait("init", "")
 			return nil
+		}
+		if errors.Is(err, sink.ErrErasureKey) {
+			return &config.Error{Key: "erasure_key_file", Msg: strings.TrimPrefix(err.Error(), sink.ErrErasureKey.Error()+": ")}
 		}
 		class := sink.Classify(err)
 		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {

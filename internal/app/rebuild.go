@@ -65,6 +65,7 @@ func rebuildConfig(cfg *config.Config) *config.Config {
 	}
 	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
 	rc.Kafka.StartOffset = "earliest"
+	rc.Rebuilding = true
 	rc.Sink.DeadLetterTable = cfg.Sink.DeadLetterTable + RebuildSuffix
 	empty := ""
 	rc.HTTP.Addr = &empty

@@ -1,0 +1,104 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/sink"
+	"go.uber.org/zap"
+)
+
+// EraseRequest is what `scd2sink erase` was asked.
+type EraseRequest struct {
+	Table  string
+	Keys   [][]string // each key's values, in key column order
+	Reason string
+	Lift   bool
+}
+
+// Erase removes every trace of the keys from the target's history (its
+// live table, a rebuild's table and the tables a swap kept, their side
+// and repair tables, the dead letters) and records the erasures, so that
+// no writer stores the keys again until they are lifted (DESIGN.md
+// section 12). With Lift it only allows the keys again. It prints one
+// line per key, naming its hash, never the key.
+func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseRequest, out io.Writer) error {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if len(cfg.ErasureKey) == 0 {
+		return &config.Error{Key: "erasure_key_file", Msg: "is required to erase: the erasures are recorded as keyed hashes"}
+	}
+	pool, err := Pool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	s, err := commandSink(ctx, cfg, pool, debezium.New(nil, nil, nil), log)
+	if err != nil {
+		return err
+	}
+	// The tables a swap kept for queries still running hold the history too.
+	also := []string{RebuildTarget(req.Table)}
+	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname LIKE $2 OR c.relname LIKE $3)
+			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
+		cfg.Postgres.Schema, likeEscape(req.Table)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(req.Table)+`\_%`)
+	if err != nil {
+		return fmt.Errorf("listing the tables a rebuild kept of %s: %w", req.Table, err)
+	}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return err
+		}
+		also = append(also, name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	res, err := s.Erase(ctx, sink.EraseRequest{Target: req.Table, Keys: req.Keys, Reason: req.Reason, Lift: req.Lift, Also: also,
+		DeadLetterTables: []string{cfg.Sink.DeadLetterTable, cfg.Sink.DeadLetterTable + RebuildSuffix}})
+	if err != nil {
+		return err
+	}
+	for _, e := range res.Keys {
+		if req.Lift {
+			fmt.Fprintf(out, "%s: erasure of key %s lifted: its events are stored again\n", req.Table, e.Hash[:16])
+			continue
+		}
+		fmt.Fprintf(out, "%s: key %s erased: %d versions, %d side rows, %d repair audits, %d dead letters\n",
+			req.Table, e.Hash[:16], e.Versions, e.SideRows, e.Repairs, e.DeadLetters)
+	}
+	if n := len(res.UnreadDeadLetters); n > 0 {
+		fmt.Fprintf(out, "%s: %d dead letters of the table have a key that could not be read (a record never decoded, a binary key); look at them: ids %s\n",
+			req.Table, n, joinIDs(res.UnreadDeadLetters, 20))
+	}
+	return nil
+}
+
+func likeEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(s)
+}
+
+func joinIDs(ids []int64, max int) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i == max {
+			fmt.Fprintf(&b, " … (%d more)", len(ids)-max)
+			break
+		}
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprint(&b, id)
+	}
+	return b.String()
+}

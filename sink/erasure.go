@@ -1,0 +1,599 @@
+package sink
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Erasure (DESIGN.md section 12). Erase removes every trace of a key —
+// its versions, side rows, repair audits and dead letters — in one
+// transaction per target, and records the erasure in scd2sink_erasures
+// as a keyed hash of the key's identity (HMAC-SHA256 under
+// Config.ErasureSecret), never the key. The table is a log: a row per
+// erasure and per lift, the latest row of a (target, hash) deciding.
+//
+// Every writer keeps the set of erased hashes per table and drops the
+// events (and dead letters) of erased keys after its fence, inside the
+// batch's transaction, before anything is written: an erase takes the
+// locks of every partition recorded for its target's topic, so a batch of
+// those partitions either committed before it (and its rows are erased)
+// or fences after it; the erase bumps every group's outside-writes count,
+// so that fence sees it, forgets its cached states and reloads the set.
+
+const erasuresTable = "scd2sink_erasures"
+
+// ErrErasureKey is returned when scd2sink_erasures holds erasures but the
+// Sink has no erasure secret, or not the one they were recorded with:
+// erased keys could not be recognised, so nothing is applied.
+var ErrErasureKey = errors.New("erasure_key_file")
+
+func erasureDDL(cat *catalog, cfg *Config) []string {
+	if cat.has(erasuresTable) {
+		return nil
+	}
+	s := pgx.Identifier{cfg.Schema}.Sanitize()
+	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, target text NOT NULL, key_hash text NOT NULL,
+			action text NOT NULL CHECK (action IN ('erase', 'lift')), erased_at timestamptz NOT NULL DEFAULT now(),
+			reason text, versions bigint NOT NULL DEFAULT 0, side_rows bigint NOT NULL DEFAULT 0,
+			repairs bigint NOT NULL DEFAULT 0, dead_letters bigint NOT NULL DEFAULT 0, key_check text NOT NULL,
+			text_hash text)`, s, erasuresTable),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s.%s (target, key_hash, id)`, erasuresTable+"_key", s, erasuresTable)}
+}
+
+// keyHash is the erasure hash of a key identity (keyID).
+func keyHash(secret []byte, id string) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("scd2sink erasure\x00"))
+	m.Write([]byte(id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// textHash is the erasure hash of a key's values as text (PostgreSQL's
+// text form of the typed values): what a dead letter whose record was
+// never decoded is matched by.
+func textHash(secret []byte, texts []string) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("scd2sink erasure text\x00"))
+	m.Write([]byte(strings.Join(texts, "\x00")))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// keyCheck identifies a secret without revealing it: recorded with every
+// erasure, so that a writer started with another secret stops.
+func keyCheck(secret []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("scd2sink erasure key check"))
+	return hex.EncodeToString(m.Sum(nil))[:16]
+}
+
+// loadErasures reads the erased hashes of every target, by the table this
+// Sink writes its history to.
+func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
+	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT target, key_hash, key_check, coalesce(text_hash, '') FROM (
+			SELECT DISTINCT ON (target, key_hash) target, key_hash, action, key_check, text_hash FROM %s.%s ORDER BY target, key_hash, id DESC) e
+		WHERE action = 'erase'`, pgx.Identifier{s.cfg.Schema}.Sanitize(), erasuresTable))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", erasuresTable, err)
+	}
+	defer rows.Close()
+	erased := map[string]map[string]bool{}
+	check := ""
+	if len(s.cfg.ErasureSecret) > 0 {
+		check = keyCheck(s.cfg.ErasureSecret)
+	}
+	for rows.Next() {
+		var target, hash, kc, th string
+		if err := rows.Scan(&target, &hash, &kc, &th); err != nil {
+			return fmt.Errorf("reading %s: %w", erasuresTable, err)
+		}
+		if check == "" {
+			return fmt.Errorf("%w: %s records erased keys, and no erasure_key_file is configured to recognise them", ErrErasureKey, erasuresTable)
+		}
+		if kc != check {
+			return fmt.Errorf("%w: the erasures of %s were recorded with another key than erasure_key_file's", ErrErasureKey, target)
+		}
+		if s.cfg.ErasureAlias != nil {
+			target = s.cfg.ErasureAlias(target)
+		}
+		if erased[target] == nil {
+			erased[target] = map[string]bool{}
+		}
+		erased[target][hash] = true
+		if th != "" {
+			erased[target][th] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading %s: %w", erasuresTable, err)
+	}
+	s.erased = erased
+	return nil
+}
+
+// dropErased takes the events and dead letters of erased keys out of a
+// batch, after its fence (reloading the erased hashes when the fence saw
+// an outside write), and returns what it dropped per target.
+func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []DeadLetter) (map[string]int, []DeadLetter, error) {
+	s.emu.Lock()
+	defer s.emu.Unlock()
+	if s.erasureStale.Swap(false) {
+		if err := s.loadErasures(ctx, tx); err != nil {
+			s.erasureStale.Store(true)
+			return nil, nil, err
+		}
+	}
+	if len(s.erased) == 0 {
+		return nil, dead, nil
+	}
+	var out map[string]int
+	count := func(target string, n int) {
+		if out == nil {
+			out = map[string]int{}
+		}
+		out[target] += n
+	}
+	for _, name := range p.targets {
+		set := s.erased[name]
+		tp := p.plans[name]
+		if len(set) == 0 || tp == nil {
+			continue
+		}
+		// A new slice: the parts of a batch may share the order's array.
+		var kept []*keyPlan
+		for j, kp := range tp.order {
+			if !set[keyHash(s.cfg.ErasureSecret, kp.id)] {
+				if kept != nil {
+					kept = append(kept, kp)
+				}
+				continue
+			}
+			if kept == nil {
+				kept = append(make([]*keyPlan, 0, len(tp.order)), tp.order[:j]...)
+			}
+			delete(tp.keys, kp.id)
+			count(name, len(kp.events))
+		}
+		if kept != nil {
+			tp.order = kept
+		}
+	}
+	var keptDead []DeadLetter
+	for _, d := range dead {
+		if set := s.erased[d.Table]; len(set) > 0 && s.erasedDeadLetter(set, d) {
+			count(d.Table, 1)
+			continue
+		}
+		keptDead = append(keptDead, d)
+	}
+	return out, keptDead, nil
+}
+
+// erasedDeadLetter reports whether d is a dead letter of a key in set: by
+// its key's identity when it converted, else by its key's values as text.
+func (s *Sink) erasedDeadLetter(set map[string]bool, d DeadLetter) bool {
+	if d.kid != "" {
+		return set[keyHash(s.cfg.ErasureSecret, d.kid)]
+	}
+	spec, ok := s.spec(d.Table)
+	if !ok || len(spec.Keys) == 0 {
+		return false
+	}
+	vals, ok := deadLetterKey(d.Key, d.Decoded, spec.Keys)
+	return ok && set[textHash(s.cfg.ErasureSecret, vals)]
+}
+
+// keyIDOf is the identity of an event's key in table t, when its values
+// convert to the key columns.
+func (s *Sink) keyIDOf(t *table, ev *change.Event) string {
+	if len(ev.Key) != len(t.keyIdx) {
+		return ""
+	}
+	key := make([]any, len(ev.Key))
+	for i, ki := range t.keyIdx {
+		v, err := s.conv.convert(&t.cols[ki], ev.Key[i])
+		if err != nil || v == nil {
+			return ""
+		}
+		if _, ok := v.(unavailable); ok {
+			return ""
+		}
+		key[i] = v
+	}
+	return keyID(key)
+}
+
+// EraseRequest asks Erase to erase (or, with Lift, to allow again) keys of
+// one target.
+type EraseRequest struct {
+	Target string
+	// Keys are the keys, each its values as text in key column order
+	// (cast to the columns' types by PostgreSQL).
+	Keys   [][]string
+	Reason string
+	Lift   bool
+	// Also are more history tables holding the target's history (a
+	// rebuild's, the ones a swap kept): erased too, with their side and
+	// repair tables, when they exist.
+	Also []string
+	// DeadLetterTables are searched for the keys' dead letters (default:
+	// the Sink's).
+	DeadLetterTables []string
+}
+
+// Erased is what Erase did for one key.
+type Erased struct {
+	Hash                                     string
+	Versions, SideRows, Repairs, DeadLetters int64
+}
+
+// EraseResult is what Erase did.
+type EraseResult struct {
+	Keys []Erased
+	// UnreadDeadLetters counts the target's dead letters whose key could
+	// not be read (a record that was never decoded, a binary key): they
+	// may belong to an erased key and are left for the operator.
+	UnreadDeadLetters []int64
+}
+
+// Erase erases req.Keys of req.Target (or lifts their erasure), in one
+// transaction that waits for the target's writers; see the comment at the
+// top of this file.
+func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error) {
+	var res EraseResult
+	if len(s.cfg.ErasureSecret) == 0 {
+		return res, fmt.Errorf("%w: erasing needs a secret to hash keys with; configure erasure_key_file", ErrErasureKey)
+	}
+	spec, ok := s.spec(req.Target)
+	if !ok {
+		return res, fmt.Errorf("erasing from %s: no such table is configured", req.Target)
+	}
+	if len(spec.Keys) == 0 {
+		keys, err := s.existingKeys(ctx, spec)
+		if err != nil {
+			return res, err
+		}
+		spec.Keys = keys
+	}
+	if len(spec.Keys) == 0 {
+		return res, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", req.Target)
+	}
+	for _, k := range req.Keys {
+		if len(k) != len(spec.Keys) {
+			return res, fmt.Errorf("erasing from %s: a key has %d values, the table's key is (%s)", req.Target, len(k), strings.Join(spec.Keys, ", "))
+		}
+	}
+	sch := pgx.Identifier{spec.Schema}.Sanitize()
+	dlTables := req.DeadLetterTables
+	if len(dlTables) == 0 {
+		dlTables = []string{s.cfg.DeadLetterTable}
+	}
+	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
+		res = EraseResult{}
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			registerTypes(tx.Conn().TypeMap())
+			types, err := columnTypes(ctx, tx, spec.Schema, spec.Target, spec.Keys)
+			if err != nil {
+				return err
+			}
+			if err := s.lockTargetWriters(ctx, tx, spec.Target); err != nil {
+				return err
+			}
+			topic := ""
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), '') FROM %s.%s WHERE target = $1`,
+				pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), spec.Target).Scan(&topic); err != nil {
+				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
+			}
+			casts := make([]string, len(types))
+			for i, typ := range types {
+				casts[i] = fmt.Sprintf("$%d::%s", i+1, typ)
+			}
+			for _, k := range req.Keys {
+				args := make([]any, len(k))
+				for i, v := range k {
+					args[i] = v
+				}
+				typed := make([]any, len(k))
+				ptrs := make([]any, len(k))
+				texts := make([]string, len(k))
+				for i := range typed {
+					ptrs[i] = &typed[i]
+				}
+				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", "), args...).Scan(ptrs...); err != nil {
+					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
+				}
+				textCasts := make([]string, len(casts))
+				for i, c := range casts {
+					textCasts[i] = "(" + c + ")::text"
+				}
+				tptrs := make([]any, len(k))
+				for i := range texts {
+					tptrs[i] = &texts[i]
+				}
+				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(textCasts, ", "), args...).Scan(tptrs...); err != nil {
+					return fmt.Errorf("reading key %v as text: %w", k, err)
+				}
+				e := Erased{Hash: keyHash(s.cfg.ErasureSecret, keyID(typed))}
+				if !req.Lift {
+					if err := s.eraseKey(ctx, tx, spec, append([]string{spec.Target}, req.Also...), casts, args, &e); err != nil {
+						return err
+					}
+					ids, unread, err := s.keyDeadLetters(ctx, tx, dlTables, append([]string{spec.Target}, req.Also...), topic, spec.Keys, texts)
+					if err != nil {
+						return err
+					}
+					res.UnreadDeadLetters = unread
+					for dl, list := range ids {
+						tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE id = ANY($1)`,
+							pgx.Identifier{s.cfg.Schema}.Sanitize(), pgx.Identifier{dl}.Sanitize()), list)
+						if err != nil {
+							return fmt.Errorf("erasing dead letters from %s: %w", dl, err)
+						}
+						e.DeadLetters += tag.RowsAffected()
+					}
+				}
+				action := "erase"
+				if req.Lift {
+					action = "lift"
+				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, key_hash, action, reason, versions, side_rows, repairs, dead_letters, key_check, text_hash)
+					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.cfg.Schema}.Sanitize(), erasuresTable),
+					spec.Target, e.Hash, action, req.Reason, e.Versions, e.SideRows, e.Repairs, e.DeadLetters, keyCheck(s.cfg.ErasureSecret),
+					textHash(s.cfg.ErasureSecret, texts)); err != nil {
+					return fmt.Errorf("recording the erasure: %w", err)
+				}
+				res.Keys = append(res.Keys, e)
+			}
+			// Every group's writers forget what they remember and read
+			// the erasures again (their fences see the count move).
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET n = n + 1`, sch, outsideWritesTable)); err != nil {
+				return fmt.Errorf("counting an outside write: %w", err)
+			}
+			return s.countOutsideWrite(ctx, tx)
+		})
+	})
+	s.erasureStale.Store(true)
+	return res, err
+}
+
+// lockTargetWriters takes the advisory locks of every partition recorded
+// for the target's topic, in the fence's order: the target's writers wait.
+func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, target string) error {
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition FROM %[1]s.scd2sink_offsets o
+		JOIN %[1]s.%[2]s c ON c.consumer_group = o.consumer_group AND c.topic = o.topic
+		WHERE o.consumer_group = $1 AND c.target = $2 ORDER BY o.topic, o.partition`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), s.cfg.ConsumerGroup, target)
+	if err != nil {
+		return fmt.Errorf("reading the partitions of %s: %w", target, err)
+	}
+	var locks []int64
+	for rows.Next() {
+		var topic string
+		var part int32
+		if err := rows.Scan(&topic, &part); err != nil {
+			return err
+		}
+		locks = append(locks, s.partitionLock(topic, part))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading the partitions of %s: %w", target, err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
+		return fmt.Errorf("waiting for the writers of %s: %w", target, err)
+	}
+	return nil
+}
+
+// columnTypes reads the types of the named columns of schema.table.
+func columnTypes(ctx context.Context, tx pgx.Tx, schema, table string, cols []string) ([]string, error) {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		if err := tx.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+			WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
+			pgx.Identifier{schema, table}.Sanitize(), c).Scan(&out[i]); err != nil {
+			return nil, fmt.Errorf("reading the type of %s.%s: %w", table, c, err)
+		}
+	}
+	return out, nil
+}
+
+// eraseKey deletes one key's rows from the history tables given (those
+// that exist), their side tables and repair audits.
+func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, casts []string, args []any, e *Erased) error {
+	cols := make([]string, len(spec.Keys))
+	pairs := make([]string, len(spec.Keys))
+	for i, k := range spec.Keys {
+		cols[i] = pgx.Identifier{k}.Sanitize()
+		pairs[i] = fmt.Sprintf("$%d::text, %s", len(args)+i+1, casts[i])
+	}
+	match := fmt.Sprintf("(%s) = (%s)", strings.Join(cols, ", "), strings.Join(casts, ", "))
+	if len(cols) == 1 {
+		match = fmt.Sprintf("%s = %s", cols[0], casts[0])
+	}
+	jargs := append(append([]any(nil), args...), anys(spec.Keys)...)
+	for _, name := range tables {
+		n := namesOf(name)
+		del := func(rel, where string, a []any, count *int64) error {
+			var exists bool
+			id := pgx.Identifier{spec.Schema, rel}.Sanitize()
+			if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, id).Scan(&exists); err != nil || !exists {
+				return err
+			}
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, id, where), a...)
+			if err != nil {
+				return fmt.Errorf("erasing from %s: %w", rel, err)
+			}
+			*count += tag.RowsAffected()
+			return nil
+		}
+		if err := del(n.hist, match, args, &e.Versions); err != nil {
+			return err
+		}
+		if err := del(n.side, match, args, &e.SideRows); err != nil {
+			return err
+		}
+		if err := del(n.repairs, "key = jsonb_build_object("+strings.Join(pairs, ", ")+")", jargs, &e.Repairs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// keyDeadLetters finds, in the dead-letter tables, the dead letters of the
+// key whose values as text are texts: by their decoded key (a JSON array
+// of the key's values) or the record's JSON key (Debezium's key struct,
+// with or without a schema). It returns their ids per table, and the ids
+// of the target's dead letters whose key could not be read.
+func (s *Sink) keyDeadLetters(ctx context.Context, tx pgx.Tx, dlTables, targets []string, topic string, keys, texts []string) (map[string][]int64, []int64, error) {
+	out := map[string][]int64{}
+	var unread []int64
+	for _, dl := range dlTables {
+		var exists bool
+		id := pgx.Identifier{s.cfg.Schema, dl}.Sanitize()
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, id).Scan(&exists); err != nil {
+			return nil, nil, err
+		}
+		if !exists {
+			continue
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT id, key, coalesce(decoded, false) FROM %s
+			WHERE target = ANY($1) OR ($2 <> '' AND topic = $2) FOR UPDATE`, id), targets, topic)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+		}
+		for rows.Next() {
+			var n int64
+			var key []byte
+			var decoded bool
+			if err := rows.Scan(&n, &key, &decoded); err != nil {
+				rows.Close()
+				return nil, nil, err
+			}
+			vals, ok := deadLetterKey(key, decoded, keys)
+			switch {
+			case !ok:
+				unread = append(unread, n)
+			case slices.Equal(vals, texts):
+				out[dl] = append(out[dl], n)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+		}
+	}
+	sort.Slice(unread, func(i, j int) bool { return unread[i] < unread[j] })
+	return out, unread, nil
+}
+
+// deadLetterKey reads a dead letter's key values as text, in key order.
+func deadLetterKey(key []byte, decoded bool, names []string) ([]string, bool) {
+	text := func(raw json.RawMessage) (string, bool) {
+		var v any
+		d := json.NewDecoder(strings.NewReader(string(raw)))
+		d.UseNumber()
+		if err := d.Decode(&v); err != nil {
+			return "", false
+		}
+		switch x := v.(type) {
+		case string:
+			return x, true
+		case json.Number:
+			return x.String(), true
+		case bool:
+			return fmt.Sprint(x), true
+		}
+		return "", false
+	}
+	var out []string
+	if decoded {
+		var arr []json.RawMessage
+		if json.Unmarshal(key, &arr) != nil || len(arr) != len(names) {
+			return nil, false
+		}
+		for _, r := range arr {
+			t, ok := text(r)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, t)
+		}
+		return out, true
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(key, &obj) != nil {
+		return nil, false
+	}
+	if p, ok := obj["payload"]; ok && obj["schema"] != nil {
+		obj = nil
+		if json.Unmarshal(p, &obj) != nil {
+			return nil, false
+		}
+	}
+	for _, n := range names {
+		r, ok := obj[n]
+		if !ok {
+			return nil, false
+		}
+		t, ok := text(r)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, t)
+	}
+	return out, true
+}
+
+// erasedViolations reports the erased keys that still have versions in
+// the history table (verify): each key's identity is hashed as writers
+// hash it, streaming the table's keys, only when the target has erasures.
+func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string) ([]Violation, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	registerTypes(conn.Conn().TypeMap())
+	s.emu.Lock()
+	err = s.loadErasures(ctx, conn)
+	set := s.erased[spec.Target]
+	s.emu.Unlock()
+	if err != nil || len(set) == 0 {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT DISTINCT %s FROM %s`, quoteIdents(spec.Keys), hist))
+	if err != nil {
+		return nil, fmt.Errorf("reading the keys of %s: %w", hist, err)
+	}
+	defer rows.Close()
+	var out []Violation
+	for rows.Next() {
+		key, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		if h := keyHash(s.cfg.ErasureSecret, keyID(key)); set[h] {
+			out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
+		}
+	}
+	return out, rows.Err()
+}
