@@ -225,7 +225,7 @@ type Table struct {
 type View struct {
 	Name string `yaml:"name"`
 	// Columns renames columns: source columns, scd_id, valid_from,
-	// valid_to, is_current.
+	// valid_to, is_current, scd_deleted.
 	Columns map[string]string `yaml:"columns"`
 	// Grain is timestamp (default) or day.
 	Grain string `yaml:"grain"`
@@ -235,6 +235,9 @@ type View struct {
 	End string `yaml:"end"`
 	// CurrentEnd replaces NULL in the end column of current versions.
 	CurrentEnd string `yaml:"current_end"`
+	// Deleted is show (default) or hide: whether the view shows the
+	// versions marked deleted (deletes: new_record).
+	Deleted string `yaml:"deleted"`
 }
 
 // ByteSize is a size in bytes, written as a number or with a unit: 64MiB,

@@ -62,7 +62,7 @@ func TestDefaultsBlockAndConnector(t *testing.T) {
 	c, err := Parse([]byte(minimal+`
   - topic: inv.dbo.items
     connector: sqlserver
-    deletes: close
+    deletes: new_record
 defaults:
   connector: mysql
   deletes: ignore
@@ -75,7 +75,7 @@ defaults:
 		t.Errorf("table 0: %v %s", got, c.Tables[0].Deletes)
 	}
 	if got := strings.Join(c.Tables[1].SequenceBy, ","); got != "source.commit_lsn,source.change_lsn,source.event_serial_no" ||
-		c.Tables[1].Deletes != "close" || c.Tables[1].Type1Scope != "current_version" {
+		c.Tables[1].Deletes != "new_record" || c.Tables[1].Type1Scope != "current_version" {
 		t.Errorf("table 1: %v %s %s", got, c.Tables[1].Deletes, c.Tables[1].Type1Scope)
 	}
 }
@@ -150,6 +150,7 @@ func TestBadValues(t *testing.T) {
 		{"view end", minimal + "    views: [{name: v, end: closed}]\n", "tables[0].views[0].end"},
 		{"view zone", minimal + "    views: [{name: v, time_zone: Mars/Olympus}]\n", "tables[0].views[0].time_zone"},
 		{"view current end", minimal + "    views: [{name: v, current_end: someday}]\n", "tables[0].views[0].current_end"},
+		{"view deleted", minimal + "    views: [{name: v, deleted: maybe}]\n", "tables[0].views[0].deleted"},
 		{"view renames", minimal + "    views: [{name: v, columns: {valid_from: d, valid_to: d}}]\n", "tables[0].views[0].columns"},
 		{"view twice", minimal + "    views: [{name: v}, {name: v}]\n", "tables[0].views[1].name"},
 		{"batch", minimal + "sink:\n  batch_max_events: -1\n", "sink.batch_max_events"},

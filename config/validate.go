@@ -267,7 +267,7 @@ func (c *Config) validateServices() error {
 	for _, chk := range []error{
 		oneOf("defaults.format", d.Format, "debezium-json", "debezium-avro"),
 		oneOf("defaults.connector", d.Connector, Connectors...),
-		oneOf("defaults.deletes", d.Deletes, "close", "ignore"),
+		oneOf("defaults.deletes", d.Deletes, "close", "ignore", "new_record"),
 		oneOf("defaults.type1_scope", d.Type1Scope, "all_versions", "current_version"),
 	} {
 		if chk != nil {
@@ -348,7 +348,7 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		if err := oneOf(key("type1_scope"), t.Type1Scope, "all_versions", "current_version"); err != nil {
 			return err
 		}
-		if err := oneOf(key("deletes"), t.Deletes, "close", "ignore"); err != nil {
+		if err := oneOf(key("deletes"), t.Deletes, "close", "ignore", "new_record"); err != nil {
 			return err
 		}
 		if t.SnapshotDeletes == "" {
@@ -432,6 +432,12 @@ func validateView(key string, v *View, seen map[string]string) error {
 		return err
 	}
 	if err := oneOf(key+".end", v.End, "exclusive", "inclusive"); err != nil {
+		return err
+	}
+	if v.Deleted == "" {
+		v.Deleted = "show"
+	}
+	if err := oneOf(key+".deleted", v.Deleted, "show", "hide"); err != nil {
 		return err
 	}
 	if _, err := time.LoadLocation(v.TimeZone); err != nil {

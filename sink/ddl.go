@@ -30,6 +30,8 @@ type catalog struct {
 	cols   map[string][]string // relation name -> columns in order
 	types  map[string][]string // relation name -> format_type of cols, in order
 	asOf   bool
+	// asOfSrc is the as-of function's body.
+	asOfSrc string
 	// scdIDUnique: the history table has a unique index on scd_id alone.
 	scdIDUnique bool
 }
@@ -93,8 +95,8 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 	}
 	if asOf != "" {
-		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-			WHERE n.nspname = $1 AND p.proname = $2 AND p.proargtypes = '1184'::oidvector)`, schema, asOf).Scan(&c.asOf); err != nil {
+		if err := q.QueryRow(ctx, `SELECT count(*) > 0, coalesce(max(p.prosrc), '') FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = $1 AND p.proname = $2 AND p.proargtypes = '1184'::oidvector`, schema, asOf).Scan(&c.asOf, &c.asOfSrc); err != nil {
 			return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 		}
 	}
@@ -279,6 +281,13 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		stmts = append(stmts, createSchema(spec.Schema))
 	}
 	histCols := slices.Clone(cat.cols[n.hist])
+	// scd_deleted marks the versions a delete opened (deletes: new_record);
+	// a table gets it when it first needs it (a constant default: no
+	// rewrite) and keeps it.
+	newRecord, deletedDef := spec.Deletes == DeletesNewRecord, ""
+	if newRecord {
+		deletedDef = ",\n\t\t\tscd_deleted boolean NOT NULL DEFAULT false"
+	}
 	if !cat.has(n.hist) {
 		seen := map[string]bool{}
 		var defs []string
@@ -300,9 +309,12 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
 			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
-			scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint
-		) WITH (fillfactor = 70)`, hist, strings.Join(defs, ",\n")))
+			scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint%s
+		) WITH (fillfactor = 70)`, hist, strings.Join(defs, ",\n"), deletedDef))
 		histCols = append(histCols, bookkeeping...)
+		if newRecord {
+			histCols = append(histCols, "scd_deleted")
+		}
 		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
 			pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
 	} else {
@@ -324,7 +336,11 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 			{"is_current", "boolean"}, {"scd_seq", "bytea"}, {"scd_close_seq", "bytea"},
 			{"scd_op", "text NOT NULL DEFAULT 'u'"}, {"scd_hash", "bytea NOT NULL DEFAULT ''::bytea"}, {"scd_unavailable", "text[]"},
 			{"scd_absent", "text[]"}, {"scd_raw_t", "timestamptz"}, {"scd_attnum", upgradeAttnum},
+			{"scd_deleted", "boolean NOT NULL DEFAULT false"},
 		} {
+			if b.name == "scd_deleted" && !newRecord {
+				continue
+			}
 			if !slices.Contains(histCols, b.name) {
 				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+b.name+" "+b.def)
 				histCols = append(histCols, b.name)
@@ -354,10 +370,10 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		}
 	}
 	if !slices.Equal(cat.cols[n.current], histCols) {
-		stmts = append(stmts, fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), hist))
+		stmts = append(stmts, currentView("CREATE OR REPLACE", t.view, t.hist, slices.Contains(histCols, "scd_deleted")))
 	}
-	if !cat.asOf {
-		stmts = append(stmts, asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE"))
+	if deleted := slices.Contains(histCols, "scd_deleted"); !cat.asOf || deleted != strings.Contains(cat.asOfSrc, "scd_deleted") {
+		stmts = append(stmts, asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE", deleted))
 	}
 	if len(stmts) > 0 {
 		if err := inDDLTx(ctx, pool, "scd2sink table "+hist, stmts); err != nil {

@@ -20,7 +20,15 @@
 //     where clamping raised it). A unique index covers (key columns, scd_seq); the table
 //     has fillfactor 70 and no index on the columns a close changes, so
 //     closing a version is a HOT update.
-//   - T_current, a view of the current versions.
+//     Under deletes: new_record a delete that closes a live version opens
+//     one marked deleted (scd_op 'd', scd_deleted true) with the closed
+//     version's row: its opening event is the delete, so the state above
+//     rebuilds it like any version. It is live for the fold until the
+//     next create or update closes it; a delete meets it as nothing live.
+//     It is never a repair's boundary (its row is the version before it's,
+//     not its own event's), and a repair read from it starts with it open.
+//   - T_current, a view of the current versions (without those marked
+//     deleted).
 //   - T_scd_events, the side table: every event that opened no version
 //     (no-op and Type-1-only updates, deletes), with its sequence, operation,
 //     clamped time (and raw time where clamping raised it), content digest,

@@ -367,13 +367,23 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 	return res, err
 }
 
-// lockTargetWriters takes the advisory locks of every partition recorded
-// for the target's topic, in the fence's order: the target's writers wait.
+// lockTargetWriters takes the advisory locks of every partition of the
+// target's topic, in the fence's order: the target's writers wait. The
+// partitions are those with a recorded offset and those the topic's
+// recorded partition count names (a partition not applied yet has no
+// offset; a partition added later than the count is recorded before its
+// first batch applies, errTopicGrown).
 func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, target string) error {
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT o.topic, o.partition FROM %[1]s.scd2sink_offsets o
-		JOIN %[1]s.%[2]s c ON c.consumer_group = o.consumer_group AND c.topic = o.topic
-		WHERE o.consumer_group = $1 AND c.target = $2 ORDER BY o.topic, o.partition`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), s.cfg.ConsumerGroup, target)
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, partition FROM (
+			SELECT o.topic, o.partition FROM %[1]s.scd2sink_offsets o
+				JOIN %[1]s.%[2]s c ON c.consumer_group = o.consumer_group AND c.topic = o.topic
+			WHERE o.consumer_group = $1 AND c.target = $2
+			UNION ALL
+			SELECT r.topic, p.n FROM %[1]s.%[3]s r
+				JOIN %[1]s.%[2]s c ON c.consumer_group = r.consumer_group AND c.topic = r.topic,
+				generate_series(0, r.partitions - 1) AS p(n)
+			WHERE r.consumer_group = $1 AND c.target = $2) x ORDER BY topic, partition`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), s.cfg.ConsumerGroup, target)
 	if err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)
 	}

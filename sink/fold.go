@@ -160,7 +160,7 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 		case e.op.HasAfter():
 			row := resolvePlaceholders(e.row, st.prevRow)
 			st.prevRow = row
-			if st.live != nil && (e.op == change.OpCreate || !t.trackedEqual(row, e.absent, st.live)) {
+			if st.live != nil && (st.live.deleted() || e.op == change.OpCreate || !t.trackedEqual(row, e.absent, st.live)) {
 				closeLive(at, e.seq)
 			}
 			if st.live == nil {
@@ -182,7 +182,21 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 			}
 			out.side = append(out.side, fevent{seq: e.seq, op: e.op, t: at, raw: raw, row: row, hash: e.hash, unavail: e.unavail, absent: e.absent, complete: e.complete, src: e.src})
 		case e.op == change.OpDelete:
-			if t.spec.Deletes == DeletesClose && st.live != nil {
+			switch {
+			case e.resolved && e.row != nil && st.live == nil:
+				// A partial history starting at a version marked deleted
+				// (deletes: new_record): it is the state the fold starts in.
+				st.live = t.openDeleted(st, e, e.row, e.absent, e.complete, at, raw)
+				out.versions = append(out.versions, st.live)
+				continue
+			case t.spec.Deletes == DeletesNewRecord && st.live != nil && !st.live.deleted():
+				closed := st.live
+				closeLive(at, e.seq)
+				st.live = t.openDeleted(st, e, closed.row, closed.absent, closed.complete, at, raw)
+				out.versions = append(out.versions, st.live)
+				out.opened++
+				continue
+			case t.spec.Deletes == DeletesClose && st.live != nil && !st.live.deleted():
 				closeLive(at, e.seq)
 			}
 			if out.side == nil {
@@ -193,6 +207,21 @@ func (t *table) fold(st *foldState, evs []fevent) foldOut {
 	}
 	return out
 }
+
+// openDeleted returns the version a delete e opens under deletes:
+// new_record: marked deleted (its scd_op is the delete's), with row (the
+// closed version's values) as its image, from the delete's time at. Its
+// opening event is the delete: a re-fold rebuilds it from the version.
+func (t *table) openDeleted(st *foldState, e fevent, row []any, absent []string, complete bool, at, raw time.Time) *version {
+	v := st.w.slabs().version()
+	r := st.w.row(row)
+	*v = version{seq: e.seq, op: change.OpDelete, hash: e.hash, from: at, raw: raw, row: r, opener: r, absent: absent, openAbsent: absent, complete: complete}
+	return v
+}
+
+// deleted reports whether v is a version marked deleted (deletes:
+// new_record): the only versions a delete opens.
+func (v *version) deleted() bool { return v.op == change.OpDelete }
 
 // trackedEqual reports whether row, an event's image lacking the columns
 // absent, equals the live version's over the tracked columns both carry

@@ -232,7 +232,8 @@ type history struct {
 // after last is a boundary when it was not clamped (scd_raw_t NULL) and
 // opened at or after latest, so its time cannot move, and has no
 // unavailable-value placeholders, so its row does not depend on the events
-// before it: if the fold of the late events still opens it, everything from
+// before it (a version marked deleted never is one: its row is the closed
+// version's): if the fold of the late events still opens it, everything from
 // it on stays as stored (the key's last event, whose Type 1 values every
 // version holds under all_versions, is past it too). Whether it still opens
 // is known only after folding up to it: repairKey checks, and the history
@@ -279,7 +280,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %[1]s h WHERE %[2]s AND h.scd_seq <= f.s
 				ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 1),
 				(SELECT b.s FROM (SELECT h.scd_seq AS s, h.scd_raw_t IS NULL AND coalesce(cardinality(h.scd_unavailable), 0) = 0
-					AND h.valid_from >= f.t AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
+					AND h.valid_from >= f.t AND h.scd_op <> 'd' AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
 					WHERE b.ok ORDER BY b.s LIMIT 1)
 			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
 			t.hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)

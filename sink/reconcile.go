@@ -286,14 +286,15 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 			match[i] = fmt.Sprintf("x.%s = h.%s", id, id)
 		}
 		m := strings.Join(match, " AND ")
-		live := `h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1)`
+		// (A version marked deleted, deletes: new_record, is no live row.)
+		live := `h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1) AND h.scd_op <> 'd'`
 		unread := fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
 			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`, t.hist.Sanitize(), m, t.side.Sanitize(), m)
 		if f := spec.MaxCloseFraction; !confirmed && f > 0 && f < 1 {
 			// Live at S counts the keys whose snapshot read changed them
 			// too (their version before S is closed at S).
 			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h
-				WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq >= $1)`,
+				WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq >= $1) AND h.scd_op <> 'd'`,
 				unread, t.hist.Sanitize()))
 			if err != nil || held {
 				return err

@@ -170,6 +170,49 @@ func TestFieldNotes(t *testing.T) {
 			cust(c, 2, d(2, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
 			cust(del, 3, d(3, 0), "K"),
 		}},
+		// deletes: new_record (dbt's hard_deletes: new_record): a delete
+		// opens a version marked deleted with the closed version's values.
+		{name: "new_record: late delete between create and re-create", delete: sink.DeletesNewRecord, evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 2, d(2, 0), "K", "name", "b", "plan", "p", "city", "x", "visits", 2),
+			cust(del, 3, d(3, 0), "K"),
+			cust(c, 4, d(5, 0), "K", "name", "a", "plan", "q", "city", "x", "visits", 1),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200103 [2026-01-03T00:00:00Z, 2026-01-05T00:00:00Z) current=false deleted name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-05T00:00:00Z, open) current=true name=a plan=q city=x visits=1",
+		}},
+		{name: "new_record: a delete ends the history current and marked", delete: sink.DeletesNewRecord, scope: sink.CurrentVersion, evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(u, 2, d(2, 0), "K", "name", "b", "plan", "p", "city", "x", "visits", 2),
+			cust(del, 3, d(3, 0), "K"),
+			cust(del, 4, d(4, 0), "K"),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=b plan=p city=x visits=2",
+			"K seq=200103 [2026-01-03T00:00:00Z, open) current=true deleted name=b plan=p city=x visits=2",
+		}},
+		{name: "new_record: an update after a delete, a delete of an unknown row, equal times", delete: sink.DeletesNewRecord, evs: []*change.Event{
+			cust(del, 1, d(1, 0), "K"),
+			cust(c, 2, d(2, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(del, 3, d(2, 0), "K"),
+			cust(u, 4, d(2, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(del, 5, d(3, 0), "K"),
+		}, want: []string{
+			"K seq=200102 [2026-01-02T00:00:00Z, 2026-01-02T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200103 [2026-01-02T00:00:00Z, 2026-01-02T00:00:00Z) current=false deleted name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-02T00:00:00Z, 2026-01-03T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200105 [2026-01-03T00:00:00Z, open) current=true deleted name=a plan=p city=x visits=1",
+		}},
+		{name: "new_record: a truncate closes a version marked deleted", delete: sink.DeletesNewRecord, evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(del, 2, d(2, 0), "K"),
+			{Table: "customers_history", Seq: change.MustSeq(3), Op: change.OpTruncate, ValidFrom: d(3, 0)},
+			cust(c, 4, d(4, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+		}, want: []string{
+			"K seq=200101 [2026-01-01T00:00:00Z, 2026-01-02T00:00:00Z) current=false name=a plan=p city=x visits=1",
+			"K seq=200102 [2026-01-02T00:00:00Z, 2026-01-03T00:00:00Z) current=false deleted name=a plan=p city=x visits=1",
+			"K seq=200104 [2026-01-04T00:00:00Z, open) current=true name=a plan=p city=x visits=1",
+		}},
 		{name: "deletes ignored keep the version open", delete: sink.DeletesIgnore, evs: []*change.Event{
 			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
 			cust(del, 2, d(2, 0), "K"),

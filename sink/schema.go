@@ -45,6 +45,9 @@ type table struct {
 	// known to be absent from the rows written before (DESIGN.md section
 	// 11), not NULL in them.
 	attnum int16
+	// deletedCol: the table has scd_deleted (it has had deletes:
+	// new_record), written true for the versions a delete opened.
+	deletedCol bool
 }
 
 func quoteIdents(names []string) string {
@@ -71,7 +74,18 @@ func isBookkeeping(name string) bool {
 			return true
 		}
 	}
-	return name == "scd_t"
+	return name == "scd_t" || name == "scd_deleted"
+}
+
+// currentView renders the DDL of <target>_current: the current versions,
+// without those marked deleted (deletes: new_record) where the table has
+// scd_deleted.
+func currentView(create string, view, hist pgx.Identifier, deleted bool) string {
+	where := "is_current"
+	if deleted {
+		where += " AND NOT scd_deleted"
+	}
+	return fmt.Sprintf("%s VIEW %s AS SELECT * FROM %s WHERE %s", create, view.Sanitize(), hist.Sanitize(), where)
 }
 
 func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
@@ -109,12 +123,18 @@ func firstLine(s string) string {
 }
 
 // asOfFunction renders the DDL of <target>_as_of(at timestamptz): the
-// versions valid at at (DESIGN.md section 4). Its result type is the
+// versions valid at at (DESIGN.md section 4), without those marked
+// deleted where the table has scd_deleted (deleted): the rows as they were
+// at at, so that _as_of(now()) is _current. Its result type is the
 // history table's row type, so it follows added columns; a table renamed
 // or dropped (rebuild) needs it dropped first (AsOfFunctionDDL).
-func asOfFunction(schema, target, create string) string {
+func asOfFunction(schema, target, create string, deleted bool) string {
 	hist := pgx.Identifier{schema, target}.Sanitize()
-	body := fmt.Sprintf(" SELECT * FROM %s WHERE valid_from <= at AND (valid_to IS NULL OR at < valid_to) ", hist)
+	cond := ""
+	if deleted {
+		cond = "AND NOT scd_deleted "
+	}
+	body := fmt.Sprintf(" SELECT * FROM %s WHERE valid_from <= at AND (valid_to IS NULL OR at < valid_to) %s", hist, cond)
 	return fmt.Sprintf(`%s FUNCTION %s(at timestamptz) RETURNS SETOF %s LANGUAGE sql STABLE AS %s`,
 		create, pgx.Identifier{schema, target + "_as_of"}.Sanitize(), hist, dollarQuote(body))
 }
@@ -126,9 +146,10 @@ func DropAsOfFunction(schema, target string) string {
 }
 
 // CreateAsOfFunction renders the DDL that creates a target's as-of
-// function anew (after a rebuild swapped its history table in).
-func CreateAsOfFunction(schema, target string) string {
-	return asOfFunction(schema, target, "CREATE")
+// function anew (after a rebuild swapped its history table in); deleted:
+// the table has scd_deleted (deletes: new_record).
+func CreateAsOfFunction(schema, target string, deleted bool) string {
+	return asOfFunction(schema, target, "CREATE", deleted)
 }
 
 func keyType(inferred string) string {
@@ -147,6 +168,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
 	}
 	var cols []colInfo
+	deleted := false
 	for rows.Next() {
 		var c colInfo
 		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType, &c.attnum); err != nil {
@@ -159,6 +181,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		if !isBookkeeping(c.name) {
 			cols = append(cols, c)
 		}
+		deleted = deleted || c.name == "scd_deleted"
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
@@ -167,7 +190,7 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, c := range t.spec.TrackHistory {
 		tracked[pgIdent(c)] = true
 	}
-	t.cols, t.colIdx = cols, map[string]int{}
+	t.cols, t.colIdx, t.deletedCol = cols, map[string]int{}, deleted
 	t.attnum = 0
 	for _, c := range cols {
 		t.attnum = max(t.attnum, c.attnum)

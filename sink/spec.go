@@ -25,6 +25,9 @@ type DeletesMode string
 const (
 	DeletesClose  DeletesMode = "close"
 	DeletesIgnore DeletesMode = "ignore"
+	// DeletesNewRecord closes the live version and opens a version marked
+	// deleted (scd_deleted) with its values, until the key is re-created.
+	DeletesNewRecord DeletesMode = "new_record"
 )
 
 // Column is one source column of a history table.
@@ -408,8 +411,8 @@ func (c *Config) specDefaults(t *TableSpec) error {
 		if t.Deletes == "" {
 			t.Deletes = DeletesClose
 		}
-		if t.Deletes != DeletesClose && t.Deletes != DeletesIgnore {
-			return fmt.Errorf("table %s: deletes %q is not close or ignore", t.Target, t.Deletes)
+		if t.Deletes != DeletesClose && t.Deletes != DeletesIgnore && t.Deletes != DeletesNewRecord {
+			return fmt.Errorf("table %s: deletes %q is not close, ignore or new_record", t.Target, t.Deletes)
 		}
 	}
 	return nil

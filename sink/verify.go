@@ -78,6 +78,20 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			`SELECT %s, 'scd_id ' || string_agg(scd_id::text, ', ' ORDER BY scd_id) FROM %s GROUP BY %s, scd_seq HAVING count(*) > 1`,
 			keyJSON, hist, keys)},
 	}
+	if cat.hasCol(n.hist, "scd_deleted") {
+		// deletes: new_record: a version marked deleted is one a delete
+		// opened, right where it closed the version before it (that one
+		// may be gone to retention).
+		checks = append(checks, struct{ name, sql string }{"scd_deleted disagrees with scd_op", fmt.Sprintf(
+			`SELECT %s, format('scd_id %%s scd_deleted %%s scd_op %%s', scd_id, scd_deleted, scd_op) FROM %s
+			 WHERE scd_deleted IS DISTINCT FROM (scd_op = 'd')`, keyJSON, hist)},
+			struct{ name, sql string }{"deleted version not opened where a version closed", fmt.Sprintf(
+				`SELECT k, format('scd_id %%s from %%s follows scd_id %%s (deleted %%s) to %%s', scd_id, valid_from, prev_id, prev_deleted, coalesce(prev_to::text, 'open'))
+			 FROM (SELECT %s AS k, scd_id, valid_from, scd_deleted, lag(scd_id) OVER w AS prev_id, lag(scd_deleted) OVER w AS prev_deleted,
+			         lag(valid_to) OVER w AS prev_to
+			       FROM %s WINDOW w AS (PARTITION BY %s ORDER BY scd_seq)) v
+			 WHERE scd_deleted AND prev_id IS NOT NULL AND (prev_deleted OR prev_to IS DISTINCT FROM valid_from)`, keyJSON, hist, keys)})
+	}
 	var out []Violation
 	_, err = s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
 		out = append([]Violation(nil), missing...)

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -10,8 +11,8 @@ import (
 
 // ViewSpec is a presentation of a history table in another convention
 // (DESIGN.md section 3): a view in the target's schema showing scd_id,
-// valid_from, valid_to, is_current and the source columns, renamed by
-// Columns.
+// valid_from, valid_to, is_current and the source columns (and
+// scd_deleted where the table has it), renamed by Columns.
 type ViewSpec struct {
 	Name string
 	// Columns maps column names to the names the view shows.
@@ -24,6 +25,9 @@ type ViewSpec struct {
 	Inclusive bool
 	// CurrentEnd replaces NULL in the end of current versions ("" keeps NULL).
 	CurrentEnd string
+	// HideDeleted leaves out the versions marked deleted (deletes:
+	// new_record); shown, they carry scd_deleted.
+	HideDeleted bool
 }
 
 // viewSQL renders CREATE OR REPLACE VIEW for v over the history table
@@ -63,9 +67,16 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 	for _, c := range cols {
 		sel = append(sel, fmt.Sprintf("%s AS %s", pgx.Identifier{c}.Sanitize(), name(c)))
 	}
-	where := ""
+	var conds []string
 	if v.Day { // the state at the end of each day: versions that lived past a midnight
-		where = fmt.Sprintf(" WHERE valid_to IS NULL OR (valid_to AT TIME ZONE %[1]s)::date > (valid_from AT TIME ZONE %[1]s)::date", tz)
+		conds = append(conds, fmt.Sprintf("(valid_to IS NULL OR (valid_to AT TIME ZONE %[1]s)::date > (valid_from AT TIME ZONE %[1]s)::date)", tz))
+	}
+	if v.HideDeleted && slices.Contains(cols, "scd_deleted") {
+		conds = append(conds, "NOT scd_deleted")
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = " WHERE " + strings.Join(conds, " AND ")
 	}
 	return fmt.Sprintf("CREATE OR REPLACE VIEW %s AS SELECT %s FROM %s%s", pgx.Identifier{schema, v.Name}.Sanitize(),
 		strings.Join(sel, ", "), pgx.Identifier{schema, target}.Sanitize(), where)
@@ -92,6 +103,9 @@ func ViewStatements(ctx context.Context, q Querier, spec TableSpec, target strin
 		if !isBookkeeping(n) {
 			cols = append(cols, n)
 		}
+	}
+	if slices.Contains(names, "scd_deleted") {
+		cols = append(cols, "scd_deleted")
 	}
 	return viewsOver(ctx, q, spec, target, cols)
 }
@@ -151,6 +165,11 @@ func (t *table) viewStatements(ctx context.Context, q Querier) ([]string, error)
 	var cols []string
 	for _, c := range t.cols {
 		cols = append(cols, c.name)
+	}
+	if t.deletedCol {
+		// Among the source columns, so that the view keeps its place as
+		// columns come (CREATE OR REPLACE VIEW only appends).
+		cols = append(cols, "scd_deleted")
 	}
 	return viewsOver(ctx, q, t.spec, t.spec.Target, cols)
 }

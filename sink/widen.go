@@ -136,7 +136,7 @@ func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) 
 		"DROP VIEW IF EXISTS " + strings.Join(drops, ", "),
 		fmt.Sprintf("ALTER TABLE %s %s", t.hist.Sanitize(), strings.Join(alters, ", ")),
 		fmt.Sprintf("ALTER TABLE %s %s", t.side.Sanitize(), strings.Join(alters, ", ")),
-		fmt.Sprintf("CREATE VIEW %s AS SELECT * FROM %s WHERE is_current", t.view.Sanitize(), t.hist.Sanitize()),
+		currentView("CREATE", t.view, t.hist, t.deletedCol),
 	}
 	views, err := t.viewStatements(ctx, s.pool) // read before they are dropped
 	if err != nil {

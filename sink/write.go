@@ -180,8 +180,16 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	if len(w.insVersions) > 0 {
 		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
+		if t.deletedCol {
+			cols = append(cols, "scd_deleted")
+		}
 		if _, err := copyIn(ctx, tx, t.hist, cols, len(w.insVersions), func(i int, row []any) []any {
-			return t.appendBook(append(row, w.insVersions[i].row...), w.insVersions[i], &w.boxes)
+			v := w.insVersions[i]
+			row = t.appendBook(append(row, v.row...), v, &w.boxes)
+			if t.deletedCol {
+				row = append(row, v.deleted())
+			}
+			return row
 		}); err != nil {
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}

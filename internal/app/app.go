@@ -108,7 +108,7 @@ func viewSpecs(vs []config.View) []sink.ViewSpec {
 	var out []sink.ViewSpec
 	for _, v := range vs {
 		out = append(out, sink.ViewSpec{Name: v.Name, Columns: v.Columns, Day: v.Grain == "day", TimeZone: v.TimeZone,
-			Inclusive: v.End == "inclusive", CurrentEnd: v.CurrentEnd})
+			Inclusive: v.End == "inclusive", CurrentEnd: v.CurrentEnd, HideDeleted: v.Deleted == "hide"})
 	}
 	return out
 }

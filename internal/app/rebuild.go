@@ -460,7 +460,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				// The live audit of repairs stays; the replay's own is dropped.
 				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(rb+"_scd_repairs")),
 				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
-				sink.CreateAsOfFunction(cfg.Postgres.Schema, live),
+				sink.CreateAsOfFunction(cfg.Postgres.Schema, live, SinkConfig(cfg, zap.NewNop()).Tables[i].Deletes == sink.DeletesNewRecord),
 			} {
 				if err := exec(q); err != nil {
 					return err

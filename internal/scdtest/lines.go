@@ -37,6 +37,14 @@ func tsText(t *time.Time) string {
 	return t.UTC().Format(time.RFC3339Nano)
 }
 
+// deletedText marks a version opened by a delete (deletes: new_record).
+func deletedText(deleted bool) string {
+	if deleted {
+		return " deleted"
+	}
+	return ""
+}
+
 // ModelLines renders the model's versions like HistoryLines renders the table.
 func ModelLines(spec sink.TableSpec, cols []string, vs []Version) []string {
 	var out []string
@@ -48,8 +56,8 @@ func ModelLines(spec sink.TableSpec, cols []string, vs []Version) []string {
 		for _, c := range cols {
 			vals = append(vals, c+"="+textOf(v.row[c]))
 		}
-		out = append(out, fmt.Sprintf("%s seq=%s [%s, %s) current=%v %s", strings.Join(key, "|"),
-			hex.EncodeToString([]byte(v.seq)), tsText(&v.from), tsText(v.to), v.current, strings.Join(vals, " ")))
+		out = append(out, fmt.Sprintf("%s seq=%s [%s, %s) current=%v%s %s", strings.Join(key, "|"),
+			hex.EncodeToString([]byte(v.seq)), tsText(&v.from), tsText(v.to), v.current, deletedText(v.deleted), strings.Join(vals, " ")))
 	}
 	sort.Strings(out)
 	return out
@@ -65,7 +73,8 @@ func HistoryLines(t testing.TB, pool *pgxpool.Pool, spec sink.TableSpec, cols []
 	for _, c := range cols {
 		sel = append(sel, pgx.Identifier{c}.Sanitize()+"::text")
 	}
-	q := fmt.Sprintf("SELECT %s, valid_from, valid_to, is_current, scd_seq FROM %s", strings.Join(sel, ", "),
+	// (scd_deleted exists only in tables that have had deletes: new_record.)
+	q := fmt.Sprintf("SELECT %s, valid_from, valid_to, is_current, scd_seq, coalesce((to_jsonb(h)->>'scd_deleted')::boolean, false) FROM %s h", strings.Join(sel, ", "),
 		pgx.Identifier{spec.Schema, spec.Target}.Sanitize())
 	rows, err := pool.Query(context.Background(), q)
 	if err != nil {
@@ -83,7 +92,8 @@ func HistoryLines(t testing.TB, pool *pgxpool.Pool, spec sink.TableSpec, cols []
 		var to *time.Time
 		var cur bool
 		var seq []byte
-		dest = append(dest, &from, &to, &cur, &seq)
+		var deleted bool
+		dest = append(dest, &from, &to, &cur, &seq, &deleted)
 		if err := rows.Scan(dest...); err != nil {
 			t.Fatalf("scanning %s: %v", spec.Target, err)
 		}
@@ -100,8 +110,8 @@ func HistoryLines(t testing.TB, pool *pgxpool.Pool, spec sink.TableSpec, cols []
 		for i, c := range cols {
 			vals = append(vals, c+"="+str(texts[len(spec.Keys)+i]))
 		}
-		out = append(out, fmt.Sprintf("%s seq=%s [%s, %s) current=%v %s", strings.Join(key, "|"),
-			hex.EncodeToString(seq), tsText(&from), tsText(to), cur, strings.Join(vals, " ")))
+		out = append(out, fmt.Sprintf("%s seq=%s [%s, %s) current=%v%s %s", strings.Join(key, "|"),
+			hex.EncodeToString(seq), tsText(&from), tsText(to), cur, deletedText(deleted), strings.Join(vals, " ")))
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatalf("reading %s: %v", spec.Target, err)

@@ -20,6 +20,8 @@ type Version struct {
 	to      *time.Time
 	current bool
 	carried map[string]bool // the columns the opening event carried
+	// deleted: a version opened by a delete under deletes: new_record.
+	deleted bool
 }
 
 // Fold is the reference fold of DESIGN.md section 5, written as plainly
@@ -116,7 +118,7 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 					after[k] = key[i]
 				}
 				prevAfter, lastAfter = after, after
-				if live != nil && (e.Op == change.OpCreate || !sameCarried(after, carried, live, tracked)) {
+				if live != nil && (live.deleted || e.Op == change.OpCreate || !sameCarried(after, carried, live, tracked)) {
 					closeLive(t)
 				}
 				if live == nil {
@@ -137,8 +139,16 @@ func Fold(spec sink.TableSpec, cols []string, evs []*change.Event) []Version {
 					}
 				}
 			case change.OpDelete:
-				if spec.Deletes != sink.DeletesIgnore && live != nil {
+				if spec.Deletes != sink.DeletesIgnore && live != nil && !live.deleted {
+					closed := live
 					closeLive(t)
+					if spec.Deletes == sink.DeletesNewRecord {
+						// A version marked deleted, with the closed
+						// version's values, until the key comes back.
+						live = &Version{key: closed.key, seq: string(e.Seq), row: CopyMap(closed.row), from: t, current: true,
+							carried: CopyBools(closed.carried), deleted: true}
+						versions = append(versions, live)
+					}
 				}
 			}
 		}
@@ -193,6 +203,8 @@ func addSnapshotDeletes(spec sink.TableSpec, byKey map[string][]*change.Event, t
 					case change.OpCreate, change.OpRead, change.OpUpdate:
 						live = true
 					case change.OpDelete:
+						// (Under new_record the version it opens is
+						// marked deleted: not live.)
 						live = live && spec.Deletes == sink.DeletesIgnore
 					case change.OpTruncate:
 						live = false

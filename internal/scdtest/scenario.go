@@ -30,7 +30,7 @@ func Pick[T any](rng *rand.Rand, xs ...T) T { return xs[rng.IntN(len(xs))] }
 // (DESIGN.md section 11), over a text-keyed and a composite-keyed table.
 func GenScenario(rng *rand.Rand, schema string) Scenario {
 	scope := Pick(rng, sink.AllVersions, sink.CurrentVersion)
-	deletes := Pick(rng, sink.DeletesClose, sink.DeletesClose, sink.DeletesClose, sink.DeletesIgnore)
+	deletes := Pick(rng, sink.DeletesClose, sink.DeletesClose, sink.DeletesClose, sink.DeletesNewRecord, sink.DeletesNewRecord, sink.DeletesIgnore)
 	acct := sink.TableSpec{Target: "acct_history", Schema: schema, Keys: []string{"acct_id"},
 		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}, {Name: "city", Type: "text"},
 			{Name: "name", Type: "text"}, {Name: "score", Type: "bigint"}},
