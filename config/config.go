@@ -217,7 +217,30 @@ type Table struct {
 	// SchemaChanges is evolve (default) or fail: what a changed source
 	// schema does to the history table (DESIGN.md section 11).
 	SchemaChanges string `yaml:"schema_changes"`
-	Views         []View `yaml:"views"`
+	// Retention removes versions closed longer ago than it ("400d",
+	// "36h"; empty keeps everything), DESIGN.md section 12.
+	Retention string `yaml:"retention"`
+	// RetentionPeriod is Retention parsed (0: none).
+	RetentionPeriod time.Duration `yaml:"-"`
+	Views           []View        `yaml:"views"`
+}
+
+// ParsePeriod reads a retention period: a number of days ("400d") or a
+// Go duration ("36h", "90m").
+func ParsePeriod(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseInt(days, 10, 32)
+		if err != nil || n <= 0 || n > 100000 {
+			return 0, fmt.Errorf("%q is not a number of days from 1 to 100000 (e.g. 400d)", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q is not a period (400d, 36h)", s)
+	}
+	return d, nil
 }
 
 // View is one views: entry of a table: the history in another convention

@@ -206,6 +206,11 @@ func TestBadValues(t *testing.T) {
 		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
 		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
 		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
+		{"retention unit", minimal + "    retention: 400 days\n", "tables[0].retention"},
+		{"retention zero", minimal + "    retention: 0d\n", "tables[0].retention"},
+		{"retention huge", minimal + "    retention: 9999999d\n", "tables[0].retention"},
+		{"retention short", minimal + "    retention: 30m\n", "tables[0].retention"},
+		{"retention in the window", minimal + "    retention: 2h\nsequencer: {reorder_window: 3h}\n", "tables[0].retention"},
 		{"guard zero", minimal + "    snapshot_deletes_max_fraction: 0\n", "tables[0].snapshot_deletes_max_fraction"},
 		{"guard above one", minimal + "    snapshot_deletes_max_fraction: 1.5\n", "tables[0].snapshot_deletes_max_fraction"},
 		{"duplicate key", minimal + "    keys: [a, a]\n", "tables[0].keys"},
@@ -304,5 +309,22 @@ tables:
 	c, err = Parse([]byte(yaml), func(k string) (string, bool) { return "from-env", k == "SCD2SINK_KAFKA_SASL_PASSWORD" })
 	if err != nil || c.Kafka.SASL.Password != "from-env" {
 		t.Errorf("the environment does not win: %v %q", err, c.Kafka.SASL.Password)
+	}
+}
+
+func TestRetentionPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{{"400d", 400 * 24 * time.Hour}, {"36h", 36 * time.Hour}, {"1h30m", 90 * time.Minute}} {
+		t.Run(tc.in, func(t *testing.T) {
+			c, err := Parse([]byte(minimal+"    retention: "+tc.in+"\n"), noEnv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Tables[0].RetentionPeriod; got != tc.want {
+				t.Errorf("retention %s: %v, want %v", tc.in, got, tc.want)
+			}
+		})
 	}
 }

@@ -356,6 +356,16 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		} else if err := oneOf(key("snapshot_deletes"), t.SnapshotDeletes, "ignore", "close"); err != nil {
 			return err
 		}
+		if t.Retention != "" {
+			d, err := ParsePeriod(t.Retention)
+			if err != nil {
+				return errf(key("retention"), "%v", err)
+			}
+			if d < time.Hour || d <= c.Sequencer.ReorderWindow {
+				return errf(key("retention"), "%s is shorter than an hour or than sequencer.reorder_window: versions a late event still needs would go", t.Retention)
+			}
+			c.Tables[i].RetentionPeriod = d
+		}
 		if t.SchemaChanges == "" {
 			c.Tables[i].SchemaChanges = "evolve"
 		} else if err := oneOf(key("schema_changes"), t.SchemaChanges, "evolve", "fail"); err != nil {

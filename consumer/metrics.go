@@ -64,6 +64,18 @@ type Metrics struct {
 	// ErasedDropped counts events (and dead letters) of erased keys
 	// dropped instead of stored, by target (DESIGN.md section 12).
 	ErasedDropped *prometheus.CounterVec
+	// RetentionRemoved counts the versions (table="history") and side
+	// rows (table="side") retention removed, by target.
+	RetentionRemoved *prometheus.CounterVec
+	// RetentionHorizon is, per target, the Unix time before which the
+	// last retention pass removed closed versions.
+	RetentionHorizon *prometheus.GaugeVec
+	// RetentionFailures counts retention passes over a target that failed
+	// (tried again at the next pass).
+	RetentionFailures *prometheus.CounterVec
+	// RetentionDropped counts late events older than what retention kept
+	// for their key, dropped (DESIGN.md section 12).
+	RetentionDropped prometheus.Counter
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -130,13 +142,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ErasedDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_erased_events_dropped_total",
 			Help: "Events and dead letters of keys erased with scd2sink erase, dropped instead of stored (a replay, a rebuild, a re-snapshot), by target."},
 			[]string{"target"}),
+		RetentionRemoved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_removed_total",
+			Help: "Versions (table=history) and side rows (table=side) removed by retention, by target."}, []string{"target", "table"}),
+		RetentionHorizon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_retention_horizon_timestamp_seconds",
+			Help: "Unix time before which the last retention pass removed closed versions, by target."}, []string{"target"}),
+		RetentionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_failures_total",
+			Help: "Retention passes that failed and wait for the next pass, by target."}, []string{"target"}),
+		RetentionDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_retention_events_dropped_total",
+			Help: "Late events older than what retention kept of their key, dropped."}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
 			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes,
-			m.Disagreements, m.Streams, m.ErasedDropped)
+			m.Disagreements, m.Streams, m.ErasedDropped, m.RetentionRemoved, m.RetentionHorizon, m.RetentionFailures, m.RetentionDropped)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -161,6 +181,7 @@ func (m *Metrics) record(r sink.Result) {
 	for t, n := range r.Erased {
 		m.ErasedDropped.WithLabelValues(t).Add(float64(n))
 	}
+	m.RetentionDropped.Add(float64(r.Expired))
 }
 
 // Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL

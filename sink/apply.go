@@ -327,8 +327,26 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	// Read from h.from on, the first event starts the fold: its row is
 	// taken as resolved (its unavailable values were resolved from events
 	// not read), and what it opened is what the table holds.
+	// After a retention horizon (retention.go), the first event left
+	// starts the fold likewise, and events before it are dropped: what
+	// they could change is gone.
+	var first change.Seq
+	if h.horizon != nil {
+		for _, e := range h.side {
+			if first == nil || e.seq.Compare(first) < 0 {
+				first = e.seq
+			}
+		}
+		for _, v := range h.versions {
+			if first == nil || v.seq.Compare(first) < 0 {
+				first = v.seq
+			}
+		}
+		batch = t.afterHorizon(batch, h.horizon, first, res)
+		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fevent) bool { return !afterHorizon(tr.seq, h.horizon, first) })
+	}
 	placeholders := func(e fevent) fevent {
-		if h.from != nil && e.seq.Compare(h.from) == 0 {
+		if (h.from != nil && e.seq.Compare(h.from) == 0) || (first != nil && e.seq.Compare(first) == 0) {
 			e.resolved = true // its clamped time too: the events before it are not read
 			return e
 		}

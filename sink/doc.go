@@ -44,13 +44,20 @@
 //     transaction, so an erase and a batch of the same partitions never
 //     interleave; the rest of the fold does not change, because a key's
 //     history depends on its own events only.
+//   - Retention (retention.go) removes a prefix of a key's history: the
+//     versions closed before the horizon and the side rows before the first
+//     version kept, leaving a side row of operation 'h' at the highest
+//     sequence removed. The horizon never passes the watermark, so no late
+//     event within the reorder window needs what went.
 //
 // # Why this state is enough
 //
 // A key's full event list can be rebuilt from the table: the side rows, plus
 // the opening event of every version that has no side row (its row image is
 // the version's row, its time the version's valid_from), plus the table's
-// truncates. The versions' rows keep the opening event's tracked values
+// truncates. After retention it is the suffix of that list from the first
+// event kept, whose stored state stands for everything removed before it;
+// events before it are dropped. The versions' rows keep the opening event's tracked values
 // verbatim; only Type 1 columns are overwritten, and that is harmless:
 // with all_versions every version ends up with the Type 1 values of the key's
 // last event anyway, and with current_version the opener's own image is

@@ -54,3 +54,11 @@ func SetReconcileChunk(n int, after func()) (restore func()) {
 func (s *Sink) PartitionLock(topic string, partition int32) int64 {
 	return s.partitionLock(topic, partition)
 }
+
+// SetRetentionChunk makes retention handle n keys per transaction; it
+// returns a function that restores the default.
+func SetRetentionChunk(n int) (restore func()) {
+	old := retentionChunk
+	retentionChunk = n
+	return func() { retentionChunk = old }
+}

@@ -225,6 +225,10 @@ type history struct {
 	side     []fevent
 	from     change.Seq
 	until    change.Seq
+	// horizon is the sequence up to which retention removed the key's
+	// history (its side row with scd_op 'h'), nil if it did not, or if
+	// the history was read from after it.
+	horizon change.Seq
 }
 
 // bound is what decides how far a key's late events can reach: the last
@@ -362,6 +366,10 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			return nil, err
 		}
 		op, _ := vals[2].(string)
+		if op == horizonOp {
+			out[vals[0].(int64)-1].horizon = change.Seq(asBytes(vals[1]))
+			continue
+		}
 		if _, err := change.ParseOp(op); err != nil {
 			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}

@@ -57,6 +57,9 @@ type TableSpec struct {
 	IgnoreColumns []string
 	Type1Scope    Type1Scope
 	Deletes       DeletesMode
+	// Retention removes the versions closed longer ago than it, with
+	// their side rows (retention.go); 0 keeps everything.
+	Retention time.Duration
 	// SnapshotDeletes closes, when a full snapshot of the table completes,
 	// the keys it did not read (DESIGN.md section 5).
 	SnapshotDeletes bool
@@ -260,6 +263,9 @@ type Result struct {
 	// Erased counts, per target, the events and dead letters of erased
 	// keys dropped (erasure.go).
 	Erased map[string]int
+	// Expired counts the events dropped because they come before what
+	// retention left of their key's history (retention.go).
+	Expired int
 }
 
 // Disagreement is a pair of a key's events that its sequence and their
@@ -336,6 +342,7 @@ func (r *Result) add(o Result) {
 	r.RepairSideRowsRead += o.RepairSideRowsRead
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
+	r.Expired += o.Expired
 	r.Dead = append(r.Dead, o.Dead...)
 	for t, n := range o.Erased {
 		if r.Erased == nil {

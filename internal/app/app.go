@@ -72,7 +72,7 @@ func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
 		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
 		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
 		SnapshotDeletes: t.SnapshotDeletes == "close", MaxCloseFraction: fraction(t.SnapshotDeletesMaxFraction),
-		FailOnSchemaChange: t.SchemaChanges == "fail"}
+		FailOnSchemaChange: t.SchemaChanges == "fail", Retention: t.RetentionPeriod}
 }
 
 func fraction(f *float64) float64 {
@@ -281,6 +281,10 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		health.Postgres.Store(true)
+		if !cfg.Rebuilding {
+			r := &retainer{s: s, log: log.Named("retention"), metrics: metrics, health: health, now: time.Now}
+			g.Go(func() error { return r.Run(gctx) })
+		}
 		c, err := consumer.New(consumer.Config{
 			Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, ClientID: cfg.Kafka.ClientID,
 			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: opts.LeaveGroup, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,

@@ -256,3 +256,15 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// Retained returns the versions retention keeps at horizon: all but those
+// closed before it (DESIGN.md section 12).
+func Retained(vs []Version, horizon time.Time) []Version {
+	var out []Version
+	for _, v := range vs {
+		if v.to == nil || !v.to.Before(horizon) {
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,301 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Retention (DESIGN.md section 12) removes, per key, the versions closed
+// before the horizon (now - retention, and never after the target's
+// completeness watermark, so nothing a late event within the reorder
+// window needs goes) and the side rows before the first version left,
+// and records where it cut in a side row with scd_op horizonOp at the
+// highest sequence it removed. The versions left are a suffix of the
+// key's history in sequence order (valid_to grows with the sequence), so
+// the invariants verify checks still hold.
+//
+// A re-fold of such a key starts at the first event left, taken as
+// resolved (its stored time and row are the state the removed events
+// left), and drops the late events before it: what they could change is
+// gone (counted in Result.Expired). A current version is never removed;
+// a key whose every version was closed before the horizon keeps only its
+// horizon row and the side rows after it.
+const horizonOp = "h"
+
+// retentionChunk is how many keys one retention transaction handles.
+var retentionChunk = 1000
+
+// RetainResult is what one retention pass over a table removed.
+type RetainResult struct {
+	Horizon  time.Time // versions closed before it were removed
+	Versions int64
+	SideRows int64
+	Keys     int64
+	Chunks   int
+}
+
+// afterHorizon reports whether an event at seq comes after what
+// retention removed: past the horizon and not before the first event
+// left (first; nil when none is left).
+func afterHorizon(seq, horizon, first change.Seq) bool {
+	if first != nil {
+		return seq.Compare(first) >= 0
+	}
+	return seq.Compare(horizon) > 0
+}
+
+// afterHorizon returns the events of evs after the horizon, counting the
+// others in res.Expired.
+func (t *table) afterHorizon(evs []fevent, horizon, first change.Seq, res *Result) []fevent {
+	var out []fevent
+	for _, e := range evs {
+		if afterHorizon(e.seq, horizon, first) {
+			out = append(out, e)
+		} else {
+			res.Expired++
+		}
+	}
+	return out
+}
+
+// Retain runs one retention pass over target's history table: in
+// transactions of retentionChunk keys, each fenced like a writer (the
+// topic's writers wait, at most lock_timeout) and retried while the
+// failure is transient. now is the pass's clock. A pass that removed
+// anything makes every writer forget what it remembers, once, at its end.
+// progress, if set, is called after each chunk commits.
+func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progress func(RetainResult)) (RetainResult, error) {
+	var res RetainResult
+	spec, ok := s.spec(target)
+	if !ok {
+		return res, fmt.Errorf("retention of %s: no such table is configured", target)
+	}
+	if spec.Retention <= 0 {
+		return res, nil
+	}
+	s.mu.Lock()
+	t := s.tables[target]
+	s.mu.Unlock()
+	if t == nil {
+		ok, err := s.HistoryTables(ctx, []string{target})
+		if err != nil || !ok[target] {
+			return res, err // not created yet: nothing to remove
+		}
+		if len(spec.Keys) == 0 {
+			if spec.Keys, err = s.existingKeys(ctx, spec); err != nil {
+				return res, err
+			}
+		}
+		if t, err = ensureTable(ctx, s.pool, spec, nil); err != nil {
+			return res, err
+		}
+	}
+	res.Horizon = now.Add(-spec.Retention)
+	marks, err := s.Watermarks(ctx)
+	if err != nil {
+		return res, err
+	}
+	if w, ok := marks[target]; ok && w.Before(res.Horizon) {
+		res.Horizon = w // a partition behind: its late events may still need the versions
+	}
+	chunk := t.retentionSQL()
+	var last []any
+	for _, phase := range []string{chunk.fromHist, chunk.fromSide} {
+		last = nil
+		for {
+			var n int64
+			var v, sr int64
+			var next []any
+			_, err := s.withRetry(ctx, "retention", "removing old versions of "+target, func(ctx context.Context) error {
+				n, v, sr, next = 0, 0, 0, nil
+				return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					if err := s.lockTargetWriters(ctx, tx, target); err != nil {
+						return err
+					}
+					q, args := phase, []any{res.Horizon, retentionChunk}
+					if last != nil {
+						q = strings.Replace(q, "/*after*/", chunk.after, 1)
+						args = append(args, last...)
+					}
+					rows, err := tx.Query(ctx, q, args...)
+					if err != nil {
+						return fmt.Errorf("removing old versions of %s: %w", target, err)
+					}
+					nk := len(t.keyIdx)
+					var keys [][]any
+					var seqs [][]byte
+					var times []time.Time
+					for rows.Next() {
+						vals, err := rows.Values()
+						if err != nil {
+							rows.Close()
+							return err
+						}
+						keys = append(keys, vals[:nk])
+						seqs = append(seqs, asBytes(vals[nk]))
+						times = append(times, vals[nk+1].(time.Time))
+						v += vals[nk+2].(int64)
+						sr += vals[nk+3].(int64)
+					}
+					rows.Close()
+					if err := rows.Err(); err != nil {
+						return fmt.Errorf("removing old versions of %s: %w", target, err)
+					}
+					n = int64(len(keys))
+					if n == 0 {
+						return nil
+					}
+					next = keys[n-1]
+					args = args[:0]
+					for i := range nk {
+						col := make([]any, n)
+						for j := range keys {
+							col[j] = keys[j][i]
+						}
+						args = append(args, col)
+					}
+					args = append(args, seqs, times)
+					if _, err := tx.Exec(ctx, chunk.mark, args...); err != nil {
+						return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
+					}
+					return nil
+				})
+			})
+			if err != nil {
+				return res, err
+			}
+			res.Keys += n
+			res.Versions += v
+			res.SideRows += sr
+			if n == 0 {
+				break
+			}
+			res.Chunks++
+			if progress != nil {
+				progress(res)
+			}
+			if n < int64(retentionChunk) {
+				break
+			}
+			last = next
+		}
+	}
+	if res.Keys > 0 {
+		// A writer's cache may hold a version removed (the latest of a
+		// key with nothing current): it reads the key again.
+		if _, err := s.withRetry(ctx, "retention", "noting the retention of "+target, func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.countOutsideWrite(ctx, tx) })
+		}); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// retentionStatements are the statements of a retention chunk.
+type retentionStatements struct {
+	// fromHist and fromSide remove what retention removes for the next
+	// keys (in key order, after /*after*/) that have a version closed
+	// before $1, or (fromSide) no version but side rows before $1;
+	// they return per key the highest sequence and time removed and the
+	// versions and side rows removed.
+	fromHist, fromSide string
+	// after is the condition that starts a chunk after the last key
+	// ($3...).
+	after string
+	// mark records the horizon rows: keys, sequences, times as arrays.
+	mark string
+}
+
+func (t *table) retentionSQL() retentionStatements {
+	keys := t.keyNames()
+	kl := quoteIdents(keys)
+	match := t.keyJoin
+	prefixed := func(p string) string {
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = p + "." + pgx.Identifier{k}.Sanitize()
+		}
+		return strings.Join(parts, ", ")
+	}
+	var after []string
+	for i, kt := range t.keyTypes() {
+		after = append(after, fmt.Sprintf("$%d::%s", i+3, kt))
+	}
+	notNull := make([]string, len(keys))
+	for i, k := range keys {
+		notNull[i] = pgx.Identifier{k}.Sanitize() + " IS NOT NULL"
+	}
+	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	// The versions left are those from the first one not closed before
+	// $1 on; side rows go before it (or, with no version left, those
+	// before $1). The key's earlier horizon row goes too: the new one
+	// is at or after it.
+	body := func(pick string) string {
+		return fmt.Sprintf(`WITH k AS (%[1]s),
+		f AS (SELECT k.*, (SELECT h.scd_seq FROM %[2]s h WHERE %[4]s AND (h.valid_to IS NULL OR h.valid_to >= $1) ORDER BY h.scd_seq LIMIT 1) AS s FROM k),
+		dv AS (DELETE FROM %[2]s h USING f WHERE %[5]s AND h.valid_to < $1 AND (f.s IS NULL OR h.scd_seq < f.s)
+			RETURNING %[6]s, h.scd_seq, h.valid_to AS t),
+		ds AS (DELETE FROM %[3]s e USING f WHERE %[7]s AND (CASE WHEN f.s IS NULL THEN e.scd_t < $1 ELSE e.scd_seq < f.s END)
+			RETURNING %[8]s, e.scd_seq, e.scd_t AS t, e.scd_op = 'h' AS hz)
+		SELECT %[9]s, (array_agg(x.scd_seq ORDER BY x.scd_seq DESC))[1], max(x.t), count(*) FILTER (WHERE x.v), count(*) FILTER (WHERE NOT x.v AND NOT x.hz)
+		FROM (SELECT %[6]s, h.scd_seq, h.t, true AS v, false AS hz FROM dv h
+			UNION ALL SELECT %[8]s, e.scd_seq, e.t, false, e.hz FROM ds e) x
+		GROUP BY %[9]s ORDER BY %[9]s`,
+			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"))
+	}
+	fromHist := body(fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE h.valid_to < $1 AND %[3]s /*after*/ ORDER BY %[1]s LIMIT $2`,
+		kl, hist, strings.Join(notNull, " AND ")))
+	fromSide := body(fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s e WHERE e.scd_t < $1 AND e.scd_op <> 'h' AND %[3]s /*after*/
+		AND NOT EXISTS (SELECT 1 FROM %[4]s h WHERE %[5]s) ORDER BY %[1]s LIMIT $2`,
+		prefixed("e"), side, strings.Join(notNull, " AND "), hist, match("h", "e")))
+	var casts []string
+	for i, kt := range t.keyTypes() {
+		casts = append(casts, fmt.Sprintf("$%d::%s[]", i+1, kt))
+	}
+	n := len(keys)
+	mark := fmt.Sprintf(`INSERT INTO %s (%s, scd_seq, scd_op, scd_t, scd_hash)
+		SELECT %s, x.s, 'h', x.t, ''::bytea FROM unnest(%s, $%d::bytea[], $%d::timestamptz[]) AS x(%s, s, t)`,
+		side, kl, prefixed("x"), strings.Join(casts, ", "), n+1, n+2, kl)
+	return retentionStatements{fromHist: fromHist, fromSide: fromSide,
+		after: fmt.Sprintf("AND ROW(%s) > ROW(%s)", kl, strings.Join(after, ", ")), mark: mark}
+}
+
+// RetainedTargets lists the targets with a retention: the configured
+// tables', and those of pattern entries this group has claimed.
+func (s *Sink) RetainedTargets(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	s.specMu.Lock()
+	for target, spec := range s.specs {
+		if spec.Retention > 0 {
+			seen[target] = true
+			out = append(out, target)
+		}
+	}
+	s.specMu.Unlock()
+	if s.cfg.Resolve == nil {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target FROM %s.%s WHERE consumer_group = $1 ORDER BY target`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, fmt.Errorf("reading the claimed targets: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading the claimed targets: %w", err)
+	}
+	for _, target := range claimed {
+		if spec, ok := s.spec(target); ok && spec.Retention > 0 && !seen[target] {
+			seen[target] = true
+			out = append(out, target)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,105 @@
+package sink_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// TestRetention: a pass removes the versions closed before the horizon
+// and the side rows before what is left, in chunks, never a current
+// version; a replay of every event brings nothing back (the events before
+// what is left are dropped and counted), later events and late events
+// after the horizon apply as the fold says; verify stays clean; a second
+// pass removes nothing.
+func TestRetention(t *testing.T) {
+	for _, mode := range []sink.DeletesMode{sink.DeletesClose, sink.DeletesNewRecord} {
+		t.Run(string(mode), func(t *testing.T) {
+			defer sink.SetRetentionChunk(2)()
+			pool := newPool(t)
+			ctx := context.Background()
+			schema := "ret_" + string(mode)
+			spec := custSpec(schema)
+			spec.Deletes, spec.Retention = mode, 30*24*time.Hour
+			now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+			old := func(day int) time.Time { return time.Date(2026, 1, day, 0, 0, 0, 0, time.UTC) }
+			recent := func(day int) time.Time { return time.Date(2026, 5, 20+day, 0, 0, 0, 0, time.UTC) }
+			c, u, del := change.OpCreate, change.OpUpdate, change.OpDelete
+			evs := []*change.Event{
+				cust(c, 1, old(1), "A", "name", "a", "plan", "p", "city", "x", "visits", 1),
+				cust(u, 2, old(1), "A", "name", "a2", "plan", "p", "city", "x", "visits", 2), // Type 1 only: a side row
+				cust(u, 3, old(2), "A", "name", "a", "plan", "q", "city", "x", "visits", 2),
+				cust(u, 4, old(3), "A", "name", "a", "plan", "r", "city", "x", "visits", 2), // current since January
+				cust(c, 5, old(1), "B", "name", "b", "plan", "p", "city", "y", "visits", 1),
+				cust(del, 6, old(2), "B"),
+				cust(del, 7, old(1), "D"), // a delete of a row never seen: a side row only
+				cust(c, 8, recent(1), "C", "name", "c", "plan", "p", "city", "z", "visits", 1),
+				cust(u, 9, recent(2), "C", "name", "c", "plan", "q", "city", "z", "visits", 1),
+				cust(c, 10, old(1), "E", "name", "e", "plan", "p", "city", "x", "visits", 1),
+				cust(u, 11, old(4), "E", "name", "e", "plan", "q", "city", "x", "visits", 1),
+				cust(u, 12, recent(1), "E", "name", "e", "plan", "r", "city", "x", "visits", 1),
+			}
+			for i := range 5 { // more keys than a chunk, closed long ago
+				id := "F" + itoa(i)
+				evs = append(evs, cust(c, int64(20+2*i), old(1), id, "name", "f", "plan", "p", "city", "x", "visits", 1),
+					cust(u, int64(21+2*i), old(2), id, "name", "f", "plan", "q", "city", "x", "visits", 1))
+			}
+			s := newSink(t, pool, schema, spec)
+			apply(t, s, evs...)
+			res, err := s.Retain(ctx, spec.Target, now, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			horizon := now.Add(-spec.Retention)
+			if !res.Horizon.Equal(horizon) || res.Versions == 0 || res.Chunks < 3 {
+				t.Errorf("pass: %+v", res)
+			}
+			want := func(evs []*change.Event) []string {
+				return scdtest.ModelLines(spec, custCols, scdtest.Retained(scdtest.Fold(spec, custCols, evs), horizon))
+			}
+			check := func(when string, evs []*change.Event) {
+				t.Helper()
+				if d := scdtest.DiffLines(want(evs), scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+					t.Fatalf("%s: differs from the retained fold:\n%s", when, d)
+				}
+				verifyClean(t, s, spec.Target)
+			}
+			check("after the pass", evs)
+			var side int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".customers_history_scd_events WHERE scd_op <> 'h' AND scd_t < $1", horizon).Scan(&side); err != nil || side != 0 {
+				t.Errorf("%d side rows before the horizon are left (%v)", side, err)
+			}
+			again, err := s.Retain(ctx, spec.Target, now, nil)
+			if err != nil || again.Versions != 0 || again.SideRows != 0 {
+				t.Errorf("a second pass: %+v %v", again, err)
+			}
+
+			// A replay of everything, by a sink that remembers nothing
+			// and by the one that does: nothing removed comes back.
+			for _, w := range []*sink.Sink{newSink(t, pool, schema, spec), s} {
+				r, err := w.Apply(ctx, sink.Batch{Events: evs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Expired == 0 {
+					t.Errorf("the replay dropped no event before the horizon: %+v", r)
+				}
+				check("after a replay", evs)
+			}
+			// Later events, and a late one after the horizon.
+			more := []*change.Event{
+				cust(u, 100, now, "A", "name", "a", "plan", "s", "city", "x", "visits", 3),
+				cust(c, 101, now, "B", "name", "b", "plan", "p", "city", "y", "visits", 1),
+				cust(u, 102, now.Add(time.Hour), "C", "name", "c", "plan", "t", "city", "z", "visits", 1),
+			}
+			late := cust(u, 13, recent(2), "E", "name", "e", "plan", "late", "city", "x", "visits", 1)
+			apply(t, s, more...)
+			apply(t, s, late)
+			check("after later events", append(append(evs, more...), late))
+		})
+	}
+}
