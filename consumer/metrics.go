@@ -74,7 +74,8 @@ type Metrics struct {
 	// (tried again at the next pass).
 	RetentionFailures *prometheus.CounterVec
 	// RetentionDropped counts late events older than what retention kept
-	// for their key, dropped (DESIGN.md section 12).
+	// for their key, dead-lettered with reason expired (DESIGN.md
+	// section 12).
 	RetentionDropped prometheus.Counter
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
@@ -149,7 +150,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RetentionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_failures_total",
 			Help: "Retention passes that failed and wait for the next pass, by target."}, []string{"target"}),
 		RetentionDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_retention_events_dropped_total",
-			Help: "Late events older than what retention kept of their key, dropped."}),
+			Help: "Late events older than what retention kept of their key, dead-lettered (reason expired) instead of applied."}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}

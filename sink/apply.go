@@ -136,6 +136,11 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			res.RepairSideRowsRead += len(again[0].side)
 			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.id] != nil, w, &res)
 		}
+		for _, l := range d {
+			if l.Reason == ReasonExpired {
+				res.Expired++
+			}
+		}
 		dead = append(dead, d...)
 	}
 	if err := w.exec(ctx, tx, t); err != nil {
@@ -342,7 +347,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 				first = v.seq
 			}
 		}
-		batch = t.afterHorizon(batch, h.horizon, first, res)
+		var expired []DeadLetter
+		batch, expired = t.afterHorizon(batch, h.horizon, first)
+		dead = append(dead, expired...)
 		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fevent) bool { return !afterHorizon(tr.seq, h.horizon, first) })
 	}
 	placeholders := func(e fevent) fevent {

@@ -57,7 +57,7 @@
 // the version's row, its time the version's valid_from), plus the table's
 // truncates. After retention it is the suffix of that list from the first
 // event kept, whose stored state stands for everything removed before it;
-// events before it are dropped. The versions' rows keep the opening event's tracked values
+// events before it are dead letters (reason expired). The versions' rows keep the opening event's tracked values
 // verbatim; only Type 1 columns are overwritten, and that is harmless:
 // with all_versions every version ends up with the Type 1 values of the key's
 // last event anyway, and with current_version the opener's own image is

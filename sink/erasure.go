@@ -287,12 +287,12 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 			if err != nil {
 				return err
 			}
-			if err := s.lockTargetWriters(ctx, tx, spec.Target); err != nil {
+			if err := s.lockTargetWriters(ctx, tx, spec, append([]string{spec.Target}, req.Also...)); err != nil {
 				return err
 			}
-			topic := ""
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), '') FROM %s.%s WHERE target = $1`,
-				pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), spec.Target).Scan(&topic); err != nil {
+			topic := spec.Topic
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), $2) FROM %s.%s WHERE target = $1`,
+				pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), spec.Target, topic).Scan(&topic); err != nil {
 				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
 			}
 			casts := make([]string, len(types))
@@ -355,12 +355,15 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 				}
 				res.Keys = append(res.Keys, e)
 			}
-			// Every group's writers forget what they remember and read
-			// the erasures again (their fences see the count move).
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET n = n + 1`, sch, outsideWritesTable)); err != nil {
+			// Every group's writers (a rebuild's too) forget what they
+			// remember and read the erasures again (their fences see the
+			// count move).
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS w (consumer_group, n)
+				SELECT consumer_group, 1 FROM %[1]s.%[2]s UNION SELECT consumer_group, 1 FROM %[1]s.scd2sink_offsets UNION SELECT $1, 1
+				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
 				return fmt.Errorf("counting an outside write: %w", err)
 			}
-			return s.countOutsideWrite(ctx, tx)
+			return nil
 		})
 	})
 	s.erasureStale.Store(true)
@@ -368,33 +371,40 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 }
 
 // lockTargetWriters takes the advisory locks of every partition of the
-// target's topic, in the fence's order: the target's writers wait. The
-// partitions are those with a recorded offset and those the topic's
-// recorded partition count names (a partition not applied yet has no
-// offset; a partition added later than the count is recorded before its
-// first batch applies, errTopicGrown).
-func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, target string) error {
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, partition FROM (
-			SELECT o.topic, o.partition FROM %[1]s.scd2sink_offsets o
-				JOIN %[1]s.%[2]s c ON c.consumer_group = o.consumer_group AND c.topic = o.topic
-			WHERE o.consumer_group = $1 AND c.target = $2
+// topics that write the targets (spec's exact topic, the topics claimed
+// for them, those whose recorded offsets name them), for every consumer
+// group that records progress on those topics (a rebuild's group too),
+// in the fences' order: those writers wait. The partitions are those
+// with a recorded offset and those a recorded partition count names (a
+// partition not applied yet has no offset; a partition added later than
+// the count is recorded before its first batch applies, errTopicGrown).
+func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec, targets []string) error {
+	target := spec.Target
+	var exact []string
+	if spec.Topic != "" {
+		exact = append(exact, spec.Topic)
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(`WITH t AS (
+			SELECT unnest($2::text[]) AS topic
+			UNION SELECT topic FROM %[1]s.%[2]s WHERE target = ANY($1)
+			UNION SELECT topic FROM %[1]s.scd2sink_offsets WHERE target = ANY($1))
+		SELECT DISTINCT consumer_group, topic, partition FROM (
+			SELECT o.consumer_group, o.topic, o.partition FROM %[1]s.scd2sink_offsets o WHERE o.topic IN (SELECT topic FROM t)
 			UNION ALL
-			SELECT r.topic, p.n FROM %[1]s.%[3]s r
-				JOIN %[1]s.%[2]s c ON c.consumer_group = r.consumer_group AND c.topic = r.topic,
-				generate_series(0, r.partitions - 1) AS p(n)
-			WHERE r.consumer_group = $1 AND c.target = $2) x ORDER BY topic, partition`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), s.cfg.ConsumerGroup, target)
+			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
+			WHERE r.topic IN (SELECT topic FROM t)) x ORDER BY consumer_group, topic, partition`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), targets, exact)
 	if err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)
 	}
 	var locks []int64
 	for rows.Next() {
-		var topic string
+		var group, topic string
 		var part int32
-		if err := rows.Scan(&topic, &part); err != nil {
+		if err := rows.Scan(&group, &topic, &part); err != nil {
 			return err
 		}
-		locks = append(locks, s.partitionLock(topic, part))
+		locks = append(locks, partitionLockOf(group, topic, part))
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)

@@ -62,3 +62,8 @@ func SetRetentionChunk(n int) (restore func()) {
 	retentionChunk = n
 	return func() { retentionChunk = old }
 }
+
+// PartitionLockOf is the advisory lock key of a group's partition.
+func PartitionLockOf(group, topic string, partition int32) int64 {
+	return partitionLockOf(group, topic, partition)
+}

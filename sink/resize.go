@@ -36,8 +36,13 @@ const topicsTable = "scd2sink_topics"
 // partitionLock is the advisory lock key of a partition of the consumer
 // group (partition -1: the whole topic's).
 func (s *Sink) partitionLock(topic string, partition int32) int64 {
+	return partitionLockOf(s.cfg.ConsumerGroup, topic, partition)
+}
+
+// partitionLockOf is the advisory lock key of a partition of a group.
+func partitionLockOf(group, topic string, partition int32) int64 {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", s.cfg.ConsumerGroup, topic, partition)
+	fmt.Fprintf(h, "scd2sink\x00%s\x00%s\x00%d", group, topic, partition)
 	return int64(h.Sum64())
 }
 

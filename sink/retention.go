@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
@@ -21,8 +22,10 @@ import (
 //
 // A re-fold of such a key starts at the first event left, taken as
 // resolved (its stored time and row are the state the removed events
-// left), and drops the late events before it: what they could change is
-// gone (counted in Result.Expired). A current version is never removed;
+// left), and dead-letters the late events before it (ReasonExpired,
+// counted in Result.Expired): what they could change is gone. The horizon
+// row's sequence is the highest removed, a truncate's closing one too, so
+// that such an event never takes the append path either. A current version is never removed;
 // a key whose every version was closed before the horizon keeps only its
 // horizon row and the side rows after it.
 const horizonOp = "h"
@@ -49,18 +52,22 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 	return seq.Compare(horizon) > 0
 }
 
-// afterHorizon returns the events of evs after the horizon, counting the
-// others in res.Expired.
-func (t *table) afterHorizon(evs []fevent, horizon, first change.Seq, res *Result) []fevent {
+// afterHorizon returns the events of evs after the horizon, and the
+// others as dead letters (ReasonExpired): what they would change is gone,
+// and a dead letter keeps them visible (a replayed one stays unreplayed).
+func (t *table) afterHorizon(evs []fevent, horizon, first change.Seq) ([]fevent, []DeadLetter) {
 	var out []fevent
+	var dead []DeadLetter
 	for _, e := range evs {
 		if afterHorizon(e.seq, horizon, first) {
 			out = append(out, e)
 		} else {
-			res.Expired++
+			dead = append(dead, eventDeadLetter(e.src, ReasonExpired, fmt.Errorf(
+				"expired: the event (sequence %s) comes before what retention kept of its key in %s (removed through sequence %s); the versions it would change are gone",
+				e.seq, t.hist.Sanitize(), horizon)))
 		}
 	}
-	return out
+	return out, dead
 }
 
 // Retain runs one retention pass over target's history table: in
@@ -100,7 +107,14 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 	if err != nil {
 		return res, err
 	}
-	if w, ok := marks[target]; ok && w.Before(res.Horizon) {
+	w, ok := marks[target]
+	if !ok {
+		// No watermark: a partition never applied, or no progress yet.
+		// What its late events need is unknown, so nothing goes.
+		res.Horizon = time.Time{}
+		return res, nil
+	}
+	if w.Before(res.Horizon) {
 		res.Horizon = w // a partition behind: its late events may still need the versions
 	}
 	chunk := t.retentionSQL()
@@ -114,7 +128,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 			_, err := s.withRetry(ctx, "retention", "removing old versions of "+target, func(ctx context.Context) error {
 				n, v, sr, next = 0, 0, 0, nil
 				return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-					if err := s.lockTargetWriters(ctx, tx, target); err != nil {
+					if err := s.lockTargetWriters(ctx, tx, spec, []string{target}); err != nil {
 						return err
 					}
 					q, args := phase, []any{res.Horizon, retentionChunk}
@@ -129,7 +143,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 					nk := len(t.keyIdx)
 					var keys [][]any
 					var seqs [][]byte
-					var times []time.Time
+					var times []pgtype.Timestamptz
 					for rows.Next() {
 						vals, err := rows.Values()
 						if err != nil {
@@ -138,7 +152,17 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 						}
 						keys = append(keys, vals[:nk])
 						seqs = append(seqs, asBytes(vals[nk]))
-						times = append(times, vals[nk+1].(time.Time))
+						var at pgtype.Timestamptz
+						switch v := vals[nk+1].(type) {
+						case time.Time:
+							at = pgtype.Timestamptz{Time: v, Valid: true}
+						case pgtype.InfinityModifier:
+							at = pgtype.Timestamptz{InfinityModifier: v, Valid: true}
+						default:
+							rows.Close()
+							return fmt.Errorf("removing old versions of %s: a removed time is %T", target, vals[nk+1])
+						}
+						times = append(times, at)
 						v += vals[nk+2].(int64)
 						sr += vals[nk+3].(int64)
 					}
@@ -163,7 +187,10 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 					if _, err := tx.Exec(ctx, chunk.mark, args...); err != nil {
 						return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
 					}
-					return nil
+					// A writer's cache may hold a version removed (the
+					// latest of a key with nothing current): it reads the
+					// key again.
+					return s.countOutsideWrite(ctx, tx)
 				})
 			})
 			if err != nil {
@@ -183,15 +210,6 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 				break
 			}
 			last = next
-		}
-	}
-	if res.Keys > 0 {
-		// A writer's cache may hold a version removed (the latest of a
-		// key with nothing current): it reads the key again.
-		if _, err := s.withRetry(ctx, "retention", "noting the retention of "+target, func(ctx context.Context) error {
-			return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.countOutsideWrite(ctx, tx) })
-		}); err != nil {
-			return res, err
 		}
 	}
 	return res, nil
@@ -240,7 +258,7 @@ func (t *table) retentionSQL() retentionStatements {
 		return fmt.Sprintf(`WITH k AS (%[1]s),
 		f AS (SELECT k.*, (SELECT h.scd_seq FROM %[2]s h WHERE %[4]s AND (h.valid_to IS NULL OR h.valid_to >= $1) ORDER BY h.scd_seq LIMIT 1) AS s FROM k),
 		dv AS (DELETE FROM %[2]s h USING f WHERE %[5]s AND h.valid_to < $1 AND (f.s IS NULL OR h.scd_seq < f.s)
-			RETURNING %[6]s, h.scd_seq, h.valid_to AS t),
+			RETURNING %[6]s, CASE WHEN f.s IS NULL OR h.scd_close_seq < f.s THEN greatest(h.scd_seq, h.scd_close_seq) ELSE h.scd_seq END AS scd_seq, h.valid_to AS t),
 		ds AS (DELETE FROM %[3]s e USING f WHERE %[7]s AND (CASE WHEN f.s IS NULL THEN e.scd_t < $1 ELSE e.scd_seq < f.s END)
 			RETURNING %[8]s, e.scd_seq, e.scd_t AS t, e.scd_op = 'h' AS hz)
 		SELECT %[9]s, (array_agg(x.scd_seq ORDER BY x.scd_seq DESC))[1], max(x.t), count(*) FILTER (WHERE x.v), count(*) FILTER (WHERE NOT x.v AND NOT x.hz)

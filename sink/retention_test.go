@@ -13,7 +13,7 @@ import (
 // TestRetention: a pass removes the versions closed before the horizon
 // and the side rows before what is left, in chunks, never a current
 // version; a replay of every event brings nothing back (the events before
-// what is left are dropped and counted), later events and late events
+// what is left are dead letters, counted), later events and late events
 // after the horizon apply as the fold says; verify stays clean; a second
 // pass removes nothing.
 func TestRetention(t *testing.T) {
@@ -50,6 +50,14 @@ func TestRetention(t *testing.T) {
 			}
 			s := newSink(t, pool, schema, spec)
 			apply(t, s, evs...)
+			// Without a watermark nothing is known of what late events
+			// still need: nothing goes.
+			if res, err := s.Retain(ctx, spec.Target, now, nil); err != nil || res.Versions != 0 || !res.Horizon.IsZero() {
+				t.Fatalf("a pass without a watermark: %+v %v", res, err)
+			}
+			if err := s.Watermark(ctx, map[change.Partition]sink.Look{{Topic: "cust", Partition: 0}: {Target: spec.Target, At: &now}}); err != nil {
+				t.Fatal(err)
+			}
 			res, err := s.Retain(ctx, spec.Target, now, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -85,8 +93,14 @@ func TestRetention(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if r.Expired == 0 {
-					t.Errorf("the replay dropped no event before the horizon: %+v", r)
+				expired := 0
+				for _, d := range r.Dead {
+					if d.Reason == sink.ReasonExpired {
+						expired++
+					}
+				}
+				if r.Expired == 0 || expired != r.Expired {
+					t.Errorf("the replay dead-lettered %d events before the horizon, counted %d: %+v", expired, r.Expired, r)
 				}
 				check("after a replay", evs)
 			}

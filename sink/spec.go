@@ -44,6 +44,10 @@ type TableSpec struct {
 	// Target is the history table's name; Schema its schema (default Config.Schema).
 	Target string
 	Schema string
+	// Topic is the topic of an exact tables: entry ("" for a pattern's:
+	// scd2sink_targets records those); erase and retention wait for its
+	// writers.
+	Topic string
 	// Keys are the business key columns, in order; change.Event.Key follows it.
 	// When empty, the first event's KeyNames (the Kafka key's fields) decide.
 	Keys []string
@@ -152,6 +156,7 @@ const (
 	ReasonRejected     = "rejected"      // PostgreSQL rejected a value (SQLSTATE class 22 or 23)
 	ReasonInvalid      = "invalid"       // the event cannot be applied (its key or image does not fit the table)
 	ReasonNoTable      = "no_table"      // no table, or no key columns, for the event
+	ReasonExpired      = "expired"       // a late event before what retention kept of its key
 )
 
 // DeadNote is what a batch's transaction wrote of one dead letter: the
@@ -263,8 +268,9 @@ type Result struct {
 	// Erased counts, per target, the events and dead letters of erased
 	// keys dropped (erasure.go).
 	Erased map[string]int
-	// Expired counts the events dropped because they come before what
-	// retention left of their key's history (retention.go).
+	// Expired counts the events dead-lettered (ReasonExpired) because
+	// they come before what retention left of their key's history
+	// (retention.go).
 	Expired int
 }
 

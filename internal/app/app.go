@@ -68,7 +68,7 @@ func SinkConfig(cfg *config.Config, log *zap.Logger) sink.Config {
 
 // tableSpec is the sink's spec of one resolved tables entry.
 func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
-	return sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Keys: t.Keys,
+	return sink.TableSpec{Target: t.Target, Schema: cfg.Postgres.Schema, Topic: t.Topic, Keys: t.Keys,
 		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
 		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
 		SnapshotDeletes: t.SnapshotDeletes == "close", MaxCloseFraction: fraction(t.SnapshotDeletesMaxFraction),

@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/scd2sink/scd2sink/consumer"
@@ -48,14 +50,21 @@ func (r *retainer) Run(ctx context.Context) error {
 }
 
 // pass runs one retention pass over every table that has a retention
-// and reports whether all of it succeeded.
-func (r *retainer) pass(ctx context.Context) bool {
+// and reports whether all of it succeeded. A panic in it is a failed
+// pass, logged with its stack: retention never takes the pipeline down.
+func (r *retainer) pass(ctx context.Context) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			ok = false
+			r.failed(ctx, "", fmt.Errorf("retention pass panicked: %v\n%s", p, debug.Stack()))
+		}
+	}()
 	targets, err := r.s.RetainedTargets(ctx)
 	if err != nil {
 		r.failed(ctx, "", err)
 		return false
 	}
-	ok := true
+	ok = true
 	for _, target := range targets {
 		start := time.Now()
 		var seen sink.RetainResult

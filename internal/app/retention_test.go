@@ -20,7 +20,7 @@ import (
 // TestRetentionWhileRunning: run with retention: 30d removes, while it
 // streams, the versions closed more than 30 days ago (and the whole
 // history of a key deleted then) but keeps every current one; a late
-// event older than what is left is dropped and counted, a new one is
+// event older than what is left is a dead letter (reason expired), counted, a new one is
 // applied, the metrics say what went, and verify passes.
 func TestRetentionWhileRunning(t *testing.T) {
 	first, every := retentionFirst, retentionEvery
@@ -124,6 +124,9 @@ tables:
 	}
 	if page := waitMetric(addr, `scd2sink_retention_events_dropped_total 1`, 10*time.Second); page != "" {
 		t.Fatalf("the late event was not counted:\n%s", grepLines(page, "retention"))
+	}
+	if got := query(`SELECT count(*)::text || ' ' || string_agg(error, '') FROM scd2sink_dead_letters WHERE error LIKE 'expired:%'`); !strings.HasPrefix(got, "1 expired: ") {
+		t.Errorf("the late event's dead letter: %s", got)
 	}
 	horizon := time.Unix(int64(metricValue(t, addr, `scd2sink_retention_horizon_timestamp_seconds{target="accounts_history"}`)), 0)
 	if d := time.Since(horizon) - 30*day; d < 0 || d > time.Minute {
