@@ -222,7 +222,24 @@ type Table struct {
 	Retention string `yaml:"retention"`
 	// RetentionPeriod is Retention parsed (0: none).
 	RetentionPeriod time.Duration `yaml:"-"`
-	Views           []View        `yaml:"views"`
+	// Partitioning creates the history table partitioned (DESIGN.md
+	// section 12); nil: a plain table.
+	Partitioning *Partitioning `yaml:"partitioning"`
+	Views        []View        `yaml:"views"`
+}
+
+// Partitioning is a table's partitioning: block. The current versions live
+// in one partition; closed versions in one partition per interval of
+// their valid_to, so that a partition wholly before a retention horizon
+// holds only versions retention removes.
+type Partitioning struct {
+	// By is the column closed versions are partitioned by: valid_to.
+	By string `yaml:"by"`
+	// Interval is day, month (default) or year.
+	Interval string `yaml:"interval"`
+	// Ahead is how many intervals after the current one are created in
+	// advance (default 3).
+	Ahead *int `yaml:"ahead"`
 }
 
 // ParsePeriod reads a retention period: a number of days ("400d") or a

@@ -206,6 +206,10 @@ func TestBadValues(t *testing.T) {
 		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
 		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
 		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
+		{"partition by", minimal + "    partitioning: {by: valid_from}\n", "tables[0].partitioning.by"},
+		{"partition interval", minimal + "    partitioning: {interval: week}\n", "tables[0].partitioning.interval"},
+		{"partition ahead", minimal + "    partitioning: {ahead: -1}\n", "tables[0].partitioning.ahead"},
+		{"partition key", minimal + "    partitioning: {every: month}\n", "every"},
 		{"retention unit", minimal + "    retention: 400 days\n", "tables[0].retention"},
 		{"retention zero", minimal + "    retention: 0d\n", "tables[0].retention"},
 		{"retention huge", minimal + "    retention: 9999999d\n", "tables[0].retention"},
@@ -326,5 +330,16 @@ func TestRetentionPeriod(t *testing.T) {
 				t.Errorf("retention %s: %v, want %v", tc.in, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestPartitioningDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal+"    partitioning: {}\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Tables[0].Partitioning
+	if p == nil || p.By != "valid_to" || p.Interval != "month" || *p.Ahead != 3 {
+		t.Errorf("partitioning defaults: %+v", p)
 	}
 }

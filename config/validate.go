@@ -366,6 +366,27 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 			}
 			c.Tables[i].RetentionPeriod = d
 		}
+		if p := t.Partitioning; p != nil {
+			if p.By == "" {
+				p.By = "valid_to"
+			}
+			if p.By != "valid_to" {
+				return errf(key("partitioning.by"), "%q: only valid_to (a closed version's partition is that of its end, so a partition before a retention horizon holds nothing that is kept; current versions live in a partition of their own)", p.By)
+			}
+			if p.Interval == "" {
+				p.Interval = "month"
+			}
+			if err := oneOf(key("partitioning.interval"), p.Interval, "day", "month", "year"); err != nil {
+				return err
+			}
+			if p.Ahead == nil {
+				three := 3
+				p.Ahead = &three
+			}
+			if *p.Ahead < 0 || *p.Ahead > 366 {
+				return errf(key("partitioning.ahead"), "%d is not from 0 to 366", *p.Ahead)
+			}
+		}
 		if t.SchemaChanges == "" {
 			c.Tables[i].SchemaChanges = "evolve"
 		} else if err := oneOf(key("schema_changes"), t.SchemaChanges, "evolve", "fail"); err != nil {

@@ -64,8 +64,9 @@ type Metrics struct {
 	// ErasedDropped counts events (and dead letters) of erased keys
 	// dropped instead of stored, by target (DESIGN.md section 12).
 	ErasedDropped *prometheus.CounterVec
-	// RetentionRemoved counts the versions (table="history") and side
-	// rows (table="side") retention removed, by target.
+	// RetentionRemoved counts the versions (table="history"), side rows
+	// (table="side") and emptied partitions (table="partitions") retention
+	// removed, by target.
 	RetentionRemoved *prometheus.CounterVec
 	// RetentionHorizon is, per target, the Unix time before which the
 	// last retention pass removed closed versions.
@@ -144,7 +145,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events and dead letters of keys erased with scd2sink erase, dropped instead of stored (a replay, a rebuild, a re-snapshot), by target."},
 			[]string{"target"}),
 		RetentionRemoved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_removed_total",
-			Help: "Versions (table=history) and side rows (table=side) removed by retention, by target."}, []string{"target", "table"}),
+			Help: "Versions (table=history), side rows (table=side) and emptied partitions (table=partitions) removed by retention, by target."}, []string{"target", "table"}),
 		RetentionHorizon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_retention_horizon_timestamp_seconds",
 			Help: "Unix time before which the last retention pass removed closed versions, by target."}, []string{"target"}),
 		RetentionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_failures_total",

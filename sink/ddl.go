@@ -32,7 +32,8 @@ type catalog struct {
 	asOf   bool
 	// asOfSrc is the as-of function's body.
 	asOfSrc string
-	// scdIDUnique: the history table has a unique index on scd_id alone.
+	// scdIDUnique: the history table has a unique index on scd_id alone
+	// (on scd_id first, for a partitioned table: with its partition keys).
 	scdIDUnique bool
 }
 
@@ -103,7 +104,7 @@ func readCatalog(ctx context.Context, q querier, schema string, names []string, 
 	if hist != "" && c.has(hist) {
 		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
 			JOIN pg_namespace n ON n.oid = t.relnamespace JOIN pg_attribute a ON a.attrelid = t.oid AND a.attname = 'scd_id'
-			WHERE n.nspname = $1 AND t.relname = $2 AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = a.attnum)`,
+			WHERE n.nspname = $1 AND t.relname = $2 AND i.indisunique AND i.indkey[0] = a.attnum AND (i.indnatts = 1 OR t.relkind = 'p'))`,
 			schema, hist).Scan(&c.scdIDUnique); err != nil {
 			return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 		}
@@ -223,13 +224,14 @@ const (
 	KeyIndexSuffix     = "_scd_key_seq"
 	SideIndexSuffix    = "_scd_evt_seq"
 	OldSideIndexSuffix = "_scd_events_key_seq"
+	IDIndexSuffix      = "_scd_id_key"
 )
 
 func namesOf(target string) objectNames {
 	return objectNames{hist: target, side: target + "_scd_events", repairs: target + "_scd_repairs",
 		current: target + "_current", asOf: target + "_as_of",
 		keyIndex: target + KeyIndexSuffix, sideIndex: target + SideIndexSuffix, oldSideIndex: target + OldSideIndexSuffix,
-		idIndex: target + "_scd_id_key"}
+		idIndex: target + IDIndexSuffix}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
@@ -305,18 +307,34 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 				histCols = append([]string{k}, histCols...)
 			}
 		}
-		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s,
-			scd_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		pk := " PRIMARY KEY"
+		if spec.Partitioning.Interval != "" {
+			pk = ""
+		}
+		columns := fmt.Sprintf(`%s,
+			scd_id bigint GENERATED ALWAYS AS IDENTITY%s,
 			valid_from timestamptz NOT NULL, valid_to timestamptz, is_current boolean NOT NULL,
 			scd_seq bytea NOT NULL, scd_close_seq bytea, scd_op text NOT NULL, scd_hash bytea NOT NULL,
-			scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint%s
-		) WITH (fillfactor = 70)`, hist, strings.Join(defs, ",\n"), deletedDef))
+			scd_unavailable text[], scd_absent text[], scd_raw_t timestamptz, scd_attnum smallint%s`, strings.Join(defs, ",\n"), pk, deletedDef)
 		histCols = append(histCols, bookkeeping...)
 		if newRecord {
 			histCols = append(histCols, "scd_deleted")
 		}
-		stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
-			pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
+		if spec.Partitioning.Interval != "" {
+			var version int
+			if err := pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+				return nil, fmt.Errorf("reading the server's version: %w", err)
+			}
+			if version < 150000 {
+				return nil, fmt.Errorf("creating history table %s partitioned: partitioning needs PostgreSQL 15 or later (NULLS NOT DISTINCT), the server is %d", hist, version)
+			}
+			stmts = append(stmts, partitionedDDL(spec.Schema, n.hist, columns, n.keyIndex, n.idIndex, keyIdents)...)
+		} else {
+			stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s
+		) WITH (fillfactor = 70)`, hist, columns),
+				fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq)`,
+					pgx.Identifier{n.keyIndex}.Sanitize(), hist, keyIdents))
+		}
 	} else {
 		// A pre-created table may hold only the source columns; a table
 		// of an older scd2sink lacks the newer bookkeeping columns. Its
@@ -381,6 +399,9 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra 
 		}
 	}
 	if err := t.load(ctx, pool); err != nil {
+		return nil, err
+	}
+	if err := t.loadPartitions(ctx, pool, cat.has(n.hist)); err != nil {
 		return nil, err
 	}
 	views, err := t.viewStatements(ctx, pool)

@@ -49,6 +49,10 @@
 //     version kept, leaving a side row of operation 'h' at the highest
 //     sequence removed. The horizon never passes the watermark, so no late
 //     event within the reorder window needs what went.
+//   - A partitioned history table (partition.go) keeps its current
+//     versions in one partition and its closed ones by valid_to; a
+//     writer creates the partition a version closes into inside the
+//     batch's transaction, before its statements, so no row ever lacks one.
 //
 // # Why this state is enough
 //

@@ -143,6 +143,12 @@ func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool) {
 // runScenarioWith runs a scenario over parts partitions; with more than
 // one, the sinks apply batches in parts (Config.ApplyWorkers 2).
 func runScenarioWith(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int) {
+	runScenarioPartitioned(t, pool, seed, rejects, parts, "")
+}
+
+// runScenarioPartitioned is runScenarioWith with history tables
+// partitioned by interval ("" for plain ones).
+func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int, interval string) {
 	rng := rand.New(rand.NewPCG(seed, 0x5cd2))
 	schema := fmt.Sprintf("prop%d", seed)
 	if rejects {
@@ -151,10 +157,16 @@ func runScenarioWith(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool
 	if parts > 1 {
 		schema = fmt.Sprintf("par%d", seed)
 	}
+	if interval != "" {
+		schema = fmt.Sprintf("part%d", seed)
+	}
 	if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	sc := scdtest.GenScenario(rng, schema)
+	for i := range sc.Specs {
+		sc.Specs[i].Partitioning = sink.Partitioning{Interval: interval, Ahead: 1}
+	}
 	batches := deliver(rng, sc.Events)
 	snapBatch := -1
 	var snaps []sink.Snapshot

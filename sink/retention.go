@@ -40,6 +40,9 @@ type RetainResult struct {
 	SideRows int64
 	Keys     int64
 	Chunks   int
+	// Partitions is how many emptied partitions of a partitioned table
+	// wholly before the horizon were dropped.
+	Partitions int
 }
 
 // afterHorizon reports whether an event at seq comes after what
@@ -210,6 +213,13 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 				break
 			}
 			last = next
+		}
+	}
+	if t.parts != nil {
+		n, err := s.dropEmptyBefore(ctx, spec, t.parts, res.Horizon)
+		res.Partitions += n
+		if err != nil {
+			return res, err
 		}
 	}
 	return res, nil

@@ -48,6 +48,12 @@ type table struct {
 	// deletedCol: the table has scd_deleted (it has had deletes:
 	// new_record), written true for the versions a delete opened.
 	deletedCol bool
+	// parts are the partitions of a partitioned history table the sink
+	// created (partition.go); nil for a plain table.
+	parts *partitions
+	// plainButPartitioned: the config asks for partitioning, the table
+	// existed unpartitioned (left as it is; rebuild migrates it).
+	plainButPartitioned bool
 }
 
 func quoteIdents(names []string) string {

@@ -27,7 +27,9 @@ type Sink struct {
 	cfg  Config
 	pool *pgxpool.Pool
 	log  *zap.Logger
-	conv converter
+	// plainWarned holds the targets warned about by warnPlain.
+	plainWarned sync.Map
+	conv        converter
 	// specs (guarded by specMu) are the known targets' specs: the
 	// configured ones and those cfg.Resolve gave.
 	specMu sync.Mutex
@@ -187,6 +189,7 @@ func (s *Sink) Init(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			s.warnPlain(t)
 			s.tables[spec.Target] = t
 		}
 		// A writer that could not recognise erased keys must not start.
@@ -210,18 +213,27 @@ type Querier interface {
 }
 
 // KeyColumns reads the key columns of the history table schema.target
-// from its (key columns, scd_seq) index, in order; none when it does not
+// from its (key columns, scd_seq) index (a partitioned table's: key
+// columns, scd_seq, is_current, valid_to), in order; none when it does not
 // exist.
 func KeyColumns(ctx context.Context, pool Querier, schema, target string) ([]string, error) {
 	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-		WHERE n.nspname = $1 AND c.relname = $2 AND a.attname <> 'scd_seq'
+		WHERE n.nspname = $1 AND c.relname = $2
 		ORDER BY array_position(i.indkey::int2[], a.attnum)`, schema, target+"_scd_key_seq")
 	if err != nil {
 		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
+	}
+	// A partitioned table's index goes on with its partition keys.
+	if i := slices.Index(cols, "scd_seq"); i >= 0 {
+		cols = cols[:i]
+	}
+	return cols, nil
 }
 
 // newColumns collects, per table, the columns events carry that the table
@@ -414,6 +426,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		if err != nil {
 			return targetErr(target, err)
 		}
+		s.warnPlain(t)
 		s.tables[target] = t
 	}
 	return nil

@@ -64,6 +64,9 @@ type TableSpec struct {
 	// Retention removes the versions closed longer ago than it, with
 	// their side rows (retention.go); 0 keeps everything.
 	Retention time.Duration
+	// Partitioning creates the history table partitioned (partition.go);
+	// the zero value: a plain table.
+	Partitioning Partitioning
 	// SnapshotDeletes closes, when a full snapshot of the table completes,
 	// the keys it did not read (DESIGN.md section 5).
 	SnapshotDeletes bool
@@ -429,4 +432,13 @@ func (c *Config) specDefaults(t *TableSpec) error {
 		}
 	}
 	return nil
+}
+
+// Partitioning is how a history table the sink creates is partitioned:
+// current versions in one partition, closed versions in one partition per
+// Interval ("day", "month", "year"; "" for none) of their valid_to, Ahead
+// intervals after the current one created in advance.
+type Partitioning struct {
+	Interval string
+	Ahead    int
 }

@@ -120,6 +120,11 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 
 func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	if t.parts != nil {
+		if err := t.parts.ensure(ctx, tx, w.closedTimes()); err != nil {
+			return err
+		}
+	}
 	if len(w.delVersions) > 0 {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {
 			return fmt.Errorf("deleting versions of %s: %w", hist, err)

@@ -72,7 +72,14 @@ func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
 		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
 		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
 		SnapshotDeletes: t.SnapshotDeletes == "close", MaxCloseFraction: fraction(t.SnapshotDeletesMaxFraction),
-		FailOnSchemaChange: t.SchemaChanges == "fail", Retention: t.RetentionPeriod}
+		FailOnSchemaChange: t.SchemaChanges == "fail", Retention: t.RetentionPeriod, Partitioning: partitioning(t.Partitioning)}
+}
+
+func partitioning(p *config.Partitioning) sink.Partitioning {
+	if p == nil {
+		return sink.Partitioning{}
+	}
+	return sink.Partitioning{Interval: p.Interval, Ahead: *p.Ahead}
 }
 
 func fraction(f *float64) float64 {

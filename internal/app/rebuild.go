@@ -433,14 +433,19 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
 					return err
 				}
-				qs := []string{
+				renames, err := sink.PartitionRenames(ctx, tx, schema, live, old)
+				if err != nil {
+					return err
+				}
+				qs := append(renames,
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.IDIndexSuffix), bare(old+sink.IDIndexSuffix)),
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
 					sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.KeyIndexSuffix), bare(old+sink.KeyIndexSuffix)),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.SideIndexSuffix), bare(old+sink.SideIndexSuffix)),
-				}
+				)
 				if len(live+sink.OldSideIndexSuffix) <= 63 { // an index named before long targets were allowed
 					qs = append(qs, fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.OldSideIndexSuffix), bare(old+sink.SideIndexSuffix)))
 				}
@@ -450,7 +455,12 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 					}
 				}
 			}
-			for _, q := range []string{
+			renames, err := sink.PartitionRenames(ctx, tx, schema, rb, live)
+			if err != nil {
+				return err
+			}
+			for _, q := range append(renames,
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.IDIndexSuffix), bare(live+sink.IDIndexSuffix)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb+"_scd_events"), bare(live+"_scd_events")),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.KeyIndexSuffix), bare(live+sink.KeyIndexSuffix)),
@@ -461,7 +471,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(rb+"_scd_repairs")),
 				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
 				sink.CreateAsOfFunction(cfg.Postgres.Schema, live, SinkConfig(cfg, zap.NewNop()).Tables[i].Deletes == sink.DeletesNewRecord),
-			} {
+			) {
 				if err := exec(q); err != nil {
 					return err
 				}

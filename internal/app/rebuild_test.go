@@ -28,6 +28,7 @@ func TestRebuild(t *testing.T) {
 	for _, tc := range []struct{ name, item string }{
 		{"exact", "topic: src.item, target: item_history"},
 		{"pattern", `topic_pattern: 'src\.i[a-z]+'`},
+		{"partitioned", "topic: src.item, target: item_history, partitioning: {interval: day}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testRebuild(t, tc.item) })
 	}
@@ -219,6 +220,19 @@ tables:
 		q := fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s_as_of('infinity')), (SELECT count(*) FROM %[1]s_current)`, spec.Target)
 		if err := pool.QueryRow(ctx, q).Scan(&asOf, &current); err != nil || asOf != current {
 			t.Fatalf("%s_as_of after the swap: %d rows, current view %d (%v)", spec.Target, asOf, current, err)
+		}
+	}
+	// No history table or partition keeps the rebuild's name: the next
+	// rebuild creates them again (PostgreSQL names indexes apart itself).
+	// A partitioned table stays one.
+	var leftover string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(relname, ' '), '') FROM pg_class WHERE relname LIKE '%history\_\_rebuild%' AND relkind IN ('r', 'p')`).Scan(&leftover); err != nil || leftover != "" {
+		t.Errorf("relations named for the rebuild after the swap: %q (%v)", leftover, err)
+	}
+	if strings.Contains(itemEntry, "partitioning") {
+		var parts int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'item_history_pold'::regclass`).Scan(&parts); err != nil || parts < 2 {
+			t.Errorf("item_history after the swap: %d partitions of closed versions (%v)", parts, err)
 		}
 	}
 	var liveOffsets int64

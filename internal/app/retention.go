@@ -59,6 +59,10 @@ func (r *retainer) pass(ctx context.Context) (ok bool) {
 			r.failed(ctx, "", fmt.Errorf("retention pass panicked: %v\n%s", p, debug.Stack()))
 		}
 	}()
+	if err := r.s.PartitionsAhead(ctx, r.now()); err != nil {
+		r.failed(ctx, "", err)
+		return false
+	}
 	targets, err := r.s.RetainedTargets(ctx)
 	if err != nil {
 		r.failed(ctx, "", err)
@@ -78,12 +82,13 @@ func (r *retainer) pass(ctx context.Context) (ok bool) {
 			r.failed(ctx, target, err)
 			continue
 		}
+		r.metrics.RetentionRemoved.WithLabelValues(target, "partitions").Add(float64(res.Partitions))
 		if !res.Horizon.IsZero() {
 			r.metrics.RetentionHorizon.WithLabelValues(target).Set(float64(res.Horizon.UnixNano()) / 1e9)
 		}
-		if res.Keys > 0 {
+		if res.Keys > 0 || res.Partitions > 0 {
 			r.log.Info("retention removed old versions", zap.String("target", target), zap.Time("horizon", res.Horizon),
-				zap.Int64("versions", res.Versions), zap.Int64("side_rows", res.SideRows), zap.Int64("keys", res.Keys),
+				zap.Int64("versions", res.Versions), zap.Int64("side_rows", res.SideRows), zap.Int64("keys", res.Keys), zap.Int("partitions", res.Partitions),
 				zap.Int("transactions", res.Chunks), zap.Duration("took", time.Since(start)))
 		}
 	}

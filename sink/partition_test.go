@@ -1,0 +1,119 @@
+package sink_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// TestPartitionedProperty is TestFoldPropertyParallel over history tables
+// partitioned by day: the same history as the fold (late events, re-opens
+// in repairs, truncates, deletes as rows), partitions created by the
+// writers side by side as versions close into new days, every closed
+// version in its day's partition and every current one in _pcur.
+func TestPartitionedProperty(t *testing.T) {
+	pool := sharedPool(t)
+	defer sink.SetMinSplitEvents(1)()
+	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/6)); seed++ {
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			runScenarioPartitioned(t, pool, seed, false, 3, "day")
+			schema := fmt.Sprintf("part%d", seed)
+			for _, target := range []string{"acct_history", "item_history"} {
+				var misplaced, parts int
+				if err := pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT
+					count(*) FILTER (WHERE (valid_to IS NULL) <> (tableoid = '%[1]s.%[2]s_pcur'::regclass)
+						OR (valid_to IS NOT NULL AND tableoid::regclass::text <> '%[1]s.%[2]s_p' || to_char(valid_to AT TIME ZONE 'UTC', 'YYYYMMDD'))),
+					(SELECT count(*) FROM pg_inherits WHERE inhparent = '%[1]s.%[2]s_pold'::regclass)
+					FROM %[1]s.%[2]s`, schema, target)).Scan(&misplaced, &parts); err != nil {
+					t.Fatal(err)
+				}
+				if misplaced != 0 || parts < 2 {
+					t.Errorf("%s: %d versions in the wrong partition, %d partitions of closed versions", target, misplaced, parts)
+				}
+			}
+		})
+	}
+}
+
+// TestPartitionedRetention: retention over a table partitioned by month
+// removes what it removes from a plain one, then drops the partitions of
+// closed versions that end before the horizon; _as_of, verify and later
+// events work on what is left, and a new month's partition is created by
+// the batch that first closes a version into it.
+func TestPartitionedRetention(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	const schema = "part_ret"
+	spec := custSpec(schema)
+	spec.Retention, spec.Partitioning = 60*24*time.Hour, sink.Partitioning{Interval: "month", Ahead: 0}
+	s := newSink(t, pool, schema, spec)
+	c, u := change.OpCreate, change.OpUpdate
+	month := func(m int) time.Time { return time.Date(2025, time.Month(m), 10, 0, 0, 0, 0, time.UTC) }
+	var evs []*change.Event
+	for k := range 4 {
+		id := "K" + itoa(k)
+		seq := int64(100 * k)
+		evs = append(evs, cust(c, seq+1, month(1), id, "name", "n", "plan", "p1", "city", "x", "visits", 1))
+		for m := 2; m <= 8; m++ {
+			evs = append(evs, cust(u, seq+int64(m), month(m), id, "name", "n", "plan", "p"+itoa(m), "city", "x", "visits", 1))
+		}
+	}
+	apply(t, s, evs...)
+	var parts string
+	listParts := func() string {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT string_agg(c.relname, ' ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			WHERE i.inhparent = 'part_ret.customers_history_pold'::regclass`).Scan(&parts); err != nil {
+			t.Fatal(err)
+		}
+		return parts
+	}
+	if got := listParts(); !strings.Contains(got, "customers_history_p202502") || !strings.Contains(got, "customers_history_p202508") {
+		t.Fatalf("partitions after the load: %s", got)
+	}
+	now := time.Date(2025, 10, 1, 0, 0, 0, 0, time.UTC)
+	if err := s.Watermark(ctx, map[change.Partition]sink.Look{{Topic: "cust", Partition: 0}: {Target: spec.Target, At: &now}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Retain(ctx, spec.Target, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	horizon := now.Add(-spec.Retention) // 2025-08-02: closed in February..July goes
+	if res.Partitions != 6 || res.Versions != 24 {
+		t.Errorf("retention: %+v", res)
+	}
+	if got := listParts(); strings.Contains(got, "customers_history_p202507") || !strings.Contains(got, "customers_history_p202508") {
+		t.Errorf("partitions after retention: %s", got)
+	}
+	want := scdtest.ModelLines(spec, custCols, scdtest.Retained(scdtest.Fold(spec, custCols, evs), horizon))
+	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+		t.Fatalf("differs from the retained fold:\n%s", d)
+	}
+	verifyClean(t, s, spec.Target)
+	var asOf int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM part_ret.customers_history_as_of('2025-08-15')`).Scan(&asOf); err != nil || asOf != 4 {
+		t.Errorf("_as_of in August: %d rows (%v)", asOf, err)
+	}
+	// A change in November closes the current versions into a month that
+	// has no partition yet.
+	var more []*change.Event
+	for k := range 4 {
+		more = append(more, cust(u, int64(100*k+50), time.Date(2025, 11, 3, 0, 0, 0, 0, time.UTC), "K"+itoa(k), "name", "n", "plan", "nov", "city", "x", "visits", 1))
+	}
+	apply(t, s, more...)
+	if got := listParts(); !strings.Contains(got, "customers_history_p202511") {
+		t.Errorf("no November partition: %s", got)
+	}
+	want = scdtest.ModelLines(spec, custCols, scdtest.Retained(scdtest.Fold(spec, custCols, append(evs, more...)), horizon))
+	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+		t.Fatalf("after November: differs from the retained fold:\n%s", d)
+	}
+	verifyClean(t, s, spec.Target)
+}
