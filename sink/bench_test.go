@@ -39,7 +39,7 @@ func benchSpec(schema string) sink.TableSpec {
 func BenchmarkApply(b *testing.B) {
 	pool := benchPool(b)
 	for _, w := range []struct {
-		name    string
+		name     string
 		perMill  int
 		workers  int
 		interval string

@@ -13,7 +13,7 @@ import (
 // 22 (data exception) or 23 (integrity constraint violation).
 func isDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !staleStatement(err) {
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !staleStatement(err) && !noPartition(err) {
 		return pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23"
 	}
 	return false

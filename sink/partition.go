@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 )
 
@@ -57,6 +60,7 @@ type partitions struct {
 	schema   string
 	hist     string         // the history table's name
 	old      pgx.Identifier // <hist>_pold
+	pool     querier        // reads the committed catalog
 	mu       sync.Mutex
 	ranges   []timeRange // attached, by lo
 }
@@ -109,12 +113,12 @@ func partitionSuffix(lo time.Time, interval string) string {
 func partitionedDDL(schema, hist, columns, keyIndex, idIndex, keyIdents string) []string {
 	id := func(n string) string { return pgx.Identifier{schema, n}.Sanitize() }
 	return []string{
-		fmt.Sprintf(`CREATE TABLE %s (%s) PARTITION BY LIST (is_current)`, id(hist), columns),
-		fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES IN (true) WITH (fillfactor = 70)`, id(hist+partCurrent), id(hist)),
-		fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES IN (false) PARTITION BY RANGE (valid_to)`, id(hist+partClosed), id(hist)),
-		fmt.Sprintf(`CREATE UNIQUE INDEX %s ON %s (%s, scd_seq, is_current, valid_to) NULLS NOT DISTINCT`,
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s) PARTITION BY LIST (is_current)`, id(hist), columns),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (true) WITH (fillfactor = 70)`, id(hist+partCurrent), id(hist)),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (false) PARTITION BY RANGE (valid_to)`, id(hist+partClosed), id(hist)),
+		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (%s, scd_seq, is_current, valid_to) NULLS NOT DISTINCT`,
 			pgx.Identifier{keyIndex}.Sanitize(), id(hist), keyIdents),
-		fmt.Sprintf(`CREATE UNIQUE INDEX %s ON %s (scd_id, is_current, valid_to) NULLS NOT DISTINCT`,
+		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s (scd_id, is_current, valid_to) NULLS NOT DISTINCT`,
 			pgx.Identifier{idIndex}.Sanitize(), id(hist)),
 	}
 }
@@ -133,17 +137,20 @@ func readPartitions(ctx context.Context, q querier, old pgx.Identifier) ([]timeR
 	var out []timeRange
 	for rows.Next() {
 		var r timeRange
-		var lo, hi *time.Time
+		var lo, hi pgtype.Timestamptz
 		if err := rows.Scan(&r.name, &lo, &hi); err != nil {
 			rows.Close()
 			return nil, err
 		}
+		// Unbounded (MINVALUE, MAXVALUE, DEFAULT, infinity) is open.
 		r.lo, r.hi = time.Time{}, time.Date(294276, 1, 1, 0, 0, 0, 0, time.UTC)
-		if lo != nil {
-			r.lo = *lo
+		if lo.Valid && lo.InfinityModifier == pgtype.Finite {
+			r.lo = lo.Time
 		}
-		if hi != nil {
-			r.hi = *hi
+		if hi.Valid && hi.InfinityModifier == pgtype.Finite {
+			r.hi = hi.Time
+		} else if hi.Valid && hi.InfinityModifier == pgtype.NegativeInfinity {
+			r.hi = time.Time{}
 		}
 		out = append(out, r)
 	}
@@ -179,18 +186,29 @@ func (p *partitions) ensure(ctx context.Context, tx pgx.Tx, need []time.Time) er
 	if len(missing) == 0 {
 		return nil
 	}
+	// The cache holds only what committed transactions made: read them
+	// again outside tx first (another writer, or an earlier batch of
+	// this one, may have made what is missing).
+	committed, err := readPartitions(ctx, p.pool, p.old)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ranges = committed
+	p.mu.Unlock()
+	missing = slices.DeleteFunc(missing, func(at time.Time) bool { return covered(committed, at) })
+	if len(missing) == 0 {
+		return nil
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "scd2sink partitions "+p.old.Sanitize()); err != nil {
 		return fmt.Errorf("waiting to create partitions of %s: %w", p.old.Sanitize(), err)
 	}
+	// What this transaction sees, its own uncommitted partitions too, is
+	// never remembered: it may roll back.
 	rs, err := readPartitions(ctx, tx, p.old)
 	if err != nil {
 		return err
 	}
-	// What this transaction creates is not remembered until it is read
-	// back from the catalog (the transaction may roll back).
-	p.mu.Lock()
-	p.ranges = rs
-	p.mu.Unlock()
 	var made []time.Time
 	for _, at := range missing {
 		lo := intervalStart(at, p.interval)
@@ -198,14 +216,14 @@ func (p *partitions) ensure(ctx context.Context, tx pgx.Tx, need []time.Time) er
 			continue
 		}
 		hi := intervalNext(lo, p.interval)
-		// An interval that another partition overlaps in part (one made
-		// by hand) is cut to fit.
+		// An interval that other partitions overlap in part (made by
+		// hand, or under another interval) is cut to the gap around at.
 		for _, r := range rs {
-			if r.lo.After(lo) && r.lo.Before(hi) {
-				hi = r.lo
-			}
-			if r.hi.After(lo) && !r.hi.After(at) {
+			if !r.hi.After(at) && r.hi.After(lo) {
 				lo = r.hi
+			}
+			if r.lo.After(at) && r.lo.Before(hi) {
+				hi = r.lo
 			}
 		}
 		name := pgx.Identifier{p.schema, p.hist + partitionSuffix(lo, p.interval)}
@@ -261,12 +279,13 @@ func (s *Sink) PartitionsAhead(ctx context.Context, now time.Time) error {
 		}
 	}
 	s.mu.Unlock()
+	var errs []error
 	for _, p := range ps {
 		if err := p.aheadOf(ctx, s, now); err != nil {
-			return err
+			errs = append(errs, err) // the next table's go on
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // dropEmptyBefore drops the partitions of closed versions whose range ends
@@ -285,8 +304,9 @@ func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *partition
 		}
 		name := pgx.Identifier{p.schema, r.name}
 		gone := false
-		_, err := s.withRetry(ctx, "retention", "dropping partition "+name.Sanitize(), func(ctx context.Context) error {
-			gone = false
+		// One try per pass: DETACH waits for every reader of _pold, and
+		// readers queue behind it while it waits, so it waits briefly.
+		err := func() error {
 			return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 				if err := s.lockTargetWriters(ctx, tx, spec, []string{spec.Target}); err != nil {
 					return err
@@ -299,6 +319,7 @@ func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *partition
 					return nil
 				}
 				for _, st := range []string{
+					`SET LOCAL lock_timeout = '200ms'`,
 					fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, p.old.Sanitize(), name.Sanitize()),
 					fmt.Sprintf(`DROP TABLE %s`, name.Sanitize()),
 				} {
@@ -307,9 +328,11 @@ func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *partition
 					}
 				}
 				gone = true
-				return nil
+				// Writers that remember the partition read the catalog
+				// again if they meet a row without one (noPartition).
+				return s.countOutsideWrite(ctx, tx)
 			})
-		})
+		}()
 		if err != nil {
 			return dropped, err
 		}
@@ -350,6 +373,9 @@ func PartitionRenames(ctx context.Context, q Querier, schema, from, to string) (
 			continue
 		}
 		base := to
+		if len(suffix) > 40 {
+			continue // not one the sink named
+		}
 		if len(base+suffix) > 63 { // a replaced table's long name: cut, and told apart by a hash
 			h := fnv.New32a()
 			h.Write([]byte(to))
@@ -380,7 +406,7 @@ func (t *table) loadPartitions(ctx context.Context, pool querier, existed bool) 
 	if interval == "" {
 		interval, ahead = "month", 3 // partitioning taken out of the config: the table still needs partitions
 	}
-	p := &partitions{interval: interval, ahead: ahead, schema: t.spec.Schema, hist: t.spec.Target, old: old}
+	p := &partitions{interval: interval, ahead: ahead, schema: t.spec.Schema, hist: t.spec.Target, old: old, pool: pool}
 	rs, err := readPartitions(ctx, pool, old)
 	if err != nil {
 		return err
@@ -412,4 +438,19 @@ func (s *Sink) warnPlain(t *table) {
 		s.log.Warn("the history table exists unpartitioned and is left as it is: partitioning applies to tables the service creates; migrate with scd2sink rebuild (docs/history-tables.md)",
 			zap.String("target", t.spec.Target))
 	}
+}
+
+// noPartition reports whether err is PostgreSQL finding no partition for a
+// row: a partition dropped since it was cached (retention, by another
+// instance). Transient: the cache is dropped and the batch tried again.
+func noPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
+}
+
+// forget drops what p remembers of the partitions.
+func (p *partitions) forget() {
+	p.mu.Lock()
+	p.ranges = nil
+	p.mu.Unlock()
 }

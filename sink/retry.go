@@ -132,6 +132,9 @@ func Classify(err error) Class {
 	if errors.As(err, &drift) {
 		return Blocked
 	}
+	if noPartition(err) {
+		return Transient // a partition dropped since it was cached (partition.go)
+	}
 	if staleStatement(err) {
 		// A column's type changed under a prepared statement (altered by
 		// hand, or by another instance widening it): withRetry drops the

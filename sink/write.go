@@ -118,9 +118,14 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 	return w.recordRepairsAfter(ctx, tx, t, audit)
 }
 
-func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error) {
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	if t.parts != nil {
+		defer func() {
+			if noPartition(err) {
+				t.parts.forget()
+			}
+		}()
 		if err := t.parts.ensure(ctx, tx, w.closedTimes()); err != nil {
 			return err
 		}

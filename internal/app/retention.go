@@ -59,16 +59,16 @@ func (r *retainer) pass(ctx context.Context) (ok bool) {
 			r.failed(ctx, "", fmt.Errorf("retention pass panicked: %v\n%s", p, debug.Stack()))
 		}
 	}()
+	ok = true
 	if err := r.s.PartitionsAhead(ctx, r.now()); err != nil {
-		r.failed(ctx, "", err)
-		return false
+		ok = false
+		r.failed(ctx, "", err) // retention goes on
 	}
 	targets, err := r.s.RetainedTargets(ctx)
 	if err != nil {
 		r.failed(ctx, "", err)
 		return false
 	}
-	ok = true
 	for _, target := range targets {
 		start := time.Now()
 		var seen sink.RetainResult
