@@ -247,6 +247,30 @@ type EraseResult struct {
 	UnreadDeadLetters []int64
 }
 
+// Add counts what a second Erase of the same keys did (the tables a
+// rebuild kept meanwhile) into res, key by key.
+func (res *EraseResult) Add(more EraseResult) {
+	for i := range res.Keys {
+		for _, m := range more.Keys {
+			if m.Hash == res.Keys[i].Hash {
+				res.Keys[i].Versions += m.Versions
+				res.Keys[i].SideRows += m.SideRows
+				res.Keys[i].Repairs += m.Repairs
+				res.Keys[i].DeadLetters += m.DeadLetters
+			}
+		}
+	}
+	seen := map[int64]bool{}
+	for _, id := range res.UnreadDeadLetters {
+		seen[id] = true
+	}
+	for _, id := range more.UnreadDeadLetters {
+		if !seen[id] {
+			res.UnreadDeadLetters = append(res.UnreadDeadLetters, id)
+		}
+	}
+}
+
 // Erase erases req.Keys of req.Target (or lifts their erasure), in one
 // transaction that waits for the target's writers; see the comment at the
 // top of this file.
@@ -606,14 +630,21 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 	}
 	defer rows.Close()
 	var out []Violation
+	n := 0
 	for rows.Next() {
 		key, err := rows.Values()
 		if err != nil {
 			return nil, err
 		}
 		if h := keyHash(s.cfg.ErasureSecret, keyID(key)); set[h] {
-			out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
+			if n++; n <= MaxViolationsListed {
+				out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
+			}
 		}
+	}
+	if n > MaxViolationsListed {
+		out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "-",
+			Info: fmt.Sprintf("%d more erased keys with versions not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
 	}
 	return out, rows.Err()
 }

@@ -78,6 +78,35 @@ func TestVerifyReportsCorruption(t *testing.T) {
 	}
 }
 
+// TestVerifyListsAtMostAThousand: a table broken on every key gives
+// MaxViolationsListed violations of the check and one that counts the
+// rest, not one per key (verify's memory does not grow with the table).
+func TestVerifyListsAtMostAThousand(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	spec := custSpec("public")
+	s := newSink(t, pool, "public", spec)
+	const keys = sink.MaxViolationsListed + 5
+	var evs []*change.Event
+	for k := range keys {
+		evs = append(evs, cust(change.OpCreate, int64(k+1), day, fmt.Sprintf("K%d", k), "name", "a", "plan", "basic"))
+	}
+	apply(t, s, evs...)
+	if _, err := pool.Exec(ctx, `UPDATE customers_history SET valid_to = '2027-01-01'`); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := s.Verify(ctx, spec.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vs) != sink.MaxViolationsListed+1 {
+		t.Fatalf("%d violations listed, want %d and one that counts the rest", len(vs), sink.MaxViolationsListed+1)
+	}
+	if last := vs[len(vs)-1]; last.Check != "is_current disagrees with valid_to" || !strings.HasPrefix(last.Info, "5 more violations") {
+		t.Fatalf("last violation %v, want the count of the 5 not listed", last)
+	}
+}
+
 func TestDeadLettersAndOffsets(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()

@@ -78,6 +78,12 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			`SELECT %s, 'scd_id ' || string_agg(scd_id::text, ', ' ORDER BY scd_id) FROM %s GROUP BY %s, scd_seq HAVING count(*) > 1`,
 			keyJSON, hist, keys)},
 	}
+	if cat.rels[n.hist] == 'p' {
+		// A partitioned table's unique index on scd_id includes the
+		// partition keys: one scd_id in two partitions is not refused.
+		checks = append(checks, struct{ name, sql string }{"duplicate scd_id", fmt.Sprintf(
+			`SELECT min(%s), format('scd_id %%s in %%s rows', scd_id, count(*)) FROM %s GROUP BY scd_id HAVING count(*) > 1`, keyJSON, hist)})
+	}
 	if cat.hasCol(n.hist, "scd_deleted") {
 		// deletes: new_record: a version marked deleted is one a delete
 		// opened, right where it closed the version before it (that one
@@ -155,13 +161,24 @@ func structure(hist string, spec TableSpec, cat *catalog) (out []Violation, colu
 	return out, columns
 }
 
+// MaxViolationsListed is how many violations of one check Verify lists;
+// the rest are counted in one more Violation ("… more"), so that what
+// verify holds does not grow with a broken table.
+const MaxViolationsListed = 1000
+
+// verify runs checks, streaming each one's rows: at most
+// MaxViolationsListed are kept per check, the rest only counted.
 func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, sql string }, out *[]Violation) error {
 	for _, c := range checks {
 		rows, err := s.pool.Query(ctx, c.sql)
 		if err != nil {
 			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
 		}
+		n := 0
 		for rows.Next() {
+			if n++; n > MaxViolationsListed {
+				continue
+			}
 			v := Violation{Table: hist, Check: c.name}
 			if err := rows.Scan(&v.Key, &v.Info); err != nil {
 				rows.Close()
@@ -172,6 +189,10 @@ func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, s
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
+		}
+		if n > MaxViolationsListed {
+			*out = append(*out, Violation{Table: hist, Check: c.name, Key: "-",
+				Info: fmt.Sprintf("%d more violations of this check not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
 		}
 	}
 	return nil
