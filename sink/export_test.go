@@ -67,3 +67,11 @@ func SetRetentionChunk(n int) (restore func()) {
 func PartitionLockOf(group, topic string, partition int32) int64 {
 	return partitionLockOf(group, topic, partition)
 }
+
+// SetAfterRetentionPick calls f with the phase ("versions", "side") after
+// each retention pick, before the chunk's lock; it returns a function
+// that removes it.
+func SetAfterRetentionPick(f func(phase string)) (restore func()) {
+	afterRetentionPick = f
+	return func() { afterRetentionPick = nil }
+}

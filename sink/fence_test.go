@@ -28,7 +28,10 @@ func TestOutsideWritersWait(t *testing.T) {
 		if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{
 			cust(change.OpCreate, int64(10*i+1), old, "C"+itoa(i), "name", "a", "plan", "p", "city", "x", "visits", 1),
 			cust(change.OpUpdate, int64(10*i+2), old.Add(time.Hour), "C"+itoa(i), "name", "a", "plan", "q", "city", "x", "visits", 1),
-		}, Offsets: map[change.Partition]int64{p: 2}, Targets: map[string]string{spec.Topic: spec.Target}}); err != nil {
+			// A key no subtest erases: retention has old versions to remove.
+			cust(change.OpCreate, int64(10*i+3), old, "R"+itoa(i), "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(change.OpUpdate, int64(10*i+4), old.Add(time.Hour), "R"+itoa(i), "name", "a", "plan", "q", "city", "x", "visits", 1),
+		}, Offsets: map[change.Partition]int64{p: 4}, Targets: map[string]string{spec.Topic: spec.Target}}); err != nil {
 			t.Fatal(err)
 		}
 	}

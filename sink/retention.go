@@ -33,6 +33,11 @@ const horizonOp = "h"
 // retentionChunk is how many keys one retention transaction handles.
 var retentionChunk = 1000
 
+// afterRetentionPick, when set (tests), is called with the phase
+// ("versions" or "side") once a chunk's candidates are found, before the
+// writers' lock is taken.
+var afterRetentionPick func(phase string)
+
 // RetainResult is what one retention pass over a table removed.
 type RetainResult struct {
 	Horizon  time.Time // versions closed before it were removed
@@ -121,29 +126,49 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 		res.Horizon = w // a partition behind: its late events may still need the versions
 	}
 	chunk := t.retentionSQL()
-	var last []any
-	for _, phase := range []string{chunk.fromHist, chunk.fromSide} {
-		last = nil
+	nk := len(t.keyIdx)
+	for _, phase := range []struct{ name, pick, remove string }{{"versions", chunk.pickHist, chunk.fromHist}, {"side", chunk.pickSide, chunk.fromSide}} {
+		var last []any
 		for {
+			// The next keys with something to remove are found before
+			// any lock is taken: on a large table with little to remove
+			// this is the long part, and writers do not wait for it.
+			var cand [][]any
+			if _, err := s.withRetry(ctx, "retention", "finding old versions of "+target, func(ctx context.Context) (err error) {
+				cand, err = s.retentionCandidates(ctx, target, phase.pick, chunk.after, res.Horizon, last, nk)
+				return err
+			}); err != nil {
+				return res, err
+			}
+			if len(cand) == 0 {
+				break
+			}
+			if afterRetentionPick != nil {
+				afterRetentionPick(phase.name)
+			}
+			keyArgs := make([]any, 0, nk+1)
+			keyArgs = append(keyArgs, res.Horizon)
+			for i := range nk {
+				col := make([]any, len(cand))
+				for j := range cand {
+					col[j] = cand[j][i]
+				}
+				keyArgs = append(keyArgs, col)
+			}
 			var n int64
 			var v, sr int64
-			var next []any
 			_, err := s.withRetry(ctx, "retention", "removing old versions of "+target, func(ctx context.Context) error {
-				n, v, sr, next = 0, 0, 0, nil
+				n, v, sr = 0, 0, 0
 				return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 					if err := s.lockTargetWriters(ctx, tx, spec, []string{target}); err != nil {
 						return err
 					}
-					q, args := phase, []any{res.Horizon, retentionChunk}
-					if last != nil {
-						q = strings.Replace(q, "/*after*/", chunk.after, 1)
-						args = append(args, last...)
-					}
-					rows, err := tx.Query(ctx, q, args...)
+					// Under the lock, the removal checks each candidate
+					// again: what it removes is what the key holds now.
+					rows, err := tx.Query(ctx, phase.remove, keyArgs...)
 					if err != nil {
 						return fmt.Errorf("removing old versions of %s: %w", target, err)
 					}
-					nk := len(t.keyIdx)
 					var keys [][]any
 					var seqs [][]byte
 					var times []pgtype.Timestamptz
@@ -177,8 +202,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 					if n == 0 {
 						return nil
 					}
-					next = keys[n-1]
-					args = args[:0]
+					args := make([]any, 0, nk+2)
 					for i := range nk {
 						col := make([]any, n)
 						for j := range keys {
@@ -202,17 +226,16 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 			res.Keys += n
 			res.Versions += v
 			res.SideRows += sr
-			if n == 0 {
+			if n > 0 {
+				res.Chunks++
+				if progress != nil {
+					progress(res)
+				}
+			}
+			if len(cand) < retentionChunk {
 				break
 			}
-			res.Chunks++
-			if progress != nil {
-				progress(res)
-			}
-			if n < int64(retentionChunk) {
-				break
-			}
-			last = next
+			last = cand[len(cand)-1]
 		}
 	}
 	if t.parts != nil {
@@ -227,13 +250,17 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 
 // retentionStatements are the statements of a retention chunk.
 type retentionStatements struct {
-	// fromHist and fromSide remove what retention removes for the next
-	// keys (in key order, after /*after*/) that have a version closed
-	// before $1, or (fromSide) no version but side rows before $1;
-	// they return per key the highest sequence and time removed and the
-	// versions and side rows removed.
+	// pickHist and pickSide find, unlocked, the next keys (in key order,
+	// after /*after*/, at most $2) that have a version closed before $1,
+	// or (pickSide) no version but side rows before $1.
+	pickHist, pickSide string
+	// fromHist and fromSide remove, under the writers' lock, what
+	// retention removes for the candidate keys ($2..., arrays) that
+	// still qualify as their pick found them; they return per key the
+	// highest sequence and time removed and the versions and side rows
+	// removed.
 	fromHist, fromSide string
-	// after is the condition that starts a chunk after the last key
+	// after is the condition that starts a pick after the last key
 	// ($3...).
 	after string
 	// mark records the horizon rows: keys, sequences, times as arrays.
@@ -277,11 +304,20 @@ func (t *table) retentionSQL() retentionStatements {
 		GROUP BY %[9]s ORDER BY %[9]s`,
 			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"))
 	}
-	fromHist := body(fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE h.valid_to < $1 AND %[3]s /*after*/ ORDER BY %[1]s LIMIT $2`,
-		kl, hist, strings.Join(notNull, " AND ")))
-	fromSide := body(fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s e WHERE e.scd_t < $1 AND e.scd_op <> 'h' AND %[3]s /*after*/
+	var cand []string
+	for i, kt := range t.keyTypes() {
+		cand = append(cand, fmt.Sprintf("$%d::%s[]", i+2, kt))
+	}
+	candidates := fmt.Sprintf("SELECT * FROM unnest(%s) AS c(%s)", strings.Join(cand, ", "), kl)
+	fromHist := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s AND h.valid_to < $1)`,
+		candidates, hist, match("h", "c")))
+	fromSide := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE NOT EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s)`,
+		candidates, hist, match("h", "c")))
+	pickHist := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE h.valid_to < $1 AND %[3]s /*after*/ ORDER BY %[1]s LIMIT $2`,
+		kl, hist, strings.Join(notNull, " AND "))
+	pickSide := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s e WHERE e.scd_t < $1 AND e.scd_op <> 'h' AND %[3]s /*after*/
 		AND NOT EXISTS (SELECT 1 FROM %[4]s h WHERE %[5]s) ORDER BY %[1]s LIMIT $2`,
-		prefixed("e"), side, strings.Join(notNull, " AND "), hist, match("h", "e")))
+		prefixed("e"), side, strings.Join(notNull, " AND "), hist, match("h", "e"))
 	var casts []string
 	for i, kt := range t.keyTypes() {
 		casts = append(casts, fmt.Sprintf("$%d::%s[]", i+1, kt))
@@ -290,7 +326,7 @@ func (t *table) retentionSQL() retentionStatements {
 	mark := fmt.Sprintf(`INSERT INTO %s (%s, scd_seq, scd_op, scd_t, scd_hash)
 		SELECT %s, x.s, 'h', x.t, ''::bytea FROM unnest(%s, $%d::bytea[], $%d::timestamptz[]) AS x(%s, s, t)`,
 		side, kl, prefixed("x"), strings.Join(casts, ", "), n+1, n+2, kl)
-	return retentionStatements{fromHist: fromHist, fromSide: fromSide,
+	return retentionStatements{pickHist: pickHist, pickSide: pickSide, fromHist: fromHist, fromSide: fromSide,
 		after: fmt.Sprintf("AND ROW(%s) > ROW(%s)", kl, strings.Join(after, ", ")), mark: mark}
 }
 
@@ -324,6 +360,41 @@ func (s *Sink) RetainedTargets(ctx context.Context) ([]string, error) {
 			seen[target] = true
 			out = append(out, target)
 		}
+	}
+	return out, nil
+}
+
+// retentionCandidates runs a retention pick (retentionStatements) of
+// target after the key last (nil: from the first) in a read-only
+// transaction that statement_timeout does not cut: it may scan much of a
+// large table, and it takes no lock a writer or reader waits for.
+func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after string, horizon time.Time, last []any, nk int) ([][]any, error) {
+	var out [][]any
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+			return err
+		}
+		q, args := pick, []any{horizon, retentionChunk}
+		if last != nil {
+			q = strings.Replace(q, "/*after*/", after, 1)
+			args = append(args, last...)
+		}
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				return err
+			}
+			out = append(out, vals[:nk])
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("finding old versions of %s: %w", target, err)
 	}
 	return out, nil
 }

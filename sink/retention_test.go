@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +117,67 @@ func TestRetention(t *testing.T) {
 			check("after later events", append(append(evs, more...), late))
 		})
 	}
+}
+
+// TestRetentionPicksUnlocked: a pass finds the keys it will work on
+// without the writers' lock (a writer applies meanwhile, without waiting
+// for the pass), and under the lock removes only what each key still
+// qualifies for: a key that had only side rows when it was picked and
+// got a version before its chunk ran keeps its side rows.
+func TestRetentionPicksUnlocked(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	spec := custSpec("public")
+	spec.Retention = 30 * 24 * time.Hour
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	old := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	c, u, del := change.OpCreate, change.OpUpdate, change.OpDelete
+	evs := []*change.Event{
+		cust(c, 1, old, "A", "name", "a", "plan", "p", "city", "x", "visits", 1),
+		cust(u, 2, old.Add(time.Hour), "A", "name", "a", "plan", "q", "city", "x", "visits", 1),
+		cust(del, 3, old, "D"), // a delete of a row never seen: side rows only
+	}
+	s := newSink(t, pool, "public", spec)
+	apply(t, s, evs...)
+	if err := s.Watermark(ctx, map[change.Partition]sink.Look{{Topic: "cust", Partition: 0}: {Target: spec.Target, At: &now}}); err != nil {
+		t.Fatal(err)
+	}
+	recreate := cust(c, 50, now.Add(-time.Hour), "D", "name", "d", "plan", "p", "city", "y", "visits", 1)
+	var phases []string
+	defer sink.SetAfterRetentionPick(func(phase string) {
+		phases = append(phases, phase)
+		if phase == "side" {
+			// The writers' lock is free: this applies at once.
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{recreate}})
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("a writer waited for retention's pick")
+			}
+		}
+	})()
+	res, err := s.Retain(ctx, spec.Target, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(phases, ",") != "versions,side" || res.Versions != 1 {
+		t.Fatalf("phases %v, result %+v; want one chunk of each, one version removed", phases, res)
+	}
+	var side int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM customers_history_scd_events WHERE customer_id = 'D' AND scd_op = 'd'`).Scan(&side); err != nil || side != 1 {
+		t.Fatalf("D's side row: %d left (%v); want it kept, D has a version now", side, err)
+	}
+	all := append(evs, recreate)
+	want := scdtest.ModelLines(spec, custCols, scdtest.Retained(scdtest.Fold(spec, custCols, all), now.Add(-spec.Retention)))
+	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
+		t.Fatalf("differs from the retained fold:\n%s", d)
+	}
+	verifyClean(t, s, spec.Target)
 }
