@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -65,6 +66,7 @@ const usage = `usage:
   scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
                                     versions, lag, complete_through; straight from Kafka and PostgreSQL
   scd2sink erase    --config FILE --table T --key V[,V...] [--key ...] [--reason TEXT] [--lift]
+                                    (--key-json '["V, with comma", 7]' for values with commas)
                                     remove every trace of the keys (versions, side rows, repair
                                     audits, dead letters) and keep them from coming back; the
                                     erasure is recorded as a keyed hash (erasure_key_file);
@@ -151,6 +153,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.Func("key", "a key's values, comma-separated, in key column order (repeat for more keys)", func(v string) error {
 			er.Keys = append(er.Keys, strings.Split(v, ","))
 			return nil
+		})
+		fs.Func("key-json", `a key's values as a JSON array, for values holding commas: '["Smith, J", 7]' (repeatable)`, func(v string) error {
+			key, err := jsonKey(v)
+			if err == nil {
+				er.Keys = append(er.Keys, key)
+			}
+			return err
 		})
 		fs.StringVar(&er.Reason, "reason", "", "why, recorded with the erasure (never put the key here)")
 		fs.BoolVar(&er.Lift, "lift", false, "allow the keys again instead of erasing them")
@@ -366,4 +375,28 @@ func newLogger(l config.Log) (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(level)
 	zc.OutputPaths, zc.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
 	return zc.Build()
+}
+
+// jsonKey reads erase's --key-json: a JSON array of a key's values,
+// strings as they are, numbers and booleans as their JSON text.
+func jsonKey(v string) ([]string, error) {
+	var vals []json.RawMessage
+	if err := json.Unmarshal([]byte(v), &vals); err != nil || len(vals) == 0 {
+		return nil, fmt.Errorf("want a JSON array of the key's values, e.g. [\"Smith, J\", 7]")
+	}
+	key := make([]string, len(vals))
+	for i, raw := range vals {
+		var s string
+		switch {
+		case string(raw) == "null": // before Unmarshal, which takes null for ""
+			return nil, fmt.Errorf("value %d is null: a key has no null values", i+1)
+		case json.Unmarshal(raw, &s) == nil:
+			key[i] = s
+		case raw[0] == '{' || raw[0] == '[':
+			return nil, fmt.Errorf("value %d is %s: a key's values are strings, numbers or booleans", i+1, raw)
+		default:
+			key[i] = string(raw)
+		}
+	}
+	return key, nil
 }

@@ -85,3 +85,60 @@ func TestDemo(t *testing.T) {
 		}
 	}
 }
+
+// TestEraseArguments: erase refuses, with exit 2 and the reason, what it
+// cannot do before it touches anything: no erasure_key_file (the
+// erasures are keyed hashes), a secret too short, no key, a --key-json
+// that is not an array of values.
+func TestEraseArguments(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short.key")
+	if err := os.WriteFile(short, []byte("tooshort"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "kafka:\n  brokers: [\"127.0.0.1:9092\"]\npostgres:\n  dsn: \"postgres://u:hunter2@127.0.0.1:1/db\"\ntables:\n  - topic: a.b.c\n"
+	write := func(name, yaml string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	noKey, shortKey := write("nokey.yaml", base), write("short.yaml", base+"erasure_key_file: "+short+"\n")
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no erasure_key_file", []string{"--config", noKey, "--table", "c", "--key", "C1"}, "erasure_key_file"},
+		{"no erasure_key_file, key-json", []string{"--config", noKey, "--table", "c", "--key-json", `["Smith, J", 7]`}, "erasure_key_file"},
+		{"secret too short", []string{"--config", shortKey, "--table", "c", "--key", "C1"}, "erasure_key_file"},
+		{"no key", []string{"--config", noKey, "--table", "c"}, "--table and --key are required"},
+		{"key-json not an array", []string{"--config", noKey, "--table", "c", "--key-json", `"C1"`}, "JSON array"},
+		{"key-json null", []string{"--config", noKey, "--table", "c", "--key-json", `[null]`}, "is null"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := run(t, append([]string{"erase"}, tc.args...)...)
+			if code != 2 || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("exit %d, out %q, err %q; want exit 2 mentioning %q", code, out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestJSONKey(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{`["Smith, J", 7]`, []string{"Smith, J", "7"}},
+		{`[true, "x"]`, []string{"true", "x"}},
+		{`[12345678901234567890]`, []string{"12345678901234567890"}},
+	} {
+		got, err := jsonKey(tc.in)
+		if err != nil || strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("jsonKey(%s) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/sink"
@@ -43,31 +44,35 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 	if err != nil {
 		return err
 	}
-	// The tables a swap kept for queries still running hold the history too.
-	also := []string{RebuildTarget(req.Table)}
-	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname LIKE $2 OR c.relname LIKE $3)
-			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
-		cfg.Postgres.Schema, likeEscape(req.Table)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(req.Table)+`\_%`)
-	if err != nil {
-		return fmt.Errorf("listing the tables a rebuild kept of %s: %w", req.Table, err)
-	}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			rows.Close()
+	// The tables a swap kept for queries still running hold the history
+	// too. A rebuild that swaps while the erasure runs keeps one more: the
+	// list is read again after, and the keys erased again while it grew.
+	var res sink.EraseResult
+	seen := map[string]bool{}
+	for round := 0; ; round++ {
+		also, err := keptTables(ctx, pool, cfg, req.Table)
+		if err != nil {
 			return err
 		}
-		also = append(also, name)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	res, err := s.Erase(ctx, sink.EraseRequest{Target: req.Table, Keys: req.Keys, Reason: req.Reason, Lift: req.Lift, Also: also,
-		DeadLetterTables: []string{cfg.Sink.DeadLetterTable, cfg.Sink.DeadLetterTable + RebuildSuffix}})
-	if err != nil {
-		return err
+		grown := false
+		for _, name := range also {
+			grown = grown || !seen[name]
+			seen[name] = true
+		}
+		if !grown || round == 5 || (round > 0 && req.Lift) {
+			break
+		}
+		r, err := s.Erase(ctx, sink.EraseRequest{Target: req.Table, Keys: req.Keys, Reason: req.Reason, Lift: req.Lift, Also: also,
+			DeadLetterTables: []string{cfg.Sink.DeadLetterTable, cfg.Sink.DeadLetterTable + RebuildSuffix}})
+		if err != nil {
+			return err
+		}
+		if round == 0 {
+			res = r
+		} else {
+			log.Warn("a rebuild swapped its table in while the keys were erased: erased again from the table it kept", zap.String("table", req.Table))
+			res.Add(r)
+		}
 	}
 	for _, e := range res.Keys {
 		if req.Lift {
@@ -82,6 +87,28 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 			req.Table, n, joinIDs(res.UnreadDeadLetters, 20))
 	}
 	return nil
+}
+
+// keptTables lists the tables that hold target's history besides the
+// live one: a rebuild's table and those swaps kept for running queries.
+func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) ([]string, error) {
+	also := []string{RebuildTarget(target)}
+	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname LIKE $2 OR c.relname LIKE $3)
+			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
+		cfg.Postgres.Schema, likeEscape(target)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(target)+`\_%`)
+	if err != nil {
+		return nil, fmt.Errorf("listing the tables a rebuild kept of %s: %w", target, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		also = append(also, name)
+	}
+	return also, rows.Err()
 }
 
 func likeEscape(s string) string {
