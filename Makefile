@@ -28,9 +28,13 @@ lint:
 # Benchmarks: our events/s against a raw COPY of the same rows in the same
 # run, as a ratio. BenchmarkApply: the engine (sink) alone; BenchmarkPipeline:
 # the real binary from an in-process Kafka to the history table, with its peak RSS.
+# BenchmarkSize: the cost of a history table of BENCH_SIZES versions (about
+# an hour with 50 M, and 40 GB of disk); BenchmarkRebuild: rebuild's time.
+BENCH_SIZES ?= 1000000,10000000,50000000
 bench:
 	$(GO) test -run '^$$' -bench 'BenchmarkApply|BenchmarkGrowth' -benchtime 1x -timeout 30m ./sink/
-	$(GO) test -run '^$$' -bench 'BenchmarkPipeline|BenchmarkLatency|BenchmarkManyTables' -benchtime 1x -timeout 30m ./cmd/scd2sink/
+	BENCH_SIZES=$(BENCH_SIZES) $(GO) test -run '^$$' -bench BenchmarkSize -benchtime 1x -timeout 180m ./sink/
+	$(GO) test -run '^$$' -bench 'BenchmarkPipeline|BenchmarkLatency|BenchmarkManyTables|BenchmarkRebuild' -benchtime 1x -timeout 30m ./cmd/scd2sink/
 
 # The real stack (e2e/): Apache Kafka, Kafka Connect and Debezium from Maven
 # Central jars (cached in ~/.cache/scd2sink-e2e), source and target

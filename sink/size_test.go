@@ -1,0 +1,352 @@
+package sink_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/scd2sink/scd2sink/sink"
+)
+
+// sizeVersionsPerKey is how many versions each preloaded key has.
+const sizeVersionsPerKey = 10
+
+// BenchmarkSize measures the cost of a history table that already holds
+// many versions (issue 31, item 5): for each layout (plain, partitioned by
+// month) and each size in BENCH_SIZES (default 1,000,000 and 10,000,000
+// versions; 0, the empty table, always runs first), it preloads the table,
+// then applies the workload of BenchmarkApply ("mixed": 200,000 events on
+// 50,000 keys spread over the whole key space, 10% Type 1 changes) through
+// a fresh sink, as a restarted process would, and reports:
+//   - events/s and its ratio to the empty table's rate in the same run;
+//   - the table's and its indexes' size;
+//   - verify's time and the peak of this process's Go heap and RSS while
+//     it runs (verify streams: what it holds does not grow with the table);
+//   - _as_of: the mean time of one key's versions at a point in time, and
+//     of counting the whole table's versions at that time.
+//
+// Preloading: a template of 10,000 keys × 10 versions is applied through
+// the sink, then copied with shifted keys by INSERT … SELECT in key order
+// (the copies' scd_hash is the template's: only an event at a version's
+// own sequence compares it), then VACUUM ANALYZE, as autovacuum would
+// leave a table that has settled. The workload's sequences come after
+// every preloaded version's.
+func BenchmarkSize(b *testing.B) {
+	sizes := []int{0, 1_000_000, 10_000_000}
+	if env := os.Getenv("BENCH_SIZES"); env != "" {
+		sizes = []int{0}
+		for _, f := range strings.Split(env, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				b.Fatalf("BENCH_SIZES: %q is not a number of versions", f)
+			}
+			if n > 0 {
+				sizes = append(sizes, n)
+			}
+		}
+	}
+	pool := benchPool(b)
+	for _, layout := range []struct{ name, interval string }{{"plain", ""}, {"partitioned", "month"}} {
+		b.Run(layout.name, func(b *testing.B) {
+			var empty, smallest float64
+			for _, size := range sizes {
+				b.Run(fmt.Sprintf("versions=%d", size), func(b *testing.B) {
+					for iter := 0; iter < b.N; iter++ {
+						r := benchSize(b, pool, layout.interval, size, fmt.Sprintf("size_%s_%d_%d", layout.name, size, iter))
+						if size == 0 {
+							empty = r.newEPS
+						} else if empty > 0 {
+							b.ReportMetric(r.newEPS/empty, "ratio_to_empty")
+							b.Logf("%s, %d versions, new keys: %.0f events/s, %.2f of the empty table's %.0f", layout.name, size, r.newEPS, r.newEPS/empty, empty)
+						}
+						if r.existingEPS > 0 {
+							if smallest == 0 {
+								smallest = r.existingEPS
+							}
+							b.ReportMetric(r.existingEPS/smallest, "existing_ratio_to_smallest")
+							b.Logf("%s, %d versions, existing keys: %.0f events/s, %.2f of the smallest table's %.0f", layout.name, size, r.existingEPS, r.existingEPS/smallest, smallest)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// sizeResult is what benchSize measured: events/s of the workload on new
+// keys and (0 when the table has too few keys) on existing ones.
+type sizeResult struct{ newEPS, existingEPS float64 }
+
+// benchSize preloads a table of size versions in schema, applies the
+// workloads and measures.
+func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, schema string) sizeResult {
+	ctx := context.Background()
+	b.StopTimer()
+	spec := benchSpec(schema)
+	spec.Partitioning = sink.Partitioning{Interval: interval}
+	hist := pgx.Identifier{schema, spec.Target}.Sanitize()
+	b.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	keys := size / sizeVersionsPerKey
+	if size > 0 {
+		start := time.Now()
+		preload(b, pool, spec, keys)
+		b.Logf("preloaded %d versions (%d keys) in %s", size, keys, time.Since(start).Round(time.Second))
+	}
+	s, err := sink.New(sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}}, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Init(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// The workload, twice. First "new": BenchmarkApply's "mixed", its
+	// 50,000 keys after the preloaded ones (the same events as into the
+	// empty table: what differs is only the table's size). Then
+	// "existing": the same events on 50,000 preloaded keys spread over the
+	// key space, whose current versions and state are read from the large
+	// table (only when it has that many keys).
+	run := func(mode string, idOf func(k int) int) float64 {
+		evs := scdtest.BenchEvents(rand.New(rand.NewPCG(1, 2)), spec.Target, benchKeys, benchEvents, 100)
+		for i, e := range evs {
+			k, _ := strconv.Atoi(string(e.Key[0].(json.Number)))
+			id := json.Number(strconv.Itoa(idOf(k)))
+			e.Key[0], e.After["id"] = id, id
+			e.Seq = change.MustSeq(int64(10_000_000 + i + 1))
+		}
+		b.StartTimer()
+		start := time.Now()
+		events := applyPipelined(b, s, "bench_"+mode, evs)
+		dur := time.Since(start)
+		b.StopTimer()
+		eps := float64(events) / dur.Seconds()
+		b.Logf("%s keys: %d events in %s, %.0f events/s", mode, events, dur.Round(time.Millisecond), eps)
+		return eps
+	}
+	res := sizeResult{newEPS: run("new", func(k int) int { return keys + k })}
+	b.ReportMetric(res.newEPS, "events/s")
+	if keys >= benchKeys {
+		stride := keys / benchKeys
+		res.existingEPS = run("existing", func(k int) int { return k * stride })
+		b.ReportMetric(res.existingEPS, "existing_events/s")
+	}
+
+	var rows, tableBytes, indexBytes int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+hist+`),
+		sum(pg_table_size(r)), sum(pg_indexes_size(r))
+		FROM (SELECT relid FROM pg_partition_tree($1::regclass) UNION SELECT $1::regclass) t(r)`, hist).Scan(&rows, &tableBytes, &indexBytes); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(tableBytes)/(1<<20), "table_MiB")
+	b.ReportMetric(float64(indexBytes)/(1<<20), "index_MiB")
+
+	// verify, with the peaks of the Go heap and of RSS while it runs.
+	runtime.GC()
+	debug.FreeOSMemory()
+	baseHeap := heapBytes()
+	baseRSS := statusBytes(b, "VmRSS:")
+	resetPeakRSS(b)
+	stop := make(chan struct{})
+	var peakHeap uint64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			peakHeap = max(peakHeap, heapBytes())
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	vstart := time.Now()
+	vs, err := s.Verify(ctx, spec.Target)
+	vdur := time.Since(vstart)
+	close(stop)
+	wg.Wait()
+	if err != nil || len(vs) > 0 {
+		b.Fatalf("verify: %v %v", err, vs)
+	}
+	rss := statusBytes(b, "VmHWM:") - baseRSS
+	b.ReportMetric(vdur.Seconds(), "verify_s")
+	b.ReportMetric(float64(peakHeap-min(peakHeap, baseHeap))/(1<<20), "verify_heap_growth_MiB")
+	b.ReportMetric(float64(rss)/(1<<20), "verify_rss_growth_MiB")
+
+	// _as_of: one key's versions at a time inside the preloaded history,
+	// and the whole table at that time.
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	asOf := pgx.Identifier{schema, spec.Target + "_as_of"}.Sanitize()
+	rng := rand.New(rand.NewPCG(3, 4))
+	const probes = 200
+	kstart := time.Now()
+	for range probes {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+asOf+`($1) WHERE id = $2`, at, rng.IntN(max(keys, benchKeys))).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keyDur := time.Since(kstart) / probes
+	tstart := time.Now()
+	var live int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+asOf+`($1)`, at).Scan(&live); err != nil {
+		b.Fatal(err)
+	}
+	tableDur := time.Since(tstart)
+	b.ReportMetric(float64(keyDur.Microseconds())/1000, "as_of_key_ms")
+	b.ReportMetric(tableDur.Seconds(), "as_of_table_s")
+	b.Logf("%d rows (table %d MiB, indexes %d MiB); verify %s (Go heap +%d MiB, RSS +%d MiB); _as_of one key %s, whole table %s (%d rows)",
+		rows, tableBytes>>20, indexBytes>>20, vdur.Round(time.Millisecond),
+		(peakHeap-min(peakHeap, baseHeap))>>20, rss>>20, keyDur.Round(time.Microsecond), tableDur.Round(time.Millisecond), live)
+	return res
+}
+
+// applyPipelined applies evs in batches of benchBatch, preparing the next
+// batch while the previous one is applied, as the pipeline does; it
+// returns the events applied.
+func applyPipelined(b *testing.B, s *sink.Sink, topic string, evs []*change.Event) int {
+	b.Helper()
+	ctx := context.Background()
+	prepared := make(chan *sink.Prepared, 1)
+	go func() {
+		defer close(prepared)
+		for i := 0; i < len(evs); i += benchBatch {
+			p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
+				Offsets: map[change.Partition]int64{{Topic: topic}: int64(i + benchBatch)}})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			prepared <- p
+		}
+	}()
+	events := 0
+	for p := range prepared {
+		r, err := s.ApplyPrepared(ctx, p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events += r.Events
+	}
+	return events
+}
+
+// preload fills spec's history table with keys keys of
+// sizeVersionsPerKey versions each (keys 0 … keys-1): a template applied
+// through the sink, copied in key order.
+func preload(b *testing.B, pool *pgxpool.Pool, spec sink.TableSpec, keys int) {
+	b.Helper()
+	ctx := context.Background()
+	template := min(keys, 10_000)
+	s, err := sink.New(sink.Config{Schema: spec.Schema, Tables: []sink.TableSpec{spec}}, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Init(ctx); err != nil {
+		b.Fatal(err)
+	}
+	plans := []string{"basic", "pro", "team", "enterprise"}
+	base := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	evs := make([]*change.Event, 0, template*sizeVersionsPerKey)
+	for v := range sizeVersionsPerKey {
+		for k := range template {
+			op := change.OpUpdate
+			if v == 0 {
+				op = change.OpCreate
+			}
+			id := json.Number(strconv.Itoa(k))
+			evs = append(evs, &change.Event{Table: spec.Target, Key: []any{id}, Seq: change.MustSeq(int64(v*template + k + 1)), Op: op,
+				ValidFrom: base.Add(time.Duration(v)*60*24*time.Hour + time.Duration(k)*time.Second),
+				After:     map[string]any{"id": id, "name": fmt.Sprintf("customer %d", k), "plan": plans[(k+v)%4], "city": "Wien", "score": json.Number(strconv.Itoa(v))},
+				Origin:    change.Origin{Partition: change.Partition{Topic: "template"}, Offset: int64(len(evs))}})
+		}
+	}
+	applyPipelined(b, s, "template", evs)
+	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
+	var cols []string
+	rows, err := pool.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attname <> 'scd_id' ORDER BY attnum`, hist)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			b.Fatal(err)
+		}
+		cols = append(cols, c)
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	sel := make([]string, len(cols))
+	for i, c := range cols {
+		sel[i] = pgx.Identifier{c}.Sanitize()
+		if c == "id" {
+			sel[i] = "id + $1::bigint"
+		}
+	}
+	copyStmt := fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s WHERE id < %d ORDER BY id, scd_seq`,
+		hist, strings.Join(quoteAll(cols), ", "), strings.Join(sel, ", "), hist, template)
+	for m := 1; m*template < keys; m++ {
+		if _, err := pool.Exec(ctx, copyStmt, m*template); err != nil {
+			b.Fatalf("copying the template: %v", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+hist); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func quoteAll(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return out
+}
+
+var heapSample = []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+
+func heapBytes() uint64 {
+	metrics.Read(heapSample)
+	return heapSample[0].Value.Uint64()
+}
+
+// resetPeakRSS resets this process's VmHWM (Linux: writing 5 to clear_refs).
+func resetPeakRSS(b *testing.B) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		b.Logf("cannot reset the peak RSS: %v", err)
+	}
+}
+
+// statusBytes reads a field of this process's /proc/self/status (VmHWM:,
+// VmRSS:) in bytes.
+func statusBytes(b *testing.B, field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == field {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
