@@ -63,6 +63,14 @@ func SetRetentionChunk(n int) (restore func()) {
 	return func() { retentionChunk = old }
 }
 
+// SetRetentionWindow makes a retention pick read n rows; it returns a
+// function that restores the default.
+func SetRetentionWindow(n int) (restore func()) {
+	old := retentionWindow
+	retentionWindow = n
+	return func() { retentionWindow = old }
+}
+
 // PartitionLockOf is the advisory lock key of a group's partition.
 func PartitionLockOf(group, topic string, partition int32) int64 {
 	return partitionLockOf(group, topic, partition)

@@ -128,114 +128,43 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 	chunk := t.retentionSQL()
 	nk := len(t.keyIdx)
 	for _, phase := range []struct{ name, pick, remove string }{{"versions", chunk.pickHist, chunk.fromHist}, {"side", chunk.pickSide, chunk.fromSide}} {
-		var last []any
+		var last []string
 		for {
 			// The next keys with something to remove are found before
-			// any lock is taken: on a large table with little to remove
-			// this is the long part, and writers do not wait for it.
-			var cand [][]any
+			// any lock is taken, a window of retentionWindow rows at a
+			// time in key order: writers do not wait for the scan of a
+			// large table, and no read holds a snapshot for long.
+			var pick retentionPick
 			if _, err := s.withRetry(ctx, "retention", "finding old versions of "+target, func(ctx context.Context) (err error) {
-				cand, err = s.retentionCandidates(ctx, target, phase.pick, chunk.after, res.Horizon, last, nk)
+				pick, err = s.retentionCandidates(ctx, target, phase.pick, chunk.after, res.Horizon, last, nk)
 				return err
 			}); err != nil {
 				return res, err
 			}
-			if len(cand) == 0 {
-				break
-			}
-			if afterRetentionPick != nil {
-				afterRetentionPick(phase.name)
-			}
-			keyArgs := make([]any, 0, nk+1)
-			keyArgs = append(keyArgs, res.Horizon)
-			for i := range nk {
-				col := make([]any, len(cand))
-				for j := range cand {
-					col[j] = cand[j][i]
+			for len(pick.cand) > 0 {
+				cand := pick.cand[:min(len(pick.cand), retentionChunk)]
+				pick.cand = pick.cand[len(cand):]
+				if afterRetentionPick != nil {
+					afterRetentionPick(phase.name)
 				}
-				keyArgs = append(keyArgs, col)
-			}
-			var n int64
-			var v, sr int64
-			_, err := s.withRetry(ctx, "retention", "removing old versions of "+target, func(ctx context.Context) error {
-				n, v, sr = 0, 0, 0
-				return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-					if err := s.lockTargetWriters(ctx, tx, spec, []string{target}); err != nil {
-						return err
+				n, v, sr, err := s.retainChunk(ctx, spec, t, chunk.mark, phase.remove, res.Horizon, cand)
+				if err != nil {
+					return res, err
+				}
+				res.Keys += n
+				res.Versions += v
+				res.SideRows += sr
+				if n > 0 {
+					res.Chunks++
+					if progress != nil {
+						progress(res)
 					}
-					// Under the lock, the removal checks each candidate
-					// again: what it removes is what the key holds now.
-					rows, err := tx.Query(ctx, phase.remove, keyArgs...)
-					if err != nil {
-						return fmt.Errorf("removing old versions of %s: %w", target, err)
-					}
-					var keys [][]any
-					var seqs [][]byte
-					var times []pgtype.Timestamptz
-					for rows.Next() {
-						vals, err := rows.Values()
-						if err != nil {
-							rows.Close()
-							return err
-						}
-						keys = append(keys, vals[:nk])
-						seqs = append(seqs, asBytes(vals[nk]))
-						var at pgtype.Timestamptz
-						switch v := vals[nk+1].(type) {
-						case time.Time:
-							at = pgtype.Timestamptz{Time: v, Valid: true}
-						case pgtype.InfinityModifier:
-							at = pgtype.Timestamptz{InfinityModifier: v, Valid: true}
-						default:
-							rows.Close()
-							return fmt.Errorf("removing old versions of %s: a removed time is %T", target, vals[nk+1])
-						}
-						times = append(times, at)
-						v += vals[nk+2].(int64)
-						sr += vals[nk+3].(int64)
-					}
-					rows.Close()
-					if err := rows.Err(); err != nil {
-						return fmt.Errorf("removing old versions of %s: %w", target, err)
-					}
-					n = int64(len(keys))
-					if n == 0 {
-						return nil
-					}
-					args := make([]any, 0, nk+2)
-					for i := range nk {
-						col := make([]any, n)
-						for j := range keys {
-							col[j] = keys[j][i]
-						}
-						args = append(args, col)
-					}
-					args = append(args, seqs, times)
-					if _, err := tx.Exec(ctx, chunk.mark, args...); err != nil {
-						return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
-					}
-					// A writer's cache may hold a version removed (the
-					// latest of a key with nothing current): it reads the
-					// key again.
-					return s.countOutsideWrite(ctx, tx)
-				})
-			})
-			if err != nil {
-				return res, err
-			}
-			res.Keys += n
-			res.Versions += v
-			res.SideRows += sr
-			if n > 0 {
-				res.Chunks++
-				if progress != nil {
-					progress(res)
 				}
 			}
-			if len(cand) < retentionChunk {
+			if pick.last == nil {
 				break
 			}
-			last = cand[len(cand)-1]
+			last = pick.last
 		}
 	}
 	if t.parts != nil {
@@ -246,6 +175,86 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 		}
 	}
 	return res, nil
+}
+
+// retainChunk removes, in one transaction fenced like a writer, what
+// retention removes of the candidate keys cand (text, see
+// retentionStatements) that still qualify, and records their horizon
+// rows; it returns the keys, versions and side rows removed.
+func (s *Sink) retainChunk(ctx context.Context, spec TableSpec, t *table, mark, remove string, horizon time.Time, cand [][]string) (n, v, sr int64, err error) {
+	target := spec.Target
+	nk := len(t.keyIdx)
+	keyArgs := make([]any, 0, nk+1)
+	keyArgs = append(keyArgs, horizon)
+	for i := range nk {
+		col := make([]string, len(cand))
+		for j := range cand {
+			col[j] = cand[j][i]
+		}
+		keyArgs = append(keyArgs, col)
+	}
+	_, err = s.withRetry(ctx, "retention", "removing old versions of "+target, func(ctx context.Context) error {
+		n, v, sr = 0, 0, 0
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if err := s.lockTargetWriters(ctx, tx, spec, []string{target}); err != nil {
+				return err
+			}
+			// Under the lock, the removal checks each candidate again:
+			// what it removes is what the key holds now.
+			rows, err := tx.Query(ctx, remove, keyArgs...)
+			if err != nil {
+				return fmt.Errorf("removing old versions of %s: %w", target, err)
+			}
+			keys := make([][]string, nk)
+			var seqs [][]byte
+			var times []pgtype.Timestamptz
+			for rows.Next() {
+				vals, err := rows.Values()
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				for i := range nk {
+					k, _ := vals[i].(string)
+					keys[i] = append(keys[i], k)
+				}
+				seqs = append(seqs, asBytes(vals[nk]))
+				var at pgtype.Timestamptz
+				switch x := vals[nk+1].(type) {
+				case time.Time:
+					at = pgtype.Timestamptz{Time: x, Valid: true}
+				case pgtype.InfinityModifier:
+					at = pgtype.Timestamptz{InfinityModifier: x, Valid: true}
+				default:
+					rows.Close()
+					return fmt.Errorf("removing old versions of %s: a removed time is %T", target, vals[nk+1])
+				}
+				times = append(times, at)
+				v += vals[nk+2].(int64)
+				sr += vals[nk+3].(int64)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("removing old versions of %s: %w", target, err)
+			}
+			n = int64(len(seqs))
+			if n == 0 {
+				return nil
+			}
+			args := make([]any, 0, nk+2)
+			for i := range nk {
+				args = append(args, keys[i])
+			}
+			args = append(args, seqs, times)
+			if _, err := tx.Exec(ctx, mark, args...); err != nil {
+				return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
+			}
+			// A writer's cache may hold a version removed (the latest
+			// of a key with nothing current): it reads the key again.
+			return s.countOutsideWrite(ctx, tx)
+		})
+	})
+	return n, v, sr, err
 }
 
 // retentionStatements are the statements of a retention chunk.
@@ -278,9 +287,19 @@ func (t *table) retentionSQL() retentionStatements {
 		}
 		return strings.Join(parts, ", ")
 	}
+	// Keys travel as text between statements (a pick and its chunk, a
+	// removal and its horizon rows): every type's text form reads back
+	// as the same value, infinite dates and times included.
+	asText := func(p string) string {
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = p + "." + pgx.Identifier{k}.Sanitize() + "::text"
+		}
+		return strings.Join(parts, ", ")
+	}
 	var after []string
 	for i, kt := range t.keyTypes() {
-		after = append(after, fmt.Sprintf("$%d::%s", i+3, kt))
+		after = append(after, fmt.Sprintf("$%d::text::%s", i+3, kt))
 	}
 	notNull := make([]string, len(keys))
 	for i, k := range keys {
@@ -298,29 +317,36 @@ func (t *table) retentionSQL() retentionStatements {
 			RETURNING %[6]s, CASE WHEN f.s IS NULL OR h.scd_close_seq < f.s THEN greatest(h.scd_seq, h.scd_close_seq) ELSE h.scd_seq END AS scd_seq, h.valid_to AS t),
 		ds AS (DELETE FROM %[3]s e USING f WHERE %[7]s AND (CASE WHEN f.s IS NULL THEN e.scd_t < $1 ELSE e.scd_seq < f.s END)
 			RETURNING %[8]s, e.scd_seq, e.scd_t AS t, e.scd_op = 'h' AS hz)
-		SELECT %[9]s, (array_agg(x.scd_seq ORDER BY x.scd_seq DESC))[1], max(x.t), count(*) FILTER (WHERE x.v), count(*) FILTER (WHERE NOT x.v AND NOT x.hz)
+		SELECT %[10]s, (array_agg(x.scd_seq ORDER BY x.scd_seq DESC))[1], max(x.t), count(*) FILTER (WHERE x.v), count(*) FILTER (WHERE NOT x.v AND NOT x.hz)
 		FROM (SELECT %[6]s, h.scd_seq, h.t, true AS v, false AS hz FROM dv h
 			UNION ALL SELECT %[8]s, e.scd_seq, e.t, false, e.hz FROM ds e) x
 		GROUP BY %[9]s ORDER BY %[9]s`,
-			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"))
+			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"), asText("x"))
 	}
 	var cand []string
 	for i, kt := range t.keyTypes() {
-		cand = append(cand, fmt.Sprintf("$%d::%s[]", i+2, kt))
+		cand = append(cand, fmt.Sprintf("$%d::text[]::%s[]", i+2, kt))
 	}
 	candidates := fmt.Sprintf("SELECT * FROM unnest(%s) AS c(%s)", strings.Join(cand, ", "), kl)
 	fromHist := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s AND h.valid_to < $1)`,
 		candidates, hist, match("h", "c")))
 	fromSide := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE NOT EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s)`,
 		candidates, hist, match("h", "c")))
-	pickHist := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE h.valid_to < $1 AND %[3]s /*after*/ ORDER BY %[1]s LIMIT $2`,
-		kl, hist, strings.Join(notNull, " AND "))
-	pickSide := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s e WHERE e.scd_t < $1 AND e.scd_op <> 'h' AND %[3]s /*after*/
-		AND NOT EXISTS (SELECT 1 FROM %[4]s h WHERE %[5]s) ORDER BY %[1]s LIMIT $2`,
-		prefixed("e"), side, strings.Join(notNull, " AND "), hist, match("h", "e"))
+	// A pick reads the next $2 rows in key order (an index scan that
+	// stops there) and returns each key in them, whether it is a
+	// candidate, and how many of the rows it had.
+	pickHist := fmt.Sprintf(`SELECT %[4]s, bool_or(w.valid_to < $1), count(*)
+		FROM (SELECT %[1]s, h.valid_to FROM %[2]s h WHERE %[3]s /*after*/ ORDER BY %[1]s, h.scd_seq LIMIT $2) w
+		GROUP BY %[1]s ORDER BY %[1]s`,
+		kl, hist, strings.Join(notNull, " AND "), asText("w"))
+	pickSide := fmt.Sprintf(`SELECT %[4]s,
+			CASE WHEN bool_or(w.scd_t < $1 AND w.scd_op <> 'h') THEN NOT EXISTS (SELECT 1 FROM %[5]s h WHERE %[6]s) ELSE false END, count(*)
+		FROM (SELECT %[1]s, e.scd_t, e.scd_op FROM %[2]s e WHERE %[3]s /*after*/ ORDER BY %[1]s, e.scd_seq LIMIT $2) w
+		GROUP BY %[1]s ORDER BY %[1]s`,
+		kl, side, strings.Join(notNull, " AND "), asText("w"), hist, match("h", "w"))
 	var casts []string
 	for i, kt := range t.keyTypes() {
-		casts = append(casts, fmt.Sprintf("$%d::%s[]", i+1, kt))
+		casts = append(casts, fmt.Sprintf("$%d::text[]::%s[]", i+1, kt))
 	}
 	n := len(keys)
 	mark := fmt.Sprintf(`INSERT INTO %s (%s, scd_seq, scd_op, scd_t, scd_hash)
@@ -364,37 +390,70 @@ func (s *Sink) RetainedTargets(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// retentionPick is what one pick found: the candidate keys (as text),
+// and the last key it read when it read a whole window (nil: the table
+// ends inside the window).
+type retentionPick struct {
+	cand [][]string
+	last []string
+}
+
+// retentionWindow is how many rows one retention pick reads.
+var retentionWindow = 50_000
+
 // retentionCandidates runs a retention pick (retentionStatements) of
-// target after the key last (nil: from the first) in a read-only
-// transaction that statement_timeout does not cut: it may scan much of a
-// large table, and it takes no lock a writer or reader waits for.
-func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after string, horizon time.Time, last []any, nk int) ([][]any, error) {
-	var out [][]any
+// target after the key last (nil: from the first) in a short read-only
+// transaction: it reads at most retentionWindow rows. The last key of a
+// full window is a candidate whatever its rows read said, as the rest
+// of its rows are not read; the removal checks it again.
+func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after string, horizon time.Time, last []string, nk int) (retentionPick, error) {
+	var out retentionPick
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
-			return err
-		}
-		q, args := pick, []any{horizon, retentionChunk}
+		out = retentionPick{}
+		q, args := pick, []any{horizon, retentionWindow}
 		if last != nil {
 			q = strings.Replace(q, "/*after*/", after, 1)
-			args = append(args, last...)
+			for _, k := range last {
+				args = append(args, k)
+			}
 		}
 		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
+		read := int64(0)
+		var key []string
+		var isCand bool
 		for rows.Next() {
 			vals, err := rows.Values()
 			if err != nil {
 				return err
 			}
-			out = append(out, vals[:nk])
+			key = make([]string, nk)
+			for i := range nk {
+				key[i], _ = vals[i].(string)
+			}
+			isCand, _ = vals[nk].(bool)
+			if isCand {
+				out.cand = append(out.cand, key)
+			}
+			n, _ := vals[nk+1].(int64)
+			read += n
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if read >= int64(retentionWindow) && key != nil {
+			out.last = key
+			if !isCand {
+				out.cand = append(out.cand, key)
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("finding old versions of %s: %w", target, err)
+		return retentionPick{}, fmt.Errorf("finding old versions of %s: %w", target, err)
 	}
 	return out, nil
 }

@@ -21,6 +21,8 @@ func TestRetention(t *testing.T) {
 	for _, mode := range []sink.DeletesMode{sink.DeletesClose, sink.DeletesNewRecord} {
 		t.Run(string(mode), func(t *testing.T) {
 			defer sink.SetRetentionChunk(2)()
+			// Windows of 3 rows: most keys' rows span two picks.
+			defer sink.SetRetentionWindow(3)()
 			pool := newPool(t)
 			ctx := context.Background()
 			schema := "ret_" + string(mode)
