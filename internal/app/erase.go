@@ -13,6 +13,9 @@ import (
 	"go.uber.org/zap"
 )
 
+// afterEraseRound, when set (tests), is called after each round of Erase.
+var afterEraseRound func(round int)
+
 // EraseRequest is what `scd2sink erase` was asked.
 type EraseRequest struct {
 	Table  string
@@ -45,32 +48,42 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 		return err
 	}
 	// The tables a swap kept for queries still running hold the history
-	// too. A rebuild that swaps while the erasure runs keeps one more: the
-	// list is read again after, and the keys erased again while it grew.
+	// too, as does a rebuild's. A rebuild that starts or swaps while the
+	// erasure runs may have written a key, before the erasure committed,
+	// into a table that did not exist or had another name when it was
+	// listed: the tables are listed again after each round (by oid, which
+	// a rename keeps and a new table does not share), and the keys erased
+	// again while the list changes.
 	var res sink.EraseResult
-	seen := map[string]bool{}
+	seen := map[uint32]bool{}
 	for round := 0; ; round++ {
-		also, err := keptTables(ctx, pool, cfg, req.Table)
+		also, oids, err := keptTables(ctx, pool, cfg, req.Table)
 		if err != nil {
 			return err
 		}
-		grown := false
-		for _, name := range also {
-			grown = grown || !seen[name]
-			seen[name] = true
+		grown := round == 0
+		for _, oid := range oids {
+			grown = grown || !seen[oid]
+			seen[oid] = true
 		}
-		if !grown || round == 5 || (round > 0 && req.Lift) {
+		if !grown || (round > 0 && req.Lift) {
 			break
+		}
+		if round == 5 {
+			return fmt.Errorf("erasing from %s: its tables changed in each of 5 rounds (a rebuild swapping again and again?); the keys are erased from those listed, run erase again once the rebuild is done", req.Table)
 		}
 		r, err := s.Erase(ctx, sink.EraseRequest{Target: req.Table, Keys: req.Keys, Reason: req.Reason, Lift: req.Lift, Also: also,
 			DeadLetterTables: []string{cfg.Sink.DeadLetterTable, cfg.Sink.DeadLetterTable + RebuildSuffix}})
 		if err != nil {
 			return err
 		}
+		if afterEraseRound != nil {
+			afterEraseRound(round)
+		}
 		if round == 0 {
 			res = r
 		} else {
-			log.Warn("a rebuild swapped its table in while the keys were erased: erased again from the table it kept", zap.String("table", req.Table))
+			log.Warn("a rebuild created or swapped a table while the keys were erased: erased again", zap.String("table", req.Table))
 			res.Add(r)
 		}
 	}
@@ -90,25 +103,29 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 }
 
 // keptTables lists the tables that hold target's history besides the
-// live one: a rebuild's table and those swaps kept for running queries.
-func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) ([]string, error) {
-	also := []string{RebuildTarget(target)}
-	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname LIKE $2 OR c.relname LIKE $3)
+// live one and exist: a rebuild's table and those swaps kept for running
+// queries. oids are theirs and the live table's.
+func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) (also []string, oids []uint32, err error) {
+	rows, err := pool.Query(ctx, `SELECT c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname = $2 OR c.relname = $3 OR c.relname LIKE $4 OR c.relname LIKE $5)
 			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
-		cfg.Postgres.Schema, likeEscape(target)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(target)+`\_%`)
+		cfg.Postgres.Schema, target, RebuildTarget(target), likeEscape(target)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(target)+`\_%`)
 	if err != nil {
-		return nil, fmt.Errorf("listing the tables a rebuild kept of %s: %w", target, err)
+		return nil, nil, fmt.Errorf("listing the tables a rebuild kept of %s: %w", target, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
+		var oid uint32
+		if err := rows.Scan(&name, &oid); err != nil {
+			return nil, nil, err
 		}
-		also = append(also, name)
+		oids = append(oids, oid)
+		if name != target {
+			also = append(also, name)
+		}
 	}
-	return also, rows.Err()
+	return also, oids, rows.Err()
 }
 
 func likeEscape(s string) string {
