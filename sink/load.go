@@ -144,23 +144,12 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 	src, args := t.keysSource(keys, 1)
 	// Clamped times grow with the sequence, so the side row with the highest
 	// sequence also has the latest time.
-	last := fmt.Sprintf(`SELECT * FROM %s x WHERE %s ORDER BY x.scd_seq DESC LIMIT 1`, t.hist.Sanitize(), t.keyJoin("x", "k"))
-	if t.parts != nil {
-		// Partitioned: a key's current version, when it has one, is its
-		// latest (verify checks it), and lives in _pcur; only a key
-		// without one needs a probe of every partition of closed
-		// versions. An Append runs its branches in order and stops at
-		// the LIMIT.
-		last = fmt.Sprintf(`SELECT * FROM ((SELECT * FROM %[1]s x WHERE %[2]s AND x.is_current LIMIT 1)
-			UNION ALL (SELECT * FROM (SELECT * FROM %[1]s x WHERE %[2]s AND NOT x.is_current ORDER BY x.scd_seq DESC LIMIT 1) y)) u LIMIT 1`,
-			t.hist.Sanitize(), t.keyJoin("x", "k"))
-	}
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
 			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
 		FROM %s
-		JOIN LATERAL (%s) h ON true
+		JOIN LATERAL (SELECT * FROM %s x WHERE %s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, last,
+		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"),
 		t.side.Sanitize(), t.keyJoin("e", "k"))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {

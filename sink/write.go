@@ -177,11 +177,16 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
 		args = append(args, column(len(vs), func(i int) any { return w.boxes.Time(vs[i].to) }),
 			column(len(vs), func(i int) any { return w.boxes.Bytes(vs[i].closeSeq) }))
-		// Only a key's open version is closed here (appendKey): is_current
-		// lets a partitioned table's plan touch only its current
-		// versions' partition instead of probing every partition.
-		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq AND h.is_current",
-			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"))
+		cur := ""
+		if t.parts != nil {
+			// Only a key's open version is closed here (appendKey), and
+			// in a partitioned table it is in the current versions'
+			// partition (a closed row cannot have a NULL valid_to): the
+			// plan touches that one instead of probing every partition.
+			cur = " AND h.is_current"
+		}
+		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq%s",
+			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"), cur)
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
