@@ -643,7 +643,7 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 		}
 	}
 	if n > MaxViolationsListed {
-		out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "-",
+		out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "-", More: int64(n - MaxViolationsListed),
 			Info: fmt.Sprintf("%d more erased keys with versions not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
 	}
 	return out, rows.Err()

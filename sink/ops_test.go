@@ -102,7 +102,7 @@ func TestVerifyListsAtMostAThousand(t *testing.T) {
 	if len(vs) != sink.MaxViolationsListed+1 {
 		t.Fatalf("%d violations listed, want %d and one that counts the rest", len(vs), sink.MaxViolationsListed+1)
 	}
-	if last := vs[len(vs)-1]; last.Check != "is_current disagrees with valid_to" || !strings.HasPrefix(last.Info, "5 more violations") {
+	if last := vs[len(vs)-1]; last.Check != "is_current disagrees with valid_to" || !strings.HasPrefix(last.Info, "5 more violations") || last.More != 5 {
 		t.Fatalf("last violation %v, want the count of the 5 not listed", last)
 	}
 }

@@ -13,6 +13,10 @@ type Violation struct {
 	Check string // which invariant
 	Key   string // the business key, as a JSON array
 	Info  string // the offending versions
+	// More, on the last violation of a check that had more than
+	// MaxViolationsListed, is how many were not listed; that line stands
+	// for them and is not one itself.
+	More int64
 }
 
 // String formats the violation for people.
@@ -191,7 +195,7 @@ func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, s
 			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
 		}
 		if n > MaxViolationsListed {
-			*out = append(*out, Violation{Table: hist, Check: c.name, Key: "-",
+			*out = append(*out, Violation{Table: hist, Check: c.name, Key: "-", More: int64(n - MaxViolationsListed),
 				Info: fmt.Sprintf("%d more violations of this check not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
 		}
 	}

@@ -451,8 +451,12 @@ func Verify(ctx context.Context, cfg *config.Config, out io.Writer) (int, error)
 		}
 		for _, v := range vs {
 			fmt.Fprintln(out, v.String())
+			if v.More > 0 {
+				n += int(v.More) // a line that counts those not listed
+			} else {
+				n++
+			}
 		}
-		n += len(vs)
 		if len(vs) == 0 {
 			fmt.Fprintf(out, "%s: ok\n", t.Target)
 		}
