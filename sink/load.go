@@ -141,61 +141,37 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 	if len(keys) == 0 {
 		return out, nil
 	}
-	src, args := t.keysSource(keys, 1)
-	// Clamped times grow with the sequence, so the side row with the highest
-	// sequence also has the latest time.
-	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
-			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
-		FROM %s
-		JOIN LATERAL (SELECT * FROM %s x WHERE %s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
-		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"),
-		t.side.Sanitize(), t.keyJoin("e", "k"))
-	rows, err := tx.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	all := make([]int, len(keys))
+	for i := range all {
+		all[i] = i
 	}
-	defer rows.Close()
-	n := len(t.cols)
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
+	pending := all
+	if t.parts != nil {
+		// Partitioned: a key's current version, when it has one, is its
+		// latest (the fold opens versions in sequence order and only the
+		// last is open), and lives in _pcur. Only the keys without one
+		// need a probe of every partition of closed versions.
+		if err := t.readLatest(ctx, tx, keys, pending, out, true); err != nil {
 			return nil, err
 		}
-		ord := vals[0].(int64) - 1
-		v, err := t.scanVersion(vals, 1)
-		if err != nil {
+		pending = withoutVersion(out, pending)
+	}
+	if len(pending) > 0 {
+		if err := t.readLatest(ctx, tx, keys, pending, out, false); err != nil {
 			return nil, err
 		}
-		v.row = vals[rowAt : rowAt+n]
-		t.normalizeRow(v.row)
-		l := &out[ord]
-		l.v = v
-		if s := asBytes(vals[rowAt+n]); s != nil {
-			l.sideMaxSeq = change.Seq(s)
-		}
-		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
-			l.sideMaxT = &mt
-		}
-		l.openerSaved, _ = vals[rowAt+2+n].(bool)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
 	}
 	// Keys with only side rows (say, deletes of never-seen rows).
-	var missing []*keyPlan
-	var idx []int
-	for i := range out {
-		if out[i].v == nil {
-			missing = append(missing, keys[i])
-			idx = append(idx, i)
-		}
-	}
-	if len(missing) == 0 {
+	idx := withoutVersion(out, pending)
+	if len(idx) == 0 {
 		return out, nil
 	}
-	src, args = t.keysSource(missing, 1)
-	q = fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
+	missing := make([]*keyPlan, len(idx))
+	for j, i := range idx {
+		missing[j] = keys[i]
+	}
+	src, args := t.keysSource(missing, 1)
+	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
 		JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
 		src, t.side.Sanitize(), t.keyJoin("e", "k"))
 	rows2, err := tx.Query(ctx, q, args...)
@@ -214,6 +190,72 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]l
 		l.sideMaxSeq, l.sideMaxT = seq, &mt
 	}
 	return out, rows2.Err()
+}
+
+// withoutVersion returns the indexes among idx whose out has no version.
+func withoutVersion(out []latest, idx []int) []int {
+	var rest []int
+	for _, i := range idx {
+		if out[i].v == nil {
+			rest = append(rest, i)
+		}
+	}
+	return rest
+}
+
+// readLatest reads into out[i], for the keys keys[i] of idx, the latest
+// version (onlyCurrent: the current one) and the side-table summary.
+func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []latest, onlyCurrent bool) error {
+	sub := make([]*keyPlan, len(idx))
+	for j, i := range idx {
+		sub[j] = keys[i]
+	}
+	src, args := t.keysSource(sub, 1)
+	cur := ""
+	if onlyCurrent {
+		cur = " AND x.is_current"
+	}
+	// Clamped times grow with the sequence, so the side row with the highest
+	// sequence also has the latest time.
+	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
+			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
+		FROM %s
+		JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
+		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
+		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"), cur,
+		t.side.Sanitize(), t.keyJoin("e", "k"))
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	n := len(t.cols)
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return err
+		}
+		ord := vals[0].(int64) - 1
+		v, err := t.scanVersion(vals, 1)
+		if err != nil {
+			return err
+		}
+		v.row = vals[rowAt : rowAt+n]
+		t.normalizeRow(v.row)
+		l := &out[idx[ord]]
+		l.v = v
+		if s := asBytes(vals[rowAt+n]); s != nil {
+			l.sideMaxSeq = change.Seq(s)
+		}
+		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
+			l.sideMaxT = &mt
+		}
+		l.openerSaved, _ = vals[rowAt+2+n].(bool)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	return nil
 }
 
 // history is what the table holds for one key: everything, or (from set)
