@@ -30,16 +30,23 @@ const sizeVersionsPerKey = 10
 // month) and each size in BENCH_SIZES (default 1,000,000 and 10,000,000
 // versions; 0, the empty table, always runs first), it preloads the table,
 // then applies the workload of BenchmarkApply ("mixed": 200,000 events on
-// 50,000 keys spread over the whole key space, 10% Type 1 changes) through
-// a fresh sink, as a restarted process would, and reports:
-//   - events/s and its ratio to the empty table's rate in the same run;
+// 50,000 keys, 10% Type 1 changes) through a fresh sink, as a restarted
+// process would, twice: on new keys spread among the preloaded ones, and
+// (when the table has 50,000 keys) on preloaded keys spread over the key
+// space. It reports:
+//   - events/s of each, and their ratio to the empty table's (new keys)
+//     or the smallest preloaded table's (existing keys) in the same run;
+//   - PostgreSQL's own rates on the same table, in transactions rolled
+//     back (pgOwnRates), and their ratios likewise: what the table's size
+//     costs PostgreSQL itself;
 //   - the table's and its indexes' size;
-//   - verify's time and the peak of this process's Go heap and RSS while
-//     it runs (verify streams: what it holds does not grow with the table);
+//   - verify's time and how much this process's Go heap and RSS grew
+//     while it ran (verify streams: what it holds does not grow with the
+//     table);
 //   - _as_of: the mean time of one key's versions at a point in time, and
 //     of counting the whole table's versions at that time.
 //
-// Preloading: a template of 10,000 keys (even ids) × 10 versions is
+// Preloading: a template of 10,000 keys (ids multiples of 4) × 10 versions is
 // applied through the sink, then copied with shifted keys by INSERT …
 // SELECT in time order, 10,000 keys at a time (the copies' scd_hash is the
 // template's: only an event at a version's own sequence compares it; their
@@ -65,23 +72,27 @@ func BenchmarkSize(b *testing.B) {
 	pool := benchPool(b)
 	for _, layout := range []struct{ name, interval string }{{"plain", ""}, {"partitioned", "month"}} {
 		b.Run(layout.name, func(b *testing.B) {
-			var empty, smallest float64
+			var empty, smallest sizeResult
 			for _, size := range sizes {
 				b.Run(fmt.Sprintf("versions=%d", size), func(b *testing.B) {
 					for iter := 0; iter < b.N; iter++ {
 						r := benchSize(b, pool, layout.interval, size, fmt.Sprintf("size_%s_%d_%d", layout.name, size, iter))
 						if size == 0 {
-							empty = r.newEPS
-						} else if empty > 0 {
-							b.ReportMetric(r.newEPS/empty, "ratio_to_empty")
-							b.Logf("%s, %d versions, new keys: %.0f events/s, %.2f of the empty table's %.0f", layout.name, size, r.newEPS, r.newEPS/empty, empty)
+							empty = r
+						} else if empty.newEPS > 0 {
+							b.ReportMetric(r.newEPS/empty.newEPS, "ratio_to_empty")
+							b.ReportMetric(r.pgInsert/empty.pgInsert, "pg_insert_ratio_to_empty")
+							b.Logf("%s, %d versions, new keys: %.0f events/s, %.2f of the empty table's %.0f; PostgreSQL's INSERT alone: %.2f of the empty table's",
+								layout.name, size, r.newEPS, r.newEPS/empty.newEPS, empty.newEPS, r.pgInsert/empty.pgInsert)
 						}
 						if r.existingEPS > 0 {
-							if smallest == 0 {
-								smallest = r.existingEPS
+							if smallest.existingEPS == 0 {
+								smallest = r
 							}
-							b.ReportMetric(r.existingEPS/smallest, "existing_ratio_to_smallest")
-							b.Logf("%s, %d versions, existing keys: %.0f events/s, %.2f of the smallest table's %.0f", layout.name, size, r.existingEPS, r.existingEPS/smallest, smallest)
+							b.ReportMetric(r.existingEPS/smallest.existingEPS, "existing_ratio_to_smallest")
+							b.ReportMetric(r.pgClose/smallest.pgClose, "pg_close_ratio_to_smallest")
+							b.Logf("%s, %d versions, existing keys: %.0f events/s, %.2f of the smallest table's %.0f; PostgreSQL's close alone: %.2f of the smallest table's",
+								layout.name, size, r.existingEPS, r.existingEPS/smallest.existingEPS, smallest.existingEPS, r.pgClose/smallest.pgClose)
 						}
 					}
 				})
@@ -91,8 +102,15 @@ func BenchmarkSize(b *testing.B) {
 }
 
 // sizeResult is what benchSize measured: events/s of the workload on new
-// keys and (0 when the table has too few keys) on existing ones.
-type sizeResult struct{ newEPS, existingEPS float64 }
+// keys and (0 when the table has too few keys) on existing ones, and the
+// least SQL's rates on the same table.
+type sizeResult struct {
+	newEPS, existingEPS float64
+	// PostgreSQL's own rates on the same table (rows/s): inserting the
+	// rows the "new" workload wrote, and closing one current version per
+	// key of 50,000 preloaded keys (0 when too few).
+	pgInsert, pgClose float64
+}
 
 // benchSize preloads a table of size versions in schema, applies the
 // workloads and measures.
@@ -132,22 +150,32 @@ func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, sche
 			e.Key[0], e.After["id"] = id, id
 			e.Seq = change.MustSeq(int64(10_000_000 + i + 1))
 		}
+		statements := os.Getenv("BENCH_STATEMENTS") != ""
+		if statements {
+			if _, err := pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+				b.Fatalf("BENCH_STATEMENTS needs pg_stat_statements: %v", err)
+			}
+		}
 		b.StartTimer()
 		start := time.Now()
 		events := applyPipelined(b, s, "bench_"+mode, evs)
 		dur := time.Since(start)
 		b.StopTimer()
+		if statements {
+			logStatements(b, pool)
+		}
 		eps := float64(events) / dur.Seconds()
 		b.Logf("%s keys: %d events in %s, %.0f events/s", mode, events, dur.Round(time.Millisecond), eps)
 		return eps
 	}
-	// Preloaded keys are even, new ones odd: both spread over the key
-	// space (a new key's index entry lands among the old ones').
+	// Preloaded keys are multiples of 4, new ones 1 more: both spread
+	// over the key space (a new key's index entry lands among the old
+	// ones'). PostgreSQL's own cost is measured on keys 3 more (below).
 	stride := max(1, keys/benchKeys)
-	res := sizeResult{newEPS: run("new", func(k int) int { return 2*k*stride + 1 })}
+	res := sizeResult{newEPS: run("new", func(k int) int { return 4*k*stride + 1 })}
 	b.ReportMetric(res.newEPS, "events/s")
 	if keys >= benchKeys {
-		res.existingEPS = run("existing", func(k int) int { return 2 * k * stride })
+		res.existingEPS = run("existing", func(k int) int { return 4 * k * stride })
 		b.ReportMetric(res.existingEPS, "existing_events/s")
 	}
 
@@ -203,7 +231,7 @@ func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, sche
 	kstart := time.Now()
 	for range probes {
 		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+asOf+`($1) WHERE id = $2`, at, 2*rng.IntN(max(keys, benchKeys))).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+asOf+`($1) WHERE id = $2`, at, 4*rng.IntN(max(keys, benchKeys))).Scan(&n); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -219,7 +247,85 @@ func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, sche
 	b.Logf("%d rows (table %d MiB, indexes %d MiB); verify %s (Go heap +%d MiB, RSS +%d MiB); _as_of one key %s, whole table %s (%d rows)",
 		rows, tableBytes>>20, indexBytes>>20, vdur.Round(time.Millisecond),
 		(peakHeap-min(peakHeap, baseHeap))>>20, rss>>20, keyDur.Round(time.Microsecond), tableDur.Round(time.Millisecond), live)
+	res.pgInsert, res.pgClose = pgOwnRates(b, pool, schema, hist, stride, keys >= benchKeys)
 	return res
+}
+
+// logStatements logs the statements that took the most time since
+// pg_stat_statements was reset (BENCH_STATEMENTS=1, with the extension
+// loaded, e.g. SCD2SINK_TEST_DSN pointing at such a server).
+func logStatements(b *testing.B, pool *pgxpool.Pool) {
+	b.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT round(total_exec_time)::bigint, calls, shared_blks_hit, shared_blks_read,
+		left(regexp_replace(query, '\s+', ' ', 'g'), 140) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ms, calls, hit, read int64
+		var q string
+		if err := rows.Scan(&ms, &calls, &hit, &read, &q); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("  %6d ms %5d calls %9d hit %8d read  %s", ms, calls, hit, read, q)
+	}
+}
+
+// pgOwnRates measures, in transactions rolled back, what PostgreSQL alone
+// does with the table: an INSERT … SELECT of the rows the "new" workload
+// wrote (keys 4·k·stride+1), moved to keys of their own among the
+// preloaded ones (not next to the workload's: 4·(k·stride+stride/2)+3),
+// and (withClose) an UPDATE that closes the current version of 50,000
+// preloaded keys (4·(k·stride+stride/2)), as the least SQL of a workload
+// on new and on existing keys does. It returns rows/s of each.
+func pgOwnRates(b *testing.B, pool *pgxpool.Pool, schema, hist string, stride int, withClose bool) (insert, closes float64) {
+	b.Helper()
+	ctx := context.Background()
+	newIDs := make([]int64, benchKeys)
+	other := make([]int64, benchKeys)
+	for k := range benchKeys {
+		newIDs[k] = int64(4*k*stride + 1)
+		other[k] = int64(4 * (k*stride + stride/2))
+	}
+	probe := pgx.Identifier{schema, "pg_probe"}.Sanitize()
+	var cols []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(quote_ident(attname) ORDER BY attnum) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attname <> 'scd_id'`, hist).Scan(&cols); err != nil {
+		b.Fatal(err)
+	}
+	list := strings.Join(cols, ", ")
+	// In random key order, as the sink's batches come: rows in key order
+	// would walk the index's leaves in order.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s AS SELECT %s FROM %s WHERE id = ANY($1::bigint[]) ORDER BY random()`, probe, list, hist), newIDs); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET id = id + %d`, probe, 4*(stride/2)+2)); err != nil {
+		b.Fatal(err)
+	}
+	rand.New(rand.NewPCG(5, 6)).Shuffle(len(other), func(i, j int) { other[i], other[j] = other[j], other[i] })
+	timed := func(q string, args ...any) float64 {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		start := time.Now()
+		tag, err := tx.Exec(ctx, q, args...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return float64(tag.RowsAffected()) / time.Since(start).Seconds()
+	}
+	insert = timed(fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, hist, list, list, probe))
+	b.ReportMetric(insert, "pg_insert_rows/s")
+	if withClose {
+		closes = timed(fmt.Sprintf(`UPDATE %s h SET valid_to = $2, is_current = false FROM unnest($1::bigint[]) AS k(id) WHERE h.id = k.id AND h.is_current`, hist),
+			other, time.Date(2026, 1, 1, 0, 30, 0, 0, time.UTC))
+		b.ReportMetric(closes, "pg_close_rows/s")
+	}
+	b.Logf("PostgreSQL alone: INSERT … SELECT of the new keys' rows %.0f rows/s; a close of 50,000 current versions %.0f rows/s", insert, closes)
+	return insert, closes
 }
 
 // applyPipelined applies evs in batches of benchBatch, preparing the next
@@ -253,7 +359,7 @@ func applyPipelined(b *testing.B, s *sink.Sink, topic string, evs []*change.Even
 }
 
 // preload fills spec's history table with keys keys of
-// sizeVersionsPerKey versions each (ids 0, 2, … 2·keys-2): a template
+// sizeVersionsPerKey versions each (ids 0, 4, … 4·keys-4): a template
 // applied through the sink, copied in time order.
 func preload(b *testing.B, pool *pgxpool.Pool, spec sink.TableSpec, keys int) {
 	b.Helper()
@@ -275,7 +381,7 @@ func preload(b *testing.B, pool *pgxpool.Pool, spec sink.TableSpec, keys int) {
 			if v == 0 {
 				op = change.OpCreate
 			}
-			id := json.Number(strconv.Itoa(2 * k))
+			id := json.Number(strconv.Itoa(4 * k))
 			evs = append(evs, &change.Event{Table: spec.Target, Key: []any{id}, Seq: change.MustSeq(int64(v*template + k + 1)), Op: op,
 				ValidFrom: base.Add(time.Duration(v)*60*24*time.Hour + time.Duration(k)*time.Second),
 				After:     map[string]any{"id": id, "name": fmt.Sprintf("customer %d", k), "plan": plans[(k+v)%4], "city": "Wien", "score": json.Number(strconv.Itoa(v))},
@@ -309,9 +415,9 @@ func preload(b *testing.B, pool *pgxpool.Pool, spec sink.TableSpec, keys int) {
 	// In time order, as a table fills: a key's versions are on as many
 	// pages as it has versions.
 	copyStmt := fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s WHERE id < %d ORDER BY scd_seq, id`,
-		hist, strings.Join(quoteAll(cols), ", "), strings.Join(sel, ", "), hist, 2*template)
+		hist, strings.Join(quoteAll(cols), ", "), strings.Join(sel, ", "), hist, 4*template)
 	for m := 1; m*template < keys; m++ {
-		if _, err := pool.Exec(ctx, copyStmt, 2*m*template); err != nil {
+		if _, err := pool.Exec(ctx, copyStmt, 4*m*template); err != nil {
 			b.Fatalf("copying the template: %v", err)
 		}
 	}
