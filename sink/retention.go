@@ -199,6 +199,9 @@ func (s *Sink) retainChunk(ctx context.Context, spec TableSpec, t *table, mark, 
 			if err := s.lockTargetWriters(ctx, tx, spec, []string{target}); err != nil {
 				return err
 			}
+			if _, err := tx.Exec(ctx, keysAsTextSettings); err != nil {
+				return err
+			}
 			// Under the lock, the removal checks each candidate again:
 			// what it removes is what the key holds now.
 			rows, err := tx.Query(ctx, remove, keyArgs...)
@@ -330,8 +333,9 @@ func (t *table) retentionSQL() retentionStatements {
 	candidates := fmt.Sprintf("SELECT * FROM unnest(%s) AS c(%s)", strings.Join(cand, ", "), kl)
 	fromHist := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s AND h.valid_to < $1)`,
 		candidates, hist, match("h", "c")))
-	fromSide := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE NOT EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s)`,
-		candidates, hist, match("h", "c")))
+	fromSide := body(fmt.Sprintf(`SELECT c.* FROM (%[1]s) c WHERE NOT EXISTS (SELECT 1 FROM %[2]s h WHERE %[3]s)
+		AND EXISTS (SELECT 1 FROM %[4]s e WHERE %[5]s AND e.scd_t < $1 AND e.scd_op <> 'h')`,
+		candidates, hist, match("h", "c"), side, match("e", "c")))
 	// A pick reads the next $2 rows in key order (an index scan that
 	// stops there) and returns each key in them, whether it is a
 	// candidate, and how many of the rows it had.
@@ -398,6 +402,12 @@ type retentionPick struct {
 	last []string
 }
 
+// keysAsTextSettings makes the text form of keys read back as the same
+// values whatever the session's defaults (a DateStyle with zone
+// abbreviations, fewer float digits).
+const keysAsTextSettings = `SELECT set_config('DateStyle', 'ISO', true), set_config('extra_float_digits', '3', true),
+	set_config('IntervalStyle', 'postgres', true)`
+
 // retentionWindow is how many rows one retention pick reads.
 var retentionWindow = 50_000
 
@@ -410,6 +420,9 @@ func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after stri
 	var out retentionPick
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		out = retentionPick{}
+		if _, err := tx.Exec(ctx, keysAsTextSettings); err != nil {
+			return err
+		}
 		q, args := pick, []any{horizon, retentionWindow}
 		if last != nil {
 			q = strings.Replace(q, "/*after*/", after, 1)
