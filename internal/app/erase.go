@@ -51,25 +51,26 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 	// too, as does a rebuild's. A rebuild that starts or swaps while the
 	// erasure runs may have written a key, before the erasure committed,
 	// into a table that did not exist or had another name when it was
-	// listed: the tables are listed again after each round (by oid, which
-	// a rename keeps and a new table does not share), and the keys erased
-	// again while the list changes.
+	// listed: the tables are listed again after each round (by oid and
+	// name: a new table, and a swap's renames, change the list), and the
+	// keys erased again while the list changes.
 	var res sink.EraseResult
-	seen := map[uint32]bool{}
+	seen := map[string]bool{}
 	for round := 0; ; round++ {
-		also, oids, err := keptTables(ctx, pool, cfg, req.Table)
+		also, ids, err := keptTables(ctx, pool, cfg, req.Table)
 		if err != nil {
 			return err
 		}
 		grown := round == 0
-		for _, oid := range oids {
-			grown = grown || !seen[oid]
-			seen[oid] = true
+		for _, id := range ids {
+			grown = grown || !seen[id]
+			seen[id] = true
 		}
 		if !grown || (round > 0 && req.Lift) {
 			break
 		}
 		if round == 5 {
+			printErased(out, req, res)
 			return fmt.Errorf("erasing from %s: its tables changed in each of 5 rounds (a rebuild swapping again and again?); the keys are erased from those listed, run erase again once the rebuild is done", req.Table)
 		}
 		r, err := s.Erase(ctx, sink.EraseRequest{Target: req.Table, Keys: req.Keys, Reason: req.Reason, Lift: req.Lift, Also: also,
@@ -87,6 +88,12 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 			res.Add(r)
 		}
 	}
+	printErased(out, req, res)
+	return nil
+}
+
+// printErased prints one line per key erased (or lifted), by its hash.
+func printErased(out io.Writer, req EraseRequest, res sink.EraseResult) {
 	for _, e := range res.Keys {
 		if req.Lift {
 			fmt.Fprintf(out, "%s: erasure of key %s lifted: its events are stored again\n", req.Table, e.Hash[:16])
@@ -99,13 +106,12 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 		fmt.Fprintf(out, "%s: %d dead letters of the table have a key that could not be read (a record never decoded, a binary key); look at them: ids %s\n",
 			req.Table, n, joinIDs(res.UnreadDeadLetters, 20))
 	}
-	return nil
 }
 
 // keptTables lists the tables that hold target's history besides the
 // live one and exist: a rebuild's table and those swaps kept for running
-// queries. oids are theirs and the live table's.
-func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) (also []string, oids []uint32, err error) {
+// queries. ids name them and the live table, by oid and name.
+func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) (also, ids []string, err error) {
 	rows, err := pool.Query(ctx, `SELECT c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname = $2 OR c.relname = $3 OR c.relname LIKE $4 OR c.relname LIKE $5)
 			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
@@ -120,12 +126,12 @@ func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, tar
 		if err := rows.Scan(&name, &oid); err != nil {
 			return nil, nil, err
 		}
-		oids = append(oids, oid)
+		ids = append(ids, fmt.Sprintf("%d %s", oid, name))
 		if name != target {
 			also = append(also, name)
 		}
 	}
-	return also, oids, rows.Err()
+	return also, ids, rows.Err()
 }
 
 func likeEscape(s string) string {

@@ -20,9 +20,9 @@ import (
 
 // TestEraseMeetsANewRebuildTable: a rebuild that creates its table while
 // an erasure runs, and writes the key into it before the erasure commits,
-// is met by the next round (the list is compared by oid, not by name),
-// and a table list that keeps changing ends in an error, not a silent
-// success.
+// is met by the next round, as is a swap's rename (the list is compared
+// by oid and name), and a table list that keeps changing ends in an
+// error, not a silent success.
 func TestEraseMeetsANewRebuildTable(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
@@ -111,5 +111,28 @@ tables:
 			t.Fatal("erase succeeded although its tables changed in every round")
 		}
 		t.Log(err)
+	})
+
+	t.Run("a swap renames the tables after the first round", func(t *testing.T) {
+		// The swap came between the round's listing and its erasure: the
+		// live table it renamed away still holds the key.
+		afterEraseRound = func(round int) {
+			if round != 0 {
+				return
+			}
+			if _, err := pool.Exec(ctx, `INSERT INTO cust_history OVERRIDING SYSTEM VALUE SELECT * FROM held;
+				ALTER TABLE cust_history RENAME TO cust_history__replaced_swap;
+				ALTER TABLE cust_history__rebuild RENAME TO cust_history`); err != nil {
+				t.Error(err)
+			}
+		}
+		t.Cleanup(func() { afterEraseRound = nil })
+		var out bytes.Buffer
+		if err := Erase(ctx, cfg, Options{}, EraseRequest{Table: "cust_history", Keys: [][]string{{"1"}}, Reason: "test"}, &out); err != nil {
+			t.Fatal(err)
+		}
+		if n := count("cust_history__replaced_swap"); n != 0 {
+			t.Fatalf("key 1 has %d versions in the table the swap renamed away", n)
+		}
 	})
 }
