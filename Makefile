@@ -29,7 +29,7 @@ lint:
 # run, as a ratio. BenchmarkApply: the engine (sink) alone; BenchmarkPipeline:
 # the real binary from an in-process Kafka to the history table, with its peak RSS.
 # BenchmarkSize: the cost of a history table of BENCH_SIZES versions (about
-# an hour with 50 M, and 40 GB of disk); BenchmarkRebuild: rebuild's time.
+# 25 minutes with 50 M, and 30 GB of disk); BenchmarkRebuild: rebuild's time.
 BENCH_SIZES ?= 1000000,10000000,50000000
 bench:
 	$(GO) test -run '^$$' -bench 'BenchmarkApply|BenchmarkGrowth' -benchtime 1x -timeout 30m ./sink/
