@@ -206,7 +206,7 @@ func TestBadValues(t *testing.T) {
 		{"empty sequence path", minimal + "    sequence_by: [\"\"]\n", "tables[0].sequence_by[0]"},
 		{"scope", minimal + "    type1_scope: some\n", "tables[0].type1_scope"},
 		{"deletes", minimal + "    deletes: purge\n", "tables[0].deletes"},
-		{"partition by", minimal + "    partitioning: {by: valid_from}\n", "tables[0].partitioning.by"},
+		{"partition by", minimal + "    partitioning: {by: scd_seq}\n", "tables[0].partitioning.by"},
 		{"partition interval", minimal + "    partitioning: {interval: week}\n", "tables[0].partitioning.interval"},
 		{"partition ahead", minimal + "    partitioning: {ahead: -1}\n", "tables[0].partitioning.ahead"},
 		{"partition key", minimal + "    partitioning: {every: month}\n", "every"},
@@ -341,5 +341,17 @@ func TestPartitioningDefaults(t *testing.T) {
 	p := c.Tables[0].Partitioning
 	if p == nil || p.By != "valid_to" || p.Interval != "month" || *p.Ahead != 3 {
 		t.Errorf("partitioning defaults: %+v", p)
+	}
+}
+
+// TestPartitioningByValidFrom: DESIGN's example, by: valid_from, is
+// accepted (run serves it as valid_to and warns).
+func TestPartitioningByValidFrom(t *testing.T) {
+	c, err := Parse([]byte(minimal+"    partitioning: {by: valid_from, interval: month}\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Tables[0].Partitioning; p == nil || p.By != "valid_from" || p.Interval != "month" {
+		t.Errorf("partitioning: %+v", p)
 	}
 }

@@ -370,8 +370,12 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 			if p.By == "" {
 				p.By = "valid_to"
 			}
-			if p.By != "valid_to" {
-				return errf(key("partitioning.by"), "%q: only valid_to (a closed version's partition is that of its end, so a partition before a retention horizon holds nothing that is kept; current versions live in a partition of their own)", p.By)
+			// valid_from is accepted and served as valid_to (run warns):
+			// current versions live in a partition of their own, closed
+			// ones in that of their end, so a partition before a
+			// retention horizon holds nothing that is kept.
+			if p.By != "valid_to" && p.By != "valid_from" {
+				return errf(key("partitioning.by"), "%q: valid_to (a closed version's partition is that of its end, so a partition before a retention horizon holds nothing that is kept; current versions live in a partition of their own)", p.By)
 			}
 			if p.Interval == "" {
 				p.Interval = "month"

@@ -247,6 +247,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	metrics := consumer.NewMetrics(reg)
 	health := &consumer.Health{}
 
+	for _, t := range cfg.Tables {
+		if p := t.Partitioning; p != nil && p.By == "valid_from" {
+			log.Warn("partitioning.by: valid_from is served as scd2sink partitions every history table: current versions in one partition, "+
+				"closed versions by the interval of their valid_to (a partition by valid_from would hold current versions in every old interval, "+
+				"and retention could never drop it); write by: valid_to", zap.String("table", t.Target))
+		}
+	}
 	router := config.NewRouter(cfg)
 	if err := checkTopics(ctx, cfg, opts, router, log); err != nil {
 		return err
