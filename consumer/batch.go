@@ -53,13 +53,26 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// the applier is busy it grows (group commit) and is prepared and
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
-	old := n > 0 && time.Since(c.since) >= c.cfg.BatchMaxWait
+	old := n > 0 && time.Since(c.since) >= c.maxWait()
 	due := n >= c.cfg.BatchMaxEvents || c.pendBytes+c.deadBytes() >= c.cfg.BatchMaxBytes/3 || (old && c.applier.jobsIdle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
 		return nil
 	}
 	return c.flush(ctx, c.interrupted)
+}
+
+// maxWait is how old a batch must be to go to an idle applier:
+// batch_max_wait, or the reorder window when that is shorter. Released
+// events have waited out the window, the one delay the contract asks
+// for: a trickle, the tail of a backlog or the first batch after a start
+// goes as soon as it is released instead of batch_max_wait after its
+// first event. Under load the applier is busy and batches grow as before.
+func (c *Consumer) maxWait() time.Duration {
+	if w := c.cfg.ReorderWindow; w > 0 && w < c.cfg.BatchMaxWait {
+		return w
+	}
+	return c.cfg.BatchMaxWait
 }
 
 // deadBytes is the memory the pending dead letters hold (copies of their
