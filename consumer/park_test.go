@@ -365,8 +365,17 @@ func parkScenario(t *testing.T, n int) {
 			t.Errorf("%s differs from what the changes say:\n%s", specs[i].Target, d)
 		}
 	}
-	if why := health.Waiting(); strings.Contains(why, "parked") {
-		t.Errorf("still parked after catching up: %s", why)
+	// The parking ends on the poll loop's next pass after the probe that
+	// applied committed: shortly after the offsets show it.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		why := health.Waiting()
+		if !strings.Contains(why, "parked") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("still parked 5 s after catching up: %s", why)
+			break
+		}
 	}
 }
 
