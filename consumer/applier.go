@@ -134,7 +134,11 @@ func (a *applier) applyOne(ctx context.Context, j job) {
 		a.mu.Unlock()
 		cancel()
 	}()
+	start := time.Now()
 	applied, err := a.c.applyJob(jctx, j)
+	if ce := a.c.log.Check(zap.DebugLevel, "batch applied"); ce != nil {
+		ce.Write(zap.Int("events", j.events), zap.Int("partitions", len(j.offsets)), zap.Duration("took", time.Since(start)), zap.Error(err))
+	}
 	abandoned := j.gen != a.gen.Load()
 	switch {
 	case abandoned:

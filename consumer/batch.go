@@ -53,7 +53,7 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	// the applier is busy it grows (group commit) and is prepared and
 	// queued behind the running one when it is half full, so that the
 	// applier finds it ready; while one is queued it waits.
-	old := n > 0 && time.Since(c.since) >= c.maxWait()
+	old := n > 0 && c.old(time.Now())
 	due := n >= c.cfg.BatchMaxEvents || c.pendBytes+c.deadBytes() >= c.cfg.BatchMaxBytes/3 || (old && c.applier.jobsIdle()) ||
 		(old && !c.applier.queued() && n >= c.cfg.BatchMaxEvents/2)
 	if !due && !force && !c.commitStale() {
@@ -62,17 +62,40 @@ func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
 	return c.flush(ctx, c.interrupted)
 }
 
-// maxWait is how old a batch must be to go to an idle applier:
-// batch_max_wait, or the reorder window when that is shorter. Released
-// events have waited out the window, the one delay the contract asks
-// for: a trickle, the tail of a backlog or the first batch after a start
-// goes as soon as it is released instead of batch_max_wait after its
-// first event. Under load the applier is busy and batches grow as before.
-func (c *Consumer) maxWait() time.Duration {
+// old reports whether the pending batch is old enough to go to an idle
+// applier: its oldest item is batch_max_wait old; or, when the reorder
+// window is shorter than batch_max_wait, its oldest item waited out the
+// window and the last batch was handed over at least coalesce ago (so
+// that a steady trickle still makes batches of coalesce's worth of
+// releases, at most 1/coalesce transactions a second, not one per poll). What this changes
+// is the trickle, the tail of a backlog and the first batch after a
+// start: they are applied about the window after their first event
+// instead of batch_max_wait. Under load the applier is busy and batches
+// grow as before. Events the window does not hold (no key, dead letters,
+// a full buffer's early release) wait that long too, which is harmless.
+func (c *Consumer) old(now time.Time) bool { return !now.Before(c.oldAt()) }
+
+// oldAt is when the pending batch becomes old (see old); the poll loop
+// wakes then (pollWait).
+func (c *Consumer) oldAt() time.Time {
+	at := c.since.Add(c.cfg.BatchMaxWait)
 	if w := c.cfg.ReorderWindow; w > 0 && w < c.cfg.BatchMaxWait {
-		return w
+		early := c.since.Add(w)
+		if o := c.flushed.Add(c.coalesce()); o.After(early) {
+			early = o
+		}
+		if early.Before(at) {
+			at = early
+		}
 	}
-	return c.cfg.BatchMaxWait
+	return at
+}
+
+// coalesce is how long after a hand-over the next one may come early
+// (old): batch_max_wait less the window, at most a tenth
+// of batch_max_wait (25ms by default).
+func (c *Consumer) coalesce() time.Duration {
+	return min(c.cfg.BatchMaxWait-c.cfg.ReorderWindow, c.cfg.BatchMaxWait/10)
 }
 
 // deadBytes is the memory the pending dead letters hold (copies of their
@@ -159,6 +182,7 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 	c.commitMu.Lock()
 	c.lastCommit = time.Now()
 	c.commitMu.Unlock()
+	c.flushed = time.Now()
 	for first := true; first || len(c.pending) > 0; first = false {
 		n := min(len(c.pending), c.cfg.BatchMaxEvents)
 		var size int64

@@ -180,6 +180,7 @@ type Consumer struct {
 	pendBytes  int64 // Event.Size of pending
 	dead       []sink.DeadLetter
 	since      time.Time                  // when the oldest pending item was fetched
+	flushed    time.Time                  // when pending was last handed over (batch.go old)
 	committed  map[change.Partition]int64 // last offsets committed to Kafka
 	lastCommit time.Time
 	hwm        map[change.Partition]int64
@@ -496,12 +497,18 @@ var (
 )
 
 // pollWait is how long a poll may block: until the next buffered event is
-// due, at most the batch wait.
+// due or, for an idle applier, the pending batch becomes old; at most the
+// batch wait. Called with mu held.
 func (c *Consumer) pollWait() time.Duration {
 	wait := c.cfg.BatchMaxWait
 	if next, ok := c.seq.NextDeadline(); ok {
 		if d := time.Until(next); d < wait {
 			wait = d
+		}
+	}
+	if len(c.pending)+len(c.dead) > 0 && c.applier.jobsIdle() {
+		if d := time.Until(c.oldAt()); d < wait {
+			wait = d // an idle applier takes the batch then (old)
 		}
 	}
 	if wait < 5*time.Millisecond {

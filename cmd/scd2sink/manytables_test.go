@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -21,8 +22,9 @@ import (
 )
 
 // BenchmarkManyTables runs the real binary over the same Debezium JSON
-// changes written once into 2 topics and once into 200 (one partition
-// each), read through one topic_pattern entry. First run: 24,000 changes
+// changes written once into 2 topics and once into 200 (four partitions
+// each, as Debezium topics often have; BENCH_PARTITIONS overrides), read
+// through one topic_pattern entry. First run: 24,000 changes
 // into an empty database (every history table created on its first
 // event). Restart: the binary stopped, 48,000 more changes produced, the
 // binary started again over the existing tables. It reports events/s of
@@ -105,7 +107,7 @@ func manyTables(b *testing.B, work []scdtest.BenchRecord, split, tables int) man
 	for _, s := range srcs {
 		topics = append(topics, s.Topic())
 	}
-	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topics...))
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(benchPartitions(), topics...))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -138,12 +140,12 @@ func manyTables(b *testing.B, work []scdtest.BenchRecord, split, tables int) man
 	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(`kafka: {brokers: %s, group_id: bench}
 postgres: {dsn: %q}
 http: {addr: %q}
-log: {level: warn}
+log: {level: %s}
 tables:
   - topic_pattern: 'bench\.public\..*'
     target: "{table}_history"
     keys: [id]
-`, brokers, dsn, httpAddr)), 0o600); err != nil {
+`, brokers, dsn, httpAddr, benchLogLevel())), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	applied := func(want int64, start time.Time) time.Duration {
@@ -214,4 +216,22 @@ tables:
 	_ = pool.QueryRow(ctx, `SELECT count(*) FROM ddl_log`).Scan(&r.ddl)
 	r.firstTook = took1
 	return r
+}
+
+// benchPartitions is the partitions per topic of BenchmarkManyTables: 4,
+// or BENCH_PARTITIONS.
+func benchPartitions() int32 {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_PARTITIONS")); err == nil && n > 0 {
+		return int32(n)
+	}
+	return 4
+}
+
+// benchLogLevel is the log level of the binary under a benchmark: warn, or
+// BENCH_LOG (debug shows each batch applied).
+func benchLogLevel() string {
+	if l := os.Getenv("BENCH_LOG"); l != "" {
+		return l
+	}
+	return "warn"
 }
