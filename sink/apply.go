@@ -18,9 +18,13 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	var res Result
 	var dead []DeadLetter
 	t := p.t
-	truncs, err := s.loadTruncates(ctx, tx, t)
-	if err != nil {
-		return res, nil, err
+	truncs, ok := ops.pre.takeTruncates(t)
+	pre := ops.pre.takeLatest(t)
+	if !ok {
+		var err error
+		if truncs, err = s.loadTruncates(ctx, tx, t); err != nil {
+			return res, nil, err
+		}
 	}
 	known := map[string]bool{}
 	for _, tr := range truncs {
@@ -73,7 +77,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
 		}
 	}
-	loaded, err := t.loadLatest(ctx, tx, uncached)
+	loaded, err := t.loadLatest(ctx, tx, uncached, pre)
 	if err != nil {
 		return res, nil, err
 	}

@@ -193,6 +193,8 @@ type cacheOps struct {
 	// off: nothing set is kept (no cache, or a batch applied isolating
 	// values, after which the cache is emptied).
 	off bool
+	// pre is what the transaction read ahead for its tables (prefetch.go).
+	pre *prefetched
 }
 
 type cachePut struct {

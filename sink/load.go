@@ -135,30 +135,39 @@ func asBytes(v any) []byte {
 	return b
 }
 
-// loadLatest reads, for each key, its latest version and side-table summary.
-func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]latest, error) {
+// loadLatest reads, for each key, its latest version and side-table
+// summary. pre holds what the batch's prefetch (prefetch.go) read of some
+// keys in its first read: those are not read again.
+func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*latest) ([]latest, error) {
 	out := make([]latest, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	all := make([]int, len(keys))
-	for i := range all {
+	var first []int // the keys the prefetch did not read
+	for i, kp := range keys {
 		all[i] = i
+		if l, ok := pre[kp]; ok {
+			out[i] = *l
+		} else {
+			first = append(first, i)
+		}
+	}
+	// Partitioned: a key's current version, when it has one, is its
+	// latest (the fold opens versions in sequence order and only the last
+	// is open), and lives in _pcur. Only the keys without one need a
+	// probe of every partition of closed versions.
+	if len(first) > 0 {
+		if err := t.readLatest(ctx, tx, keys, first, out, t.parts != nil); err != nil {
+			return nil, err
+		}
 	}
 	pending := all
 	if t.parts != nil {
-		// Partitioned: a key's current version, when it has one, is its
-		// latest (the fold opens versions in sequence order and only the
-		// last is open), and lives in _pcur. Only the keys without one
-		// need a probe of every partition of closed versions.
-		if err := t.readLatest(ctx, tx, keys, pending, out, true); err != nil {
-			return nil, err
-		}
-		pending = withoutVersion(out, pending)
-	}
-	if len(pending) > 0 {
-		if err := t.readLatest(ctx, tx, keys, pending, out, false); err != nil {
-			return nil, err
+		if pending = withoutVersion(out, all); len(pending) > 0 {
+			if err := t.readLatest(ctx, tx, keys, pending, out, false); err != nil {
+				return nil, err
+			}
 		}
 	}
 	// Keys with only side rows (say, deletes of never-seen rows).
@@ -206,6 +215,17 @@ func withoutVersion(out []latest, idx []int) []int {
 // readLatest reads into out[i], for the keys keys[i] of idx, the latest
 // version (onlyCurrent: the current one) and the side-table summary.
 func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []latest, onlyCurrent bool) error {
+	q, args := t.latestQuery(keys, idx, onlyCurrent)
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	return t.scanLatest(rows, idx, out)
+}
+
+// latestQuery is readLatest's statement.
+func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (string, []any) {
 	sub := make([]*keyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]
@@ -224,11 +244,11 @@ func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx 
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
 		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"), cur,
 		t.side.Sanitize(), t.keyJoin("e", "k"))
-	rows, err := tx.Query(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
-	}
-	defer rows.Close()
+	return q, args
+}
+
+// scanLatest reads latestQuery's rows into out (see readLatest).
+func (t *table) scanLatest(rows pgx.Rows, idx []int, out []latest) error {
 	n := len(t.cols)
 	for rows.Next() {
 		vals, err := rows.Values()

@@ -681,6 +681,11 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 					return err
 				}
 			}
+			if !isolate {
+				if ops.pre, err = s.prefetch(ctx, tx, plans, targets); err != nil {
+					return err
+				}
+			}
 			allDead := dead
 			for _, name := range targets {
 				apply := s.applyTable

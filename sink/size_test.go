@@ -162,7 +162,7 @@ func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, sche
 		dur := time.Since(start)
 		b.StopTimer()
 		if statements {
-			logStatements(b, pool)
+			scdtest.LogStatements(b, pool, 8)
 		}
 		eps := float64(events) / dur.Seconds()
 		b.Logf("%s keys: %d events in %s, %.0f events/s", mode, events, dur.Round(time.Millisecond), eps)
@@ -249,27 +249,6 @@ func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, sche
 		(peakHeap-min(peakHeap, baseHeap))>>20, rss>>20, keyDur.Round(time.Microsecond), tableDur.Round(time.Millisecond), live)
 	res.pgInsert, res.pgClose = pgOwnRates(b, pool, schema, hist, stride, keys >= benchKeys)
 	return res
-}
-
-// logStatements logs the statements that took the most time since
-// pg_stat_statements was reset (BENCH_STATEMENTS=1, with the extension
-// loaded, e.g. SCD2SINK_TEST_DSN pointing at such a server).
-func logStatements(b *testing.B, pool *pgxpool.Pool) {
-	b.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT round(total_exec_time)::bigint, calls, shared_blks_hit, shared_blks_read,
-		left(regexp_replace(query, '\s+', ' ', 'g'), 140) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var ms, calls, hit, read int64
-		var q string
-		if err := rows.Scan(&ms, &calls, &hit, &read, &q); err != nil {
-			b.Fatal(err)
-		}
-		b.Logf("  %6d ms %5d calls %9d hit %8d read  %s", ms, calls, hit, read, q)
-	}
 }
 
 // pgOwnRates measures, in transactions rolled back, what PostgreSQL alone

@@ -209,9 +209,22 @@ tables:
 	if _, err := pool.Exec(ctx, `TRUNCATE ddl_log`); err != nil {
 		b.Fatal(err)
 	}
-	produce(recs[split:])
-	took2, ready, rss2 := run(int64(len(recs)))
-	r.restart = events(work[split:]) / took2.Seconds()
+	statements := os.Getenv("BENCH_STATEMENTS") != ""
+	if statements {
+		if _, err := pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+			b.Fatalf("BENCH_STATEMENTS needs pg_stat_statements: %v", err)
+		}
+	}
+	end := len(recs)
+	if os.Getenv("BENCH_RESTART_SAME") != "" {
+		end = 2 * split // as many changes as the first run
+	}
+	produce(recs[split:end])
+	took2, ready, rss2 := run(int64(end))
+	if statements {
+		scdtest.LogStatements(b, pool, 15)
+	}
+	r.restart = events(work[split:end]) / took2.Seconds()
 	r.ready, r.rssMiB = ready, max(rss2, rss1)
 	_ = pool.QueryRow(ctx, `SELECT count(*) FROM ddl_log`).Scan(&r.ddl)
 	r.firstTook = took1

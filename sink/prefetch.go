@@ -1,0 +1,144 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Reading ahead for a batch of many tables.
+//
+// Each table's share of a batch starts with two reads: the target's
+// truncates and the latest version of each of its keys the state cache
+// does not hold. Table after table, that is two round trips per table
+// before its first write: at 200 tables of a few keys each, 400 round
+// trips that cost more than the statements. The prefetch sends those
+// reads for every table of the batch in one pipeline (one round trip) at
+// the start of the transaction, after the batch's early truncates are
+// recorded, and each table's share takes what was read for it the first
+// time it is applied. With one table it saves one round trip of two.
+//
+// What a share takes is what its own first read would have returned: in
+// the transaction nothing writes a table's history or its target's
+// truncates before its share is applied (shares write only their own
+// table; the early truncates come before the prefetch). A share applied
+// again in the same transaction (the second pass of primary-key changes,
+// keychange.go) reads afresh: the prefetch is taken once per table. Keys
+// read ahead that the share does not read after all (the cache gained
+// them meanwhile, a new truncate folds them again) cost a lookup and
+// change nothing. Left out, and read by the share as before: tables with
+// a truncate in the batch (it folds keys again before they are read) and
+// batches applied isolating values (each event in a savepoint of its own).
+
+// prefetched is what the prefetch read, per table; a share takes its
+// table's entries (take*), which removes them.
+type prefetched struct {
+	truncs map[*table][]fevent
+	latest map[*table]map[*keyPlan]*latest
+}
+
+// takeTruncates returns t's truncates as read ahead, once.
+func (p *prefetched) takeTruncates(t *table) ([]fevent, bool) {
+	if p == nil {
+		return nil, false
+	}
+	tr, ok := p.truncs[t]
+	delete(p.truncs, t)
+	return tr, ok
+}
+
+// takeLatest returns the latest states read ahead for t's keys, once.
+func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
+	if p == nil {
+		return nil
+	}
+	l := p.latest[t]
+	delete(p.latest, t)
+	return l
+}
+
+// prefetch reads ahead for the targets' shares of the batch (see above).
+func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
+	pre := &prefetched{truncs: map[*table][]fevent{}, latest: map[*table]map[*keyPlan]*latest{}}
+	byName := map[string]*table{}
+	var names []string
+	b := &pgx.Batch{}
+	for _, name := range targets {
+		p := plans[name]
+		if p == nil || p.t == nil {
+			continue
+		}
+		t := p.t
+		if _, dup := pre.truncs[t]; dup {
+			continue
+		}
+		pre.truncs[t] = nil // none recorded, unless read below
+		names = append(names, t.hist.Sanitize())
+		byName[t.hist.Sanitize()] = t
+		if len(p.truncates) > 0 {
+			continue
+		}
+		var keys []*keyPlan
+		for _, kp := range p.order {
+			if len(kp.events) > 0 && !s.holds(cacheKey{t, kp.id}) {
+				keys = append(keys, kp)
+			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		idx := make([]int, len(keys))
+		for i := range idx {
+			idx[i] = i
+		}
+		q, args := t.latestQuery(keys, idx, t.parts != nil)
+		b.Queue(q, args...).Query(func(rows pgx.Rows) error {
+			out := make([]latest, len(keys))
+			if err := t.scanLatest(rows, idx, out); err != nil {
+				return err
+			}
+			m := make(map[*keyPlan]*latest, len(keys))
+			for i, kp := range keys {
+				m[kp] = &out[i]
+			}
+			pre.latest[t] = m
+			return nil
+		})
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	b.Queue(fmt.Sprintf(`SELECT target, scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = ANY($1::text[]) ORDER BY target, scd_seq`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), names).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var target string
+			var seq []byte
+			var at time.Time
+			if err := rows.Scan(&target, &seq, &at); err != nil {
+				return err
+			}
+			if t := byName[target]; t != nil {
+				pre.truncs[t] = append(pre.truncs[t], fevent{seq: seq, op: change.OpTruncate, t: at})
+			}
+		}
+		return rows.Err()
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("reading ahead for %d tables: %w", len(names), err)
+	}
+	return pre, nil
+}
+
+// holds reports whether the state cache holds k, without unpacking it.
+func (s *Sink) holds(k cacheKey) bool {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	if _, ok := s.cache.cur[k]; ok {
+		return true
+	}
+	_, ok := s.cache.prev[k]
+	return ok
+}
