@@ -84,7 +84,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for j, i := range uncachedAt {
 		states[i] = &loaded[j]
 	}
-	w := &writes{}
+	w := &writes{pre: ops.pre}
 	var repairFrom []change.Seq
 	partial := false
 	for i, kp := range appendKeys {

@@ -26,19 +26,26 @@ import (
 // changed by another instance (a widened column) is never sent in its
 // old binary form, which for bigint to numeric PostgreSQL would take
 // without an error.
-func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, n int, fill func(i int, row []any) []any) (int64, error) {
+//
+// known, when not nil, holds the table's column types as read after the
+// same lock earlier in the transaction (prefetch.go): then no describe is
+// needed, unless a column is missing from it or of a domain type (0).
+func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, known map[string]uint32, n int, fill func(i int, row []any) []any) (int64, error) {
 	quoted := make([]string, len(cols))
 	for i, c := range cols {
 		quoted[i] = pgx.Identifier{c}.Sanitize()
 	}
 	list := strings.Join(quoted, ", ")
-	sd, err := tx.Conn().PgConn().Prepare(ctx, "", fmt.Sprintf("SELECT %s FROM %s", list, table.Sanitize()), nil)
-	if err != nil {
-		return 0, fmt.Errorf("describing %s: %w", table.Sanitize(), err)
-	}
-	types := make([]uint32, len(sd.Fields))
-	for i, f := range sd.Fields {
-		types[i] = f.DataTypeOID
+	types := knownTypes(known, cols)
+	if types == nil {
+		sd, err := tx.Conn().PgConn().Prepare(ctx, "", fmt.Sprintf("SELECT %s FROM %s", list, table.Sanitize()), nil)
+		if err != nil {
+			return 0, fmt.Errorf("describing %s: %w", table.Sanitize(), err)
+		}
+		types = make([]uint32, len(sd.Fields))
+		for i, f := range sd.Fields {
+			types[i] = f.DataTypeOID
+		}
 	}
 	r := &copyReader{n: n, fill: fill, oids: types, m: tx.Conn().TypeMap(), row: make([]any, 0, len(cols)), buf: make([]byte, 0, 1<<16)}
 	r.buf = append(r.buf, "PGCOPY\n\377\r\n\000"...)
@@ -49,6 +56,21 @@ func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string,
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
+}
+
+// knownTypes returns the types of cols from known, or nil if one is not
+// there or is a domain's (0: a describe reports its base type).
+func knownTypes(known map[string]uint32, cols []string) []uint32 {
+	if known == nil {
+		return nil
+	}
+	types := make([]uint32, len(cols))
+	for i, c := range cols {
+		if types[i] = known[c]; types[i] == 0 {
+			return nil
+		}
+	}
+	return types
 }
 
 // copyReader encodes rows as the connection reads them (on the

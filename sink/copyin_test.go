@@ -117,7 +117,7 @@ func TestCopyInMatchesCopyFrom(t *testing.T) {
 			return err
 		}
 		defer tx.Rollback(ctx)
-		n, err := copyIn(ctx, tx, pgx.Identifier{"b"}, cols, len(rows), func(i int, row []any) []any { return append(row, rows[i]...) })
+		n, err := copyIn(ctx, tx, pgx.Identifier{"b"}, cols, nil, len(rows), func(i int, row []any) []any { return append(row, rows[i]...) })
 		if err != nil {
 			return err
 		}
@@ -200,7 +200,7 @@ func TestCopyInAfterWidening(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		if _, err := copyIn(ctx, tx, pgx.Identifier{"w"}, []string{"id", "v"}, 1, func(_ int, row []any) []any {
+		if _, err := copyIn(ctx, tx, pgx.Identifier{"w"}, []string{"id", "v"}, nil, 1, func(_ int, row []any) []any {
 			return append(row, id, int64(12345))
 		}); err != nil {
 			t.Fatal(err)

@@ -2,11 +2,13 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
 )
 
 // Reading ahead for a batch of many tables.
@@ -20,6 +22,13 @@ import (
 // the start of the transaction, after the batch's early truncates are
 // recorded, and each table's share takes what was read for it the first
 // time it is applied. With one table it saves one round trip of two.
+//
+// The prefetch runs in a savepoint. A statement that fails while it runs
+// is its table's (a TargetError: that table parks, the others go on); one
+// that fails before anything runs (PostgreSQL parses the whole pipeline
+// first: a column renamed by hand, a table dropped) names no table, so
+// the savepoint is rolled back and the shares read for themselves, where
+// the one at fault fails as its own.
 //
 // What a share takes is what its own first read would have returned: in
 // the transaction nothing writes a table's history or its target's
@@ -38,6 +47,10 @@ import (
 type prefetched struct {
 	truncs map[*table][]fevent
 	latest map[*table]map[*keyPlan]*latest
+	// types are the column types of each table locked ahead (by its
+	// quoted name; a domain's column 0), for its COPY: they hold to the
+	// end of the transaction.
+	types map[string]map[string]uint32
 }
 
 // takeTruncates returns t's truncates as read ahead, once.
@@ -50,6 +63,15 @@ func (p *prefetched) takeTruncates(t *table) ([]fevent, bool) {
 	return tr, ok
 }
 
+// columnTypes returns the types of the columns of table, as a describe
+// of it in this transaction would (nil: not read ahead).
+func (p *prefetched) columnTypes(table pgx.Identifier) map[string]uint32 {
+	if p == nil {
+		return nil
+	}
+	return p.types[table.Sanitize()]
+}
+
 // takeLatest returns the latest states read ahead for t's keys, once.
 func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
 	if p == nil {
@@ -60,11 +82,46 @@ func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
 	return l
 }
 
+// prefetchOrNot reads ahead for the targets' shares in a savepoint; when
+// that fails without naming a table it returns nil (see above).
+func (s *Sink) prefetchOrNot(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading ahead: %w", err)
+	}
+	pre, err := s.prefetch(ctx, sp, plans, targets)
+	var te *TargetError
+	if err == nil || errors.As(err, &te) {
+		return pre, err // the savepoint is released at commit
+	}
+	if rb := sp.Rollback(ctx); rb != nil {
+		return nil, err
+	}
+	s.log.Debug("reading ahead failed without naming a table; each table reads for itself", zap.Error(err))
+	return nil, nil
+}
+
 // prefetch reads ahead for the targets' shares of the batch (see above).
+// A statement that fails fails the share of its table (a TargetError),
+// as its own read would have.
 func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
-	pre := &prefetched{truncs: map[*table][]fevent{}, latest: map[*table]map[*keyPlan]*latest{}}
+	pre := &prefetched{truncs: map[*table][]fevent{}, latest: map[*table]map[*keyPlan]*latest{}, types: map[string]map[string]uint32{}}
 	byName := map[string]*table{}
-	var names []string
+	var names, rels []string
+	var reads []func(b *pgx.Batch)
+	failing := "" // the target whose statement is being read
+	queue := func(b *pgx.Batch, target, q string, args []any, fn func(pgx.Rows) error) {
+		b.Queue(q, args...).Fn = func(br pgx.BatchResults) error {
+			failing = target
+			rows, _ := br.Query()
+			defer rows.Close()
+			if err := fn(rows); err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		}
+	}
 	b := &pgx.Batch{}
 	for _, name := range targets {
 		p := plans[name]
@@ -78,6 +135,11 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		pre.truncs[t] = nil // none recorded, unless read below
 		names = append(names, t.hist.Sanitize())
 		byName[t.hist.Sanitize()] = t
+		// The lock a describe before each COPY would take (copyIn), so
+		// that the types read below hold.
+		rels = append(rels, t.hist.Sanitize(), t.side.Sanitize())
+		queue(b, name, fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS SHARE MODE", t.hist.Sanitize(), t.side.Sanitize()), nil,
+			func(pgx.Rows) error { return nil })
 		if len(p.truncates) > 0 {
 			continue
 		}
@@ -90,29 +152,50 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		if len(keys) == 0 {
 			continue
 		}
-		idx := make([]int, len(keys))
-		for i := range idx {
-			idx[i] = i
-		}
-		q, args := t.latestQuery(keys, idx, t.parts != nil)
-		b.Queue(q, args...).Query(func(rows pgx.Rows) error {
-			out := make([]latest, len(keys))
-			if err := t.scanLatest(rows, idx, out); err != nil {
-				return err
+		reads = append(reads, func(b *pgx.Batch) {
+			idx := make([]int, len(keys))
+			for i := range idx {
+				idx[i] = i
 			}
-			m := make(map[*keyPlan]*latest, len(keys))
-			for i, kp := range keys {
-				m[kp] = &out[i]
-			}
-			pre.latest[t] = m
-			return nil
+			q, args := t.latestQuery(keys, idx, t.parts != nil)
+			queue(b, name, q, args, func(rows pgx.Rows) error {
+				out := make([]latest, len(keys))
+				if err := t.scanLatest(rows, idx, out); err != nil {
+					return err
+				}
+				m := make(map[*keyPlan]*latest, len(keys))
+				for i, kp := range keys {
+					m[kp] = &out[i]
+				}
+				pre.latest[t] = m
+				return nil
+			})
 		})
 	}
 	if len(names) == 0 {
 		return nil, nil
 	}
-	b.Queue(fmt.Sprintf(`SELECT target, scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = ANY($1::text[]) ORDER BY target, scd_seq`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), names).Query(func(rows pgx.Rows) error {
+	queue(b, "", `SELECT x.r, a.attname, CASE WHEN ty.typtype = 'd' THEN 0 ELSE a.atttypid END
+		FROM unnest($1::text[]) AS x(r) JOIN pg_catalog.pg_attribute a ON a.attrelid = to_regclass(x.r) AND a.attnum > 0 AND NOT a.attisdropped
+		JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid`, []any{rels}, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var rel, col string
+			var oid uint32
+			if err := rows.Scan(&rel, &col, &oid); err != nil {
+				return err
+			}
+			if pre.types[rel] == nil {
+				pre.types[rel] = map[string]uint32{}
+			}
+			pre.types[rel][col] = oid
+		}
+		return rows.Err()
+	})
+	for _, read := range reads {
+		read(b)
+	}
+	queue(b, "", fmt.Sprintf(`SELECT target, scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = ANY($1::text[]) ORDER BY target, scd_seq`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), []any{names}, func(rows pgx.Rows) error {
 		for rows.Next() {
 			var target string
 			var seq []byte
@@ -127,6 +210,9 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		return rows.Err()
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if failing != "" {
+			return nil, &TargetError{Target: failing, Err: fmt.Errorf("applying batch to %s: %w", failing, err)}
+		}
 		return nil, fmt.Errorf("reading ahead for %d tables: %w", len(names), err)
 	}
 	return pre, nil

@@ -682,7 +682,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 			}
 			if !isolate {
-				if ops.pre, err = s.prefetch(ctx, tx, plans, targets); err != nil {
+				if ops.pre, err = s.prefetchOrNot(ctx, tx, plans, targets); err != nil {
 					return err
 				}
 			}

@@ -28,6 +28,9 @@ type t1Row struct {
 
 // writes collects one table's changes of one batch, executed set-based.
 type writes struct {
+	// pre is what the transaction read ahead (prefetch.go): the column
+	// types its COPYs take instead of a describe each.
+	pre         *prefetched
 	delVersions []int64
 	delSide     []sideRow
 	t1Bulk      []t1Row
@@ -201,7 +204,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		if t.deletedCol {
 			cols = append(cols, "scd_deleted")
 		}
-		if _, err := copyIn(ctx, tx, t.hist, cols, len(w.insVersions), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.hist, cols, w.pre.columnTypes(t.hist), len(w.insVersions), func(i int, row []any) []any {
 			v := w.insVersions[i]
 			row = t.appendBook(append(row, v.row...), v, &w.boxes)
 			if t.deletedCol {
@@ -214,7 +217,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	}
 	if len(w.insSide) > 0 {
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := copyIn(ctx, tx, t.side, cols, len(w.insSide), func(i int, row []any) []any {
+		if _, err := copyIn(ctx, tx, t.side, cols, w.pre.columnTypes(t.side), len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.row != nil {
 				row = append(row, sr.ev.row...)

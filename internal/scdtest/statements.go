@@ -14,11 +14,12 @@ import (
 func LogStatements(tb testing.TB, pool *pgxpool.Pool, n int) {
 	tb.Helper()
 	ctx := context.Background()
-	var total, calls int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(round(sum(total_exec_time)), 0)::bigint, coalesce(sum(calls), 0)::bigint FROM pg_stat_statements`).Scan(&total, &calls); err != nil {
+	var total, plan, calls int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(round(sum(total_exec_time)), 0)::bigint, coalesce(round(sum(total_plan_time)), 0)::bigint,
+		coalesce(sum(calls), 0)::bigint FROM pg_stat_statements`).Scan(&total, &plan, &calls); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Logf("  statements: %d ms in %d calls", total, calls)
+	tb.Logf("  statements: %d ms executing and %d ms planning (with pg_stat_statements.track_planning) in %d calls", total, plan, calls)
 	rows, err := pool.Query(ctx, `SELECT round(total_exec_time)::bigint, calls, shared_blks_hit, shared_blks_read,
 		left(regexp_replace(query, '\s+', ' ', 'g'), 140) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1`, n)
 	if err != nil {
