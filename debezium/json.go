@@ -3,6 +3,7 @@ package debezium
 import (
 	"errors"
 	"fmt"
+	"github.com/scd2sink/scd2sink/debezium/jsonscan"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -45,7 +46,7 @@ type jsonEnvelope struct {
 }
 
 // members are an object's members, taken in one pass, strings left
-// escaped until read (change.ForEachMemberLazy).
+// escaped until read (jsonscan.ForEachMemberLazy).
 type members struct {
 	names  [24]string
 	values [24]gjson.Result
@@ -56,7 +57,7 @@ type members struct {
 // read takes the members of the object raw, a part of a validated payload.
 func (m *members) read(raw string) {
 	m.n, m.full = 0, false
-	change.ForEachMemberLazy(raw, func(k string, v gjson.Result) bool {
+	jsonscan.ForEachMemberLazy(raw, func(k string, v gjson.Result) bool {
 		if m.n == len(m.names) {
 			m.full = true
 			return false
@@ -73,7 +74,7 @@ func (m *members) read(raw string) {
 func (m *members) get(obj gjson.Result, name string) gjson.Result {
 	for i := 0; i < m.n; i++ {
 		if m.names[i] == name {
-			return withNum(change.Unescaped(m.values[i]))
+			return withNum(jsonscan.Unescaped(m.values[i]))
 		}
 	}
 	if m.full {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/scd2sink/scd2sink/debezium/jsonscan"
 	"strings"
 	"sync/atomic"
 
@@ -93,7 +94,7 @@ func (d *Decoder) keyFields(dst []keyField, raw []byte, last *atomic.Pointer[cac
 		ks = sc.row
 	}
 	fields := dst
-	change.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
+	jsonscan.ForEachMember(payload.Raw, func(k string, v gjson.Result) bool { // validated by unwrapJSON
 		fields = append(fields, keyField{name: k, v: v})
 		return true
 	})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/scd2sink/scd2sink/debezium/jsonscan"
 	"math"
 	"math/big"
 	"strconv"
@@ -54,7 +55,7 @@ func (r *rowSchema) VisitRow(raw []byte, valid bool, boxes *change.Boxes, fn fun
 		return errors.New("row image is not a JSON object")
 	}
 	var err error
-	change.ForEachMember(s, func(k string, v gjson.Result) bool {
+	jsonscan.ForEachMember(s, func(k string, v gjson.Result) bool {
 		c := r.byName[k]
 		if c == nil {
 			err = fn(k, anyValue(v))

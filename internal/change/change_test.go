@@ -160,3 +160,30 @@ func TestAppendSeqMatchesSeqOf(t *testing.T) {
 		t.Errorf("null component: %s vs %s", first, later)
 	}
 }
+
+// TestSchemalessVisitNeedsValidJSON: an image not known to be valid is
+// checked before it is visited (its names would otherwise be read from
+// broken JSON); an invalid one goes the map's way, which rejects it.
+func TestSchemalessVisitNeedsValidJSON(t *testing.T) {
+	for _, c := range []struct {
+		raw   string
+		valid bool
+		visit bool
+	}{
+		{`{"a":1}`, false, true},
+		{`{"a":1}`, true, true},
+		{`{"a":1,"b`, false, false},
+		{`{"a" 1}`, false, false},
+		{`[1]`, false, false},
+	} {
+		ev := &Event{Op: OpUpdate, AfterJSON: []byte(c.raw), AfterValid: c.valid}
+		if got := ev.CanVisitAfter(); got != c.visit {
+			t.Errorf("%s (valid %v): visit %v, want %v", c.raw, c.valid, got, c.visit)
+		}
+		if !c.visit {
+			if _, err := ev.DecodeAfter(); err == nil {
+				t.Errorf("%s: decoded without an error", c.raw)
+			}
+		}
+	}
+}

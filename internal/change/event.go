@@ -4,11 +4,11 @@
 package change
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/scd2sink/scd2sink/debezium/jsonscan"
 	"math"
 	"math/big"
 	"slices"
@@ -133,7 +133,7 @@ type Event struct {
 	Source string
 
 	keyID string
-	// visitable caches visitableObject(AfterJSON) for an image without a
+	// visitable caches jsonscan.Visitable(AfterJSON) for an image without a
 	// schema: 0 unknown, 1 yes, -1 no.
 	visitable int8
 	// keyRoom holds a short Key in the event itself (KeyRoom).
@@ -366,7 +366,7 @@ func (e *Event) CanVisitAfter() bool {
 		}
 		if e.visitable == 0 {
 			e.visitable = -1
-			if visitableObject(e.AfterJSON) && (e.AfterValid || gjson.Valid(unsafe.String(unsafe.SliceData(e.AfterJSON), len(e.AfterJSON)))) {
+			if jsonscan.Visitable(e.AfterJSON) && (e.AfterValid || gjson.Valid(unsafe.String(unsafe.SliceData(e.AfterJSON), len(e.AfterJSON)))) {
 				e.visitable = 1 // valid JSON: VisitAfterNames reads it as it is
 			}
 		}
@@ -400,7 +400,7 @@ func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) erro
 		return nil
 	}
 	if e.Row == nil {
-		return visitObject(e.AfterJSON, e.AfterValid, boxes, fn)
+		return jsonscan.Visit(e.AfterJSON, e.AfterValid, boxes, fn)
 	}
 	return e.Row.(RowVisitor).VisitRow(e.AfterJSON, e.AfterValid, boxes, fn)
 }
@@ -409,7 +409,7 @@ func (e *Event) VisitAfter(boxes *Boxes, fn func(name string, v any) error) erro
 // until it returns false (an event CanVisitAfter, without a Row).
 func (e *Event) VisitAfterNames(fn func(name string) bool) {
 	if e.Row == nil && e.CanVisitAfter() {
-		visitNames(e.AfterJSON, fn)
+		jsonscan.VisitNames(e.AfterJSON, fn)
 	}
 }
 
@@ -429,7 +429,7 @@ func (e *Event) DecodeAfter() (map[string]any, error) {
 	if e.Row != nil {
 		return e.Row.DecodeRow(e.AfterJSON)
 	}
-	return decodeObject(e.AfterJSON)
+	return jsonscan.DecodeObject(e.AfterJSON)
 }
 
 // Canon returns the canonical encoding of one value: a type tag followed by
@@ -475,15 +475,15 @@ func AppendCanon(b []byte, v any) []byte {
 		// What json.Marshal gives (a number or a JSON string, which it
 		// would compact as they are), without its reflection.
 		var buf [64]byte
-		return appendLenBytes(b, 'J', appendNumericJSON(buf[:0], x))
+		return appendLenBytes(b, 'J', jsonscan.AppendNumeric(buf[:0], x))
 	case []byte:
 		return appendLen(b, 'X', string(x))
 	case json.RawMessage:
 		var buf [512]byte
-		if out, ok := appendCanonJSON(buf[:0], x); ok {
+		if out, ok := jsonscan.AppendCanon(buf[:0], x); ok {
 			return appendLenBytes(b, 'J', out)
 		}
-		return appendLen(b, 'J', string(canonJSONSlow(x)))
+		return appendLen(b, 'J', string(jsonscan.CanonSlow(x)))
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {
@@ -595,24 +595,6 @@ func appendFloat(b []byte, f float64) []byte {
 // kept), numbers and strings with their exact value. Invalid JSON is
 // returned as it is.
 func CanonJSON(raw []byte) []byte {
-	if out, ok := appendCanonJSON(nil, raw); ok {
-		return out
-	}
-	return canonJSONSlow(raw)
+	return jsonscan.Canon(raw)
 }
 
-// canonJSONSlow is CanonJSON by way of encoding/json, for what
-// appendCanonJSON leaves to it.
-func canonJSONSlow(raw []byte) []byte {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil || dec.More() {
-		return raw
-	}
-	out, err := json.Marshal(v)
-	if err != nil {
-		return raw
-	}
-	return out
-}

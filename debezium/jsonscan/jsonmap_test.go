@@ -1,4 +1,4 @@
-package change
+package jsonscan
 
 import (
 	"encoding/json"
@@ -61,12 +61,12 @@ func TestDecodeObjectMatchesEncodingJSON(t *testing.T) {
 	fast := 0
 	for _, img := range images {
 		want, werr := decodeObjectStd([]byte(img))
-		got, gerr := decodeObject([]byte(img))
+		got, gerr := DecodeObject([]byte(img))
 		if (werr == nil) != (gerr == nil) {
-			t.Fatalf("%s: encoding/json says %v, decodeObject %v", img, werr, gerr)
+			t.Fatalf("%s: encoding/json says %v, DecodeObject %v", img, werr, gerr)
 		}
 		if werr == nil && !reflect.DeepEqual(want, got) {
-			t.Fatalf("%s:\n encoding/json %#v\n decodeObject  %#v", img, want, got)
+			t.Fatalf("%s:\n encoding/json %#v\n DecodeObject  %#v", img, want, got)
 		}
 		if json.Valid([]byte(img)) && !strings.Contains(img, `\ud`) && !strings.Contains(img, `\uD`) {
 			fast++
@@ -79,8 +79,8 @@ func TestDecodeObjectMatchesEncodingJSON(t *testing.T) {
 
 // TestVisitObjectMatchesDecodeObject: a schemaless image visited member by
 // member (the sink's path, values boxed from slabs) gives what
-// decodeObject's map holds, the last of repeated members winning; images
-// it does not take are left to decodeObject.
+// DecodeObject's map holds, the last of repeated members winning; images
+// it does not take are left to DecodeObject.
 func TestVisitObjectMatchesDecodeObject(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	images := []string{`{}`, `{"a":1,"a":"x"}`, `{"x":[]}`, `{"n":-1.5e3,"b":true,"f":false,"z":null,"s":"q\"\\u00e9"}`,
@@ -94,34 +94,29 @@ func TestVisitObjectMatchesDecodeObject(t *testing.T) {
 		b.WriteString(`}`)
 		images = append(images, b.String())
 	}
-	var boxes Boxes
 	visited := 0
 	type kept struct{ got, want map[string]any }
 	var keep []kept
 	for i, img := range images {
 		raw := []byte(img)
-		if !visitableObject(raw) {
-			if m, err := decodeObject(raw); err == nil && m != nil && json.Valid(raw) && !strings.Contains(img, `\ud`) && !strings.Contains(img, `\uD`) && utf8.ValidString(img) {
-				t.Fatalf("%s: an object decodeObject parses with gjson was not taken", img)
+		if !Visitable(raw) {
+			if m, err := DecodeObject(raw); err == nil && m != nil && json.Valid(raw) && !strings.Contains(img, `\ud`) && !strings.Contains(img, `\uD`) && utf8.ValidString(img) {
+				t.Fatalf("%s: an object DecodeObject parses with gjson was not taken", img)
 			}
 			continue
 		}
 		visited++
-		want, werr := decodeObject(raw)
+		want, werr := DecodeObject(raw)
 		got := map[string]any{}
-		bx := &boxes
-		if i%2 == 1 {
-			bx = nil
-		}
-		gerr := visitObject(raw, false, bx, func(name string, v any) error {
+		gerr := Visit(raw, false, plainBoxer{}, func(name string, v any) error {
 			got[name] = v
 			return nil
 		})
 		if (werr == nil) != (gerr == nil) {
-			t.Fatalf("%s: decodeObject says %v, visitObject %v", img, werr, gerr)
+			t.Fatalf("%s: DecodeObject says %v, Visit %v", img, werr, gerr)
 		}
 		if werr == nil && !reflect.DeepEqual(want, got) {
-			t.Fatalf("%s:\n decodeObject %#v\n visitObject  %#v", img, want, got)
+			t.Fatalf("%s:\n DecodeObject %#v\n Visit  %#v", img, want, got)
 		}
 		if i%10 == 0 {
 			keep = append(keep, kept{got, want})
@@ -139,34 +134,14 @@ func TestVisitObjectMatchesDecodeObject(t *testing.T) {
 	// A member's error stops the visit and is returned as it is.
 	stop := errors.New("stop")
 	n := 0
-	if err := visitObject([]byte(`{"a":1,"b":2}`), true, nil, func(string, any) error { n++; return stop }); err != stop || n != 1 {
+	if err := Visit([]byte(`{"a":1,"b":2}`), true, plainBoxer{}, func(string, any) error { n++; return stop }); err != stop || n != 1 {
 		t.Fatalf("error %v after %d members", err, n)
 	}
 }
 
-// TestSchemalessVisitNeedsValidJSON: an image not known to be valid is
-// checked before it is visited (its names would otherwise be read from
-// broken JSON); an invalid one goes the map's way, which rejects it.
-func TestSchemalessVisitNeedsValidJSON(t *testing.T) {
-	for _, c := range []struct {
-		raw   string
-		valid bool
-		visit bool
-	}{
-		{`{"a":1}`, false, true},
-		{`{"a":1}`, true, true},
-		{`{"a":1,"b`, false, false},
-		{`{"a" 1}`, false, false},
-		{`[1]`, false, false},
-	} {
-		ev := &Event{Op: OpUpdate, AfterJSON: []byte(c.raw), AfterValid: c.valid}
-		if got := ev.CanVisitAfter(); got != c.visit {
-			t.Errorf("%s (valid %v): visit %v, want %v", c.raw, c.valid, got, c.visit)
-		}
-		if !c.visit {
-			if _, err := ev.DecodeAfter(); err == nil {
-				t.Errorf("%s: decoded without an error", c.raw)
-			}
-		}
-	}
-}
+// plainBoxer boxes each value on its own (change.Boxes takes them from
+// slabs; what Visit hands over does not depend on the boxer).
+type plainBoxer struct{}
+
+func (plainBoxer) String(s string) any      { return s }
+func (plainBoxer) Number(n json.Number) any { return n }

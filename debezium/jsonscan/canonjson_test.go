@@ -1,4 +1,4 @@
-package change
+package jsonscan
 
 import (
 	"bytes"
@@ -105,8 +105,8 @@ func TestCanonJSONFast(t *testing.T) {
 	check := func(raw string) {
 		t.Helper()
 		total++
-		want := canonJSONSlow([]byte(raw))
-		got, ok := appendCanonJSON([]byte("prefix"), []byte(raw))
+		want := CanonSlow([]byte(raw))
+		got, ok := AppendCanon([]byte("prefix"), []byte(raw))
 		if !ok {
 			if string(got) != "prefix" {
 				t.Fatalf("%q: a refusal changed dst to %q", raw, got)
@@ -117,8 +117,8 @@ func TestCanonJSONFast(t *testing.T) {
 		if !bytes.Equal(got[len("prefix"):], want) {
 			t.Fatalf("%q:\n fast %s\n want %s", raw, got[len("prefix"):], want)
 		}
-		if string(CanonJSON([]byte(raw))) != string(want) {
-			t.Fatalf("%q: CanonJSON differs from encoding/json's", raw)
+		if string(Canon([]byte(raw))) != string(want) {
+			t.Fatalf("%q: Canon differs from encoding/json's", raw)
 		}
 	}
 	for i := range 30000 {
@@ -132,7 +132,7 @@ func TestCanonJSONFast(t *testing.T) {
 	}
 	// jsonb's own output, the common case, takes the fast path.
 	jsonb := `{"id": 7, "tags": ["a", "b"], "name": "Ann <ann@example.com>", "nested": {"z": 1.50, "a": null}}`
-	if _, ok := appendCanonJSON(nil, []byte(jsonb)); !ok {
+	if _, ok := AppendCanon(nil, []byte(jsonb)); !ok {
 		t.Fatalf("jsonb's output %s does not take the fast path", jsonb)
 	}
 	check(jsonb)
@@ -158,7 +158,7 @@ func TestNumericJSON(t *testing.T) {
 	}
 	for _, n := range nums {
 		want, _ := n.MarshalJSON()
-		if got := appendNumericJSON(nil, n); string(got) != string(want) {
+		if got := AppendNumeric(nil, n); string(got) != string(want) {
 			t.Fatalf("%#v: %s, want %s", n, got, want)
 		}
 	}

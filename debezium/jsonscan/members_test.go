@@ -1,4 +1,4 @@
-package change
+package jsonscan
 
 import (
 	"math/rand/v2"

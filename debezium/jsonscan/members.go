@@ -1,4 +1,4 @@
-package change
+package jsonscan
 
 import "github.com/tidwall/gjson"
 

@@ -1,22 +1,23 @@
-package change
+package jsonscan
 
 import (
 	"bytes"
+	"encoding/json"
 	"slices"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// appendCanonJSON appends CanonJSON(raw) to dst without decoding raw into
+// AppendCanon appends Canon(raw) to dst without decoding raw into
 // maps: whitespace dropped, object keys sorted, numbers and literals kept as
 // they are written, strings written as encoding/json writes them. It covers
 // the JSON PostgreSQL's jsonb prints (TestCanonJSONFast): ok is false, and
-// dst unchanged, for anything it leaves to CanonJSON: invalid JSON, escapes
+// dst unchanged, for anything it leaves to CanonSlow: invalid JSON, escapes
 // other than \" \\ \/ \n \r \t, invalid UTF-8, U+2028 and U+2029, keys with
 // escapes, duplicate keys, nesting deeper than 64. (Unchanged is dst's
 // length: its spare capacity may have been written.)
-func appendCanonJSON(dst, raw []byte) ([]byte, bool) {
+func AppendCanon(dst, raw []byte) ([]byte, bool) {
 	c := canonizer{src: raw}
 	start := len(dst)
 	c.space()
@@ -283,9 +284,9 @@ func (c *canonizer) object(dst []byte, depth int) ([]byte, bool) {
 	return dst[:start+n], true
 }
 
-// appendNumericJSON appends the text pgtype.Numeric.MarshalJSON gives for n
+// AppendNumeric appends the text pgtype.Numeric.MarshalJSON gives for n
 // (TestNumericJSON), without its allocations.
-func appendNumericJSON(dst []byte, n pgtype.Numeric) []byte {
+func AppendNumeric(dst []byte, n pgtype.Numeric) []byte {
 	switch {
 	case !n.Valid:
 		return append(dst, "null"...)
@@ -325,4 +326,31 @@ func appendNumericJSON(dst []byte, n pgtype.Numeric) []byte {
 		dst = append(dst, digits...)
 	}
 	return dst
+}
+
+// Canon renders JSON text canonically, as jsonb compares it: no
+// insignificant whitespace, object keys sorted (the last of duplicates
+// kept), numbers and strings with their exact value. Invalid JSON is
+// returned as it is.
+func Canon(raw []byte) []byte {
+	if out, ok := AppendCanon(nil, raw); ok {
+		return out
+	}
+	return CanonSlow(raw)
+}
+
+// CanonSlow is Canon by way of encoding/json, for what AppendCanon
+// leaves to it.
+func CanonSlow(raw []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
 }

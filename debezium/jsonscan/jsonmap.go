@@ -1,4 +1,4 @@
-package change
+package jsonscan
 
 import (
 	"bytes"
@@ -12,12 +12,12 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// decodeObject decodes a schemaless row image as encoding/json does into a
+// DecodeObject decodes a schemaless row image as encoding/json does into a
 // map with UseNumber: numbers as json.Number, objects as map[string]any,
 // arrays as []any. It parses with gjson, without reflection; images where
 // the two could differ (invalid UTF-8, escaped surrogates) take
 // encoding/json itself (TestDecodeObjectMatchesEncodingJSON).
-func decodeObject(raw []byte) (map[string]any, error) {
+func DecodeObject(raw []byte) (map[string]any, error) {
 	s := string(raw) // one copy: the strings below share it
 	if !utf8.ValidString(s) || strings.Contains(s, `\ud`) || strings.Contains(s, `\uD`) {
 		return decodeObjectStd(raw)
@@ -68,20 +68,27 @@ func valueOf(v gjson.Result) any {
 	return objectOf(v)
 }
 
-// visitableObject reports whether visitObject takes a schemaless image:
-// a JSON object (by its first byte) that decodeObject would parse with
+// Boxer boxes scalars for Visit (change.Boxes: from slabs, not one
+// allocation each).
+type Boxer interface {
+	String(s string) any
+	Number(n json.Number) any
+}
+
+// Visitable reports whether Visit takes a schemaless image:
+// a JSON object (by its first byte) that DecodeObject would parse with
 // gjson, not hand to encoding/json.
-func visitableObject(raw []byte) bool {
+func Visitable(raw []byte) bool {
 	s := strings.TrimLeft(unsafe.String(unsafe.SliceData(raw), len(raw)), " \t\r\n")
 	return len(s) > 0 && s[0] == '{' && utf8.Valid(raw) && !bytes.Contains(raw, []byte(`\ud`)) && !bytes.Contains(raw, []byte(`\uD`))
 }
 
-// visitObject hands a schemaless image's members to fn in their order,
-// with the values decodeObject gives them (a repeated member is handed
+// Visit hands a schemaless image's members to fn in their order,
+// with the values DecodeObject gives them (a repeated member is handed
 // each time: the last one is the map's), scalars boxed from boxes. The
 // strings share raw, which nobody writes to. The image must be
-// visitableObject.
-func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v any) error) error {
+// Visitable.
+func Visit(raw []byte, valid bool, boxes Boxer, fn func(name string, v any) error) error {
 	s := unsafe.String(unsafe.SliceData(raw), len(raw))
 	if !valid && !gjson.Valid(s) {
 		return errors.New("row image is not a JSON object: invalid JSON")
@@ -108,9 +115,9 @@ func visitObject(raw []byte, valid bool, boxes *Boxes, fn func(name string, v an
 	return err
 }
 
-// visitNames hands a schemaless image's member names to fn (see
-// visitObject).
-func visitNames(raw []byte, fn func(name string) bool) {
+// VisitNames hands a schemaless image's member names to fn (see
+// Visit).
+func VisitNames(raw []byte, fn func(name string) bool) {
 	ForEachMember(unsafe.String(unsafe.SliceData(raw), len(raw)), func(k string, _ gjson.Result) bool { return fn(k) })
 }
 
