@@ -597,4 +597,3 @@ func appendFloat(b []byte, f float64) []byte {
 func CanonJSON(raw []byte) []byte {
 	return jsonscan.Canon(raw)
 }
-
