@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
@@ -120,10 +122,10 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 		return asJSON(v)
 	case pgtype.TimetzOID:
 		switch x := v.(type) {
-		case timetz:
+		case pgcodec.Timetz:
 			return x, nil
 		case string:
-			return parseTimetz(x)
+			return pgcodec.ParseTimetz(x)
 		}
 	case pgtype.XMLOID:
 		return []byte(asText(v)), nil
@@ -160,7 +162,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 func same(oid uint32, v any) bool {
 	switch x := v.(type) {
 	case string:
-		return isText(oid)
+		return pgcodec.IsText(oid)
 	case int64:
 		return oid == pgtype.Int8OID
 	case int32:
@@ -255,11 +257,6 @@ func sizedInt(col *colInfo, n int64) (any, error) {
 	return n, nil
 }
 
-// isText reports whether a column of type oid holds text (asText).
-func isText(oid uint32) bool {
-	return oid == pgtype.TextOID || oid == pgtype.VarcharOID || oid == pgtype.BPCharOID || oid == pgtype.NameOID
-}
-
 func asText(v any) string {
 	switch x := v.(type) {
 	case string:
@@ -321,7 +318,7 @@ func asJSON(v any) (any, error) {
 	switch x := v.(type) {
 	case json.RawMessage:
 		if !gjson.ValidBytes(x) {
-			return nil, fmt.Errorf("not JSON: %q", clipText(string(x)))
+			return nil, fmt.Errorf("not JSON: %q", pgcodec.ClipText(string(x)))
 		}
 		return v, nil
 	case string:
@@ -334,20 +331,13 @@ func asJSON(v any) (any, error) {
 		if json.Valid(x) {
 			return json.RawMessage(x), nil
 		}
-		return nil, fmt.Errorf("not JSON: %q", clipText(string(x)))
+		return nil, fmt.Errorf("not JSON: %q", pgcodec.ClipText(string(x)))
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
 	return json.RawMessage(b), nil
-}
-
-func clipText(s string) string {
-	if len(s) > 60 {
-		return s[:60] + "…"
-	}
-	return s
 }
 
 // canon renders a typed value so that equal values give equal strings and

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -306,7 +308,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
 		res = EraseResult{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			registerTypes(tx.Conn().TypeMap())
+			pgcodec.Register(tx.Conn().TypeMap())
 			types, err := columnTypes(ctx, tx, spec.Schema, spec.Target, spec.Keys)
 			if err != nil {
 				return err
@@ -616,7 +618,7 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 		return nil, err
 	}
 	defer conn.Release()
-	registerTypes(conn.Conn().TypeMap())
+	pgcodec.Register(conn.Conn().TypeMap())
 	s.emu.Lock()
 	err = s.loadErasures(ctx, conn)
 	set := s.erased[spec.Target]

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -305,7 +307,7 @@ func (f *rowFill) put(name string, raw any) error {
 	}
 	var v any
 	var err error
-	if n, ok := raw.(json.Number); ok && isText(t.cols[i].oid) {
+	if n, ok := raw.(json.Number); ok && pgcodec.IsText(t.cols[i].oid) {
 		v = f.s.boxes.String(string(n)) // convert's asText, boxed from the batch's slabs
 	} else if v, err = f.s.conv.convert(&t.cols[i], raw); err != nil {
 		return typeMismatch(f.ev, &t.cols[i], err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -250,7 +252,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		registerTypes(tx.Conn().TypeMap()) // keys read as load.go reads them back
+		pgcodec.Register(tx.Conn().TypeMap()) // keys read as load.go reads them back
 		var done bool
 		sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT done_at IS NOT NULL FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3

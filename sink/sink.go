@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -652,7 +654,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		res, ops = Result{}, &cacheOps{off: isolate || s.cache.limit <= 0}
 		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			registerTypes(tx.Conn().TypeMap())
+			pgcodec.Register(tx.Conn().TypeMap())
 			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
 			}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -204,7 +206,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		if t.deletedCol {
 			cols = append(cols, "scd_deleted")
 		}
-		if _, err := copyIn(ctx, tx, t.hist, cols, w.pre.columnTypes(t.hist), len(w.insVersions), func(i int, row []any) []any {
+		if _, err := pgcodec.CopyIn(ctx, tx, t.hist, cols, w.pre.columnTypes(t.hist), len(w.insVersions), func(i int, row []any) []any {
 			v := w.insVersions[i]
 			row = t.appendBook(append(row, v.row...), v, &w.boxes)
 			if t.deletedCol {
@@ -217,7 +219,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	}
 	if len(w.insSide) > 0 {
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := copyIn(ctx, tx, t.side, cols, w.pre.columnTypes(t.side), len(w.insSide), func(i int, row []any) []any {
+		if _, err := pgcodec.CopyIn(ctx, tx, t.side, cols, w.pre.columnTypes(t.side), len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.row != nil {
 				row = append(row, sr.ev.row...)

@@ -1,4 +1,4 @@
-package sink
+package pgcodec
 
 import (
 	"context"
@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// copyIn writes n rows, each built by fill, to table's columns cols with
+// CopyIn writes n rows, each built by fill, to table's columns cols with
 // COPY ... FROM STDIN (FORMAT binary), as pgx's CopyFrom does, but with
 // the values of the common column types encoded here, without a plan
 // lookup per value, and rows encoded straight into the buffer the
 // connection sends from, without a pipe. Other values go to pgx's type
-// map exactly as CopyFrom would hand them (appendCopyValue,
+// map exactly as CopyFrom would hand them (AppendCopyValue,
 // TestCopyValueMatchesPgx). The columns' types come from a description of
 // the table in the same transaction, every time: its lock (ACCESS SHARE,
 // held to the end) keeps them from changing before the COPY, and a type
@@ -30,7 +30,7 @@ import (
 // known, when not nil, holds the table's column types as read after the
 // same lock earlier in the transaction (prefetch.go): then no describe is
 // needed, unless a column is missing from it or of a domain type (0).
-func copyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, known map[string]uint32, n int, fill func(i int, row []any) []any) (int64, error) {
+func CopyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, known map[string]uint32, n int, fill func(i int, row []any) []any) (int64, error) {
 	quoted := make([]string, len(cols))
 	for i, c := range cols {
 		quoted[i] = pgx.Identifier{c}.Sanitize()
@@ -74,7 +74,7 @@ func knownTypes(known map[string]uint32, cols []string) []uint32 {
 }
 
 // copyReader encodes rows as the connection reads them (on the
-// connection's goroutine, while copyIn's caller waits).
+// connection's goroutine, while CopyIn's caller waits).
 type copyReader struct {
 	n, i int
 	fill func(i int, row []any) []any
@@ -105,7 +105,7 @@ func (r *copyReader) Read(p []byte) (int, error) {
 		r.buf = binary.BigEndian.AppendUint16(r.buf, uint16(len(row)))
 		var err error
 		for j, v := range row {
-			if r.buf, err = appendCopyValue(r.m, r.buf, r.oids[j], v); err != nil {
+			if r.buf, err = AppendCopyValue(r.m, r.buf, r.oids[j], v); err != nil {
 				return 0, fmt.Errorf("row %d, column %d: %w", r.i, j+1, err)
 			}
 		}
@@ -118,16 +118,16 @@ func (r *copyReader) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-// appendCopyValue appends v, for a column of type oid, as a field of a
+// AppendCopyValue appends v, for a column of type oid, as a field of a
 // binary COPY: its length and bytes, or -1 for NULL. The common pairs of
 // Go type and column type are encoded here; the rest by m, as pgx's
 // CopyFrom encodes them.
-func appendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, error) {
+func AppendCopyValue(m *pgtype.Map, buf []byte, oid uint32, v any) ([]byte, error) {
 	switch x := v.(type) {
 	case nil:
 		return binary.BigEndian.AppendUint32(buf, math.MaxUint32), nil
 	case string:
-		if isText(oid) {
+		if IsText(oid) {
 			buf = binary.BigEndian.AppendUint32(buf, uint32(len(x)))
 			return append(buf, x...), nil
 		}

@@ -1,4 +1,4 @@
-package sink
+package pgcodec
 
 import (
 	"bytes"
@@ -88,7 +88,7 @@ func TestFastCodecsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	registerTypes(conn.TypeMap())
+	Register(conn.TypeMap())
 	if _, err := conn.Exec(ctx, `CREATE TABLE v (i int, n numeric, t timestamptz, ts timestamp, d date)`); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package sink
+package pgcodec
 
 import (
 	"database/sql/driver"
@@ -10,15 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// timetz is a time with time zone, which pgx has no type for: COPY needs
+// Timetz is a time with time zone, which pgx has no type for: COPY needs
 // its binary form (microseconds since midnight, then the zone as seconds
 // west of UTC, as PostgreSQL stores it).
-type timetz struct {
+type Timetz struct {
 	us   int64
 	west int32
 }
 
-func (t timetz) String() string {
+func (t Timetz) String() string {
 	east := -int(t.west)
 	sign := "+"
 	if east < 0 {
@@ -35,26 +35,26 @@ func (t timetz) String() string {
 	return s
 }
 
-// parseTimetz reads "HH:MM:SS[.ffffff](Z|±HH[:MM[:SS]])", as Debezium's
+// ParseTimetz reads "HH:MM:SS[.ffffff](Z|±HH[:MM[:SS]])", as Debezium's
 // ZonedTime and PostgreSQL's output write it.
-func parseTimetz(s string) (timetz, error) {
-	bad := fmt.Errorf("%q is not a time with time zone", clipText(s))
+func ParseTimetz(s string) (Timetz, error) {
+	bad := fmt.Errorf("%q is not a time with time zone", ClipText(s))
 	i := strings.IndexAny(s, "Z+-")
 	if i < 8 {
-		return timetz{}, bad
+		return Timetz{}, bad
 	}
 	clock, zone := s[:i], s[i:]
 	parts := strings.Split(clock, ":")
 	if len(parts) != 3 {
-		return timetz{}, bad
+		return Timetz{}, bad
 	}
 	h, err1 := strconv.Atoi(parts[0])
 	m, err2 := strconv.Atoi(parts[1])
 	sec, err3 := strconv.ParseFloat(parts[2], 64)
 	if err1 != nil || err2 != nil || err3 != nil || h < 0 || h > 24 || m < 0 || m > 59 || sec < 0 || sec >= 61 {
-		return timetz{}, bad
+		return Timetz{}, bad
 	}
-	t := timetz{us: int64(h)*3600e6 + int64(m)*60e6 + int64(sec*1e6+0.5)}
+	t := Timetz{us: int64(h)*3600e6 + int64(m)*60e6 + int64(sec*1e6+0.5)}
 	if zone == "Z" {
 		return t, nil
 	}
@@ -70,7 +70,7 @@ func parseTimetz(s string) (timetz, error) {
 		}
 		n, err := strconv.Atoi(zp[k])
 		if err != nil {
-			return timetz{}, bad
+			return Timetz{}, bad
 		}
 		east += n * unit
 	}
@@ -78,14 +78,14 @@ func parseTimetz(s string) (timetz, error) {
 	return t, nil
 }
 
-// timetzCodec is the pgx codec of timetz, binary only.
+// timetzCodec is the pgx codec of Timetz, binary only.
 type timetzCodec struct{}
 
 func (timetzCodec) FormatSupported(f int16) bool { return f == pgtype.BinaryFormatCode }
 func (timetzCodec) PreferredFormat() int16       { return pgtype.BinaryFormatCode }
 
 func (timetzCodec) PlanEncode(_ *pgtype.Map, _ uint32, format int16, value any) pgtype.EncodePlan {
-	if _, ok := value.(timetz); ok && format == pgtype.BinaryFormatCode {
+	if _, ok := value.(Timetz); ok && format == pgtype.BinaryFormatCode {
 		return timetzEncoder{}
 	}
 	return nil
@@ -98,7 +98,7 @@ func (c timetzCodec) DecodeDatabaseSQLValue(m *pgtype.Map, oid uint32, format in
 	if v == nil || err != nil {
 		return nil, err
 	}
-	return v.(timetz).String(), nil
+	return v.(Timetz).String(), nil
 }
 
 func (timetzCodec) DecodeValue(_ *pgtype.Map, _ uint32, format int16, src []byte) (any, error) {
@@ -106,18 +106,18 @@ func (timetzCodec) DecodeValue(_ *pgtype.Map, _ uint32, format int16, src []byte
 		return nil, nil
 	}
 	if format != pgtype.BinaryFormatCode {
-		return parseTimetz(string(src))
+		return ParseTimetz(string(src))
 	}
 	if len(src) != 12 {
 		return nil, fmt.Errorf("timetz: %d bytes, want 12", len(src))
 	}
-	return timetz{us: int64(binary.BigEndian.Uint64(src)), west: int32(binary.BigEndian.Uint32(src[8:]))}, nil
+	return Timetz{us: int64(binary.BigEndian.Uint64(src)), west: int32(binary.BigEndian.Uint32(src[8:]))}, nil
 }
 
 type timetzEncoder struct{}
 
 func (timetzEncoder) Encode(value any, buf []byte) ([]byte, error) {
-	t := value.(timetz)
+	t := value.(Timetz)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(t.us))
 	return binary.BigEndian.AppendUint32(buf, uint32(t.west)), nil
 }

@@ -1,4 +1,4 @@
-package sink
+package pgcodec
 
 import (
 	"encoding/binary"
@@ -189,7 +189,7 @@ func appendNumeric(buf []byte, n pgtype.Numeric) ([]byte, bool) {
 }
 
 // fastTypes are the types above and their arrays, registered with the
-// JSON types (registerTypes).
+// JSON types (Register).
 func fastTypes() []*pgtype.Type {
 	ts := &pgtype.Type{Name: "timestamptz", OID: pgtype.TimestamptzOID, Codec: fastTimestamptzCodec{&pgtype.TimestamptzCodec{}}}
 	num := &pgtype.Type{Name: "numeric", OID: pgtype.NumericOID, Codec: fastNumericCodec{}}

@@ -1,4 +1,4 @@
-package sink
+package pgcodec
 
 import (
 	"bytes"
@@ -17,12 +17,12 @@ import (
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 )
 
-// TestCopyValueMatchesPgx: the values appendCopyValue encodes itself get
+// TestCopyValueMatchesPgx: the values AppendCopyValue encodes itself get
 // the bytes pgx's codecs give them, length included; nil and typed nils
 // are NULL.
 func TestCopyValueMatchesPgx(t *testing.T) {
 	m := pgtype.NewMap()
-	registerTypes(m)
+	Register(m)
 	rng := rand.New(rand.NewPCG(1, 2))
 	zones := []*time.Location{time.UTC, time.FixedZone("x", -7*3600-1800), time.Local}
 	var values []any
@@ -50,7 +50,7 @@ func TestCopyValueMatchesPgx(t *testing.T) {
 			} else {
 				binary.BigEndian.PutUint32(want, uint32(len(want)-4))
 			}
-			got, err := appendCopyValue(m, nil, oid, v)
+			got, err := AppendCopyValue(m, nil, oid, v)
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("%#v as OID %d: %x (%v), pgx gives %x", v, oid, got, err, want)
 			}
@@ -58,7 +58,7 @@ func TestCopyValueMatchesPgx(t *testing.T) {
 	}
 }
 
-// TestCopyInMatchesCopyFrom COPYs the same rows with copyIn and with
+// TestCopyInMatchesCopyFrom COPYs the same rows with CopyIn and with
 // pgx's CopyFrom into tables of every common type, in the Go types the
 // sink holds and as strings (pgx's fallback: scanned as the column's
 // type), and finds the tables equal; a value neither can encode fails
@@ -70,7 +70,7 @@ func TestCopyInMatchesCopyFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(ctx) })
-	registerTypes(conn.TypeMap())
+	Register(conn.TypeMap())
 	const ddl = `(id int8, tx text, vc varchar(12), i2 int2, i4 int4, i8 int8, b bool, f8 float8, f4 real, n numeric, tz timestamptz,
 		ts timestamp, d date, by bytea, js json, jb jsonb, u uuid, arr text[], ia int4[], tm time, iv interval)`
 	cols := []string{"id", "tx", "vc", "i2", "i4", "i8", "b", "f8", "f4", "n", "tz", "ts", "d", "by", "js", "jb", "u", "arr", "ia", "tm", "iv"}
@@ -117,7 +117,7 @@ func TestCopyInMatchesCopyFrom(t *testing.T) {
 			return err
 		}
 		defer tx.Rollback(ctx)
-		n, err := copyIn(ctx, tx, pgx.Identifier{"b"}, cols, nil, len(rows), func(i int, row []any) []any { return append(row, rows[i]...) })
+		n, err := CopyIn(ctx, tx, pgx.Identifier{"b"}, cols, nil, len(rows), func(i int, row []any) []any { return append(row, rows[i]...) })
 		if err != nil {
 			return err
 		}
@@ -139,7 +139,7 @@ func TestCopyInMatchesCopyFrom(t *testing.T) {
 	if a, b := dump("a"), dump("b"); a != b {
 		t.Fatalf("the tables differ:\npgx's CopyFrom:\n%s\ncopyIn:\n%s", a, b)
 	}
-	// A value pgx cannot encode fails copyIn too.
+	// A value pgx cannot encode fails CopyIn too.
 	bad := typed(9999)
 	bad[3] = "not a number"
 	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"a"}, cols, pgx.CopyFromRows([][]any{bad})); err == nil {
@@ -184,7 +184,7 @@ func TestCopyInAfterWidening(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(ctx) })
-	registerTypes(conn.TypeMap())
+	Register(conn.TypeMap())
 	other, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +200,7 @@ func TestCopyInAfterWidening(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		if _, err := copyIn(ctx, tx, pgx.Identifier{"w"}, []string{"id", "v"}, nil, 1, func(_ int, row []any) []any {
+		if _, err := CopyIn(ctx, tx, pgx.Identifier{"w"}, []string{"id", "v"}, nil, 1, func(_ int, row []any) []any {
 			return append(row, id, int64(12345))
 		}); err != nil {
 			t.Fatal(err)
