@@ -78,12 +78,13 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	// is looked up by its key (a subquery per partition): a join let the
 	// planner, on statistics taken while the table was small, filter
 	// every row against every partition (30 ms at 800 partitions).
+	// OFFSET 0 keeps the subquery whole, so each lookup runs once.
 	b.Queue(fmt.Sprintf(`SELECT o.topic, o.partition, o.next_offset, g.n
 		FROM (SELECT (SELECT count(*) FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND done_at IS NOT NULL)
 			+ coalesce((SELECT n FROM %[1]s.scd2sink_outside_writes WHERE consumer_group = $1), 0) AS n) g
 		LEFT JOIN (SELECT x.t AS topic, x.p AS partition, x.n AS next_offset FROM (SELECT x.t, x.p, (SELECT o.next_offset FROM %[1]s.scd2sink_offsets o
 					WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p) AS n
-				FROM unnest($2::text[], $3::int[]) AS x(t, p)) x WHERE x.n IS NOT NULL
+				FROM unnest($2::text[], $3::int[]) AS x(t, p) OFFSET 0) x WHERE x.n IS NOT NULL
 			UNION ALL
 			SELECT o.topic, o.partition, o.next_offset FROM %[1]s.%[2]s r
 				JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = r.consumer_group AND o.topic = r.topic

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
-	"go.uber.org/zap"
 )
 
 // Reading ahead for a batch of many tables.
@@ -23,12 +22,12 @@ import (
 // recorded, and each table's share takes what was read for it the first
 // time it is applied. With one table it saves one round trip of two.
 //
-// The prefetch runs in a savepoint. A statement that fails while it runs
-// is its table's (a TargetError: that table parks, the others go on); one
-// that fails before anything runs (PostgreSQL parses the whole pipeline
-// first: a column renamed by hand, a table dropped) names no table, so
-// the savepoint is rolled back and the shares read for themselves, where
-// the one at fault fails as its own.
+// A statement that fails is its table's (a TargetError: that table
+// parks, the others go on): the one whose results were being read, or,
+// when PostgreSQL fails it while the pipeline is prepared (a column
+// renamed by hand, a table held ACCESS EXCLUSIVE), the one pgx names
+// (ErrPreprocessingBatch). Only the shared reads (column types,
+// truncates) fail the batch as a whole, as the fence would.
 //
 // What a share takes is what its own first read would have returned: in
 // the transaction nothing writes a table's history or its target's
@@ -82,35 +81,16 @@ func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
 	return l
 }
 
-// prefetchOrNot reads ahead for the targets' shares in a savepoint; when
-// that fails without naming a table it returns nil (see above).
-func (s *Sink) prefetchOrNot(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reading ahead: %w", err)
-	}
-	pre, err := s.prefetch(ctx, sp, plans, targets)
-	var te *TargetError
-	if err == nil || errors.As(err, &te) {
-		return pre, err // the savepoint is released at commit
-	}
-	if rb := sp.Rollback(ctx); rb != nil {
-		return nil, err
-	}
-	s.log.Debug("reading ahead failed without naming a table; each table reads for itself", zap.Error(err))
-	return nil, nil
-}
-
 // prefetch reads ahead for the targets' shares of the batch (see above).
-// A statement that fails fails the share of its table (a TargetError),
-// as its own read would have.
 func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
 	pre := &prefetched{truncs: map[*table][]fevent{}, latest: map[*table]map[*keyPlan]*latest{}, types: map[string]map[string]uint32{}}
 	byName := map[string]*table{}
 	var names, rels []string
 	var reads []func(b *pgx.Batch)
-	failing := "" // the target whose statement is being read
+	failing := ""                // the target whose statement is being read
+	bySQL := map[string]string{} // each statement's target
 	queue := func(b *pgx.Batch, target, q string, args []any, fn func(pgx.Rows) error) {
+		bySQL[q] = target
 		b.Queue(q, args...).Fn = func(br pgx.BatchResults) error {
 			failing = target
 			rows, _ := br.Query()
@@ -135,10 +115,13 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		pre.truncs[t] = nil // none recorded, unless read below
 		names = append(names, t.hist.Sanitize())
 		byName[t.hist.Sanitize()] = t
-		// The lock a describe before each COPY would take (copyIn), so
-		// that the types read below hold.
+		// The lock a describe before each COPY would take (CopyIn), so
+		// that the types read below hold; ONLY: a partitioned table's
+		// column types change through its parent, and its partitions are
+		// locked as they are written (a lock per partition of years of
+		// history would fill the lock table).
 		rels = append(rels, t.hist.Sanitize(), t.side.Sanitize())
-		queue(b, name, fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS SHARE MODE", t.hist.Sanitize(), t.side.Sanitize()), nil,
+		queue(b, name, fmt.Sprintf("LOCK TABLE ONLY %s, %s IN ACCESS SHARE MODE", t.hist.Sanitize(), t.side.Sanitize()), nil,
 			func(pgx.Rows) error { return nil })
 		if len(p.truncates) > 0 {
 			continue
@@ -210,6 +193,10 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		return rows.Err()
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		var pe pgx.ErrPreprocessingBatch
+		if failing == "" && errors.As(err, &pe) {
+			failing = bySQL[pe.SQL()]
+		}
 		if failing != "" {
 			return nil, &TargetError{Target: failing, Err: fmt.Errorf("applying batch to %s: %w", failing, err)}
 		}

@@ -653,7 +653,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	attempt := func(ctx context.Context) error {
 		res, ops = Result{}, &cacheOps{off: isolate || s.cache.limit <= 0}
 		gen = s.forgetNow() // a Forget during the retries counts too
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
 			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
@@ -684,7 +684,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 			}
 			if !isolate {
-				if ops.pre, err = s.prefetchOrNot(ctx, tx, plans, targets); err != nil {
+				if ops.pre, err = s.prefetch(ctx, tx, plans, targets); err != nil {
 					return err
 				}
 			}
@@ -794,6 +794,12 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 // key alone). Scoped to the transaction.
 const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	set_config('enable_mergejoin', 'off', true)`
+
+// applyTx is a batch's transaction: READ COMMITTED whatever the server's
+// default, so that each statement sees what committed before it and took
+// its locks (the column types read after a table's lock, prefetch.go; the
+// offsets read after the partitions' advisory locks, fence).
+var applyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // Forget empties the Sink's memory of what it wrote. The consumer calls it
 // when partitions are assigned, revoked or lost; it is safe to call from
