@@ -31,7 +31,14 @@ type avroSchema struct {
 	root  *Schema
 	row   *rowSchema // the envelope's before/after record, or a key record
 	err   error      // the schema cannot be used: records with it are dead letters
+	// plan reads an envelope without goavro's maps (avroplan.go); nil:
+	// goavro decodes it whole.
+	plan *avroPlan
 }
+
+// avroWhole makes every envelope decode through goavro's maps (tests
+// compare the two ways).
+var avroWhole = false
 
 // avroCache holds writer schemas by registry id, and what it knows of ids
 // the registry could not give yet.
@@ -187,34 +194,45 @@ func buildAvro(sch sr.Schema, envelope bool) *avroSchema {
 			out.err = err
 		}
 	}
+	if envelope && out.row != nil && !avroWhole {
+		out.plan = newAvroPlan(stripped, len(out.row.cols))
+	}
 	return out
 }
 
 // decodeRecord decodes an Avro record (a key, or an envelope) with its
 // writer schema, found as frame says. ok is false for a key that is not
-// Avro.
-func (d *Decoder) decodeRecord(ctx context.Context, b []byte, hs []Header, key bool) (s *avroSchema, rec map[string]any, ok bool, err error) {
+// Avro. An envelope its schema's plan reads, unless whole, (avroplan.go) comes without
+// before, and with its after image as the row's values (after; nil for
+// none); any other record comes as goavro decodes it, after nil.
+func (d *Decoder) decodeRecord(ctx context.Context, b []byte, hs []Header, key, whole bool) (s *avroSchema, rec map[string]any, after []any, ok bool, err error) {
 	id, body, ok, err := d.frame(b, hs, key)
 	if !ok || err != nil {
-		return nil, nil, ok, err
+		return nil, nil, nil, ok, err
 	}
 	if s, err = d.avro.get(ctx, id, !key); err != nil {
-		return nil, nil, true, err
+		return nil, nil, nil, true, err
 	}
 	if s.err != nil {
-		return nil, nil, true, fmt.Errorf("%s: %w", id, s.err)
+		return nil, nil, nil, true, fmt.Errorf("%s: %w", id, s.err)
+	}
+	if s.plan != nil && !key && !whole {
+		if rec, after, err = s.plan.decode(body, s.row); err != nil {
+			return nil, nil, nil, true, fmt.Errorf("avro record (%s): %w", id, err)
+		}
+		return s, rec, after, true, nil
 	}
 	native, rest, err := s.codec.NativeFromBinary(body)
 	if err != nil {
-		return nil, nil, true, fmt.Errorf("avro record (%s): %w", id, err)
+		return nil, nil, nil, true, fmt.Errorf("avro record (%s): %w", id, err)
 	}
 	if len(rest) != 0 {
-		return nil, nil, true, fmt.Errorf("avro record (%s): %d bytes left over", id, len(rest))
+		return nil, nil, nil, true, fmt.Errorf("avro record (%s): %d bytes left over", id, len(rest))
 	}
 	if rec, ok = native.(map[string]any); !ok {
-		return nil, nil, true, fmt.Errorf("avro value (%s) is not a record", id)
+		return nil, nil, nil, true, fmt.Errorf("avro value (%s) is not a record", id)
 	}
-	return s, rec, true, nil
+	return s, rec, nil, true, nil
 }
 
 // unwrapUnion takes a value out of goavro's union wrapper {"type": value}.
@@ -251,7 +269,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if len(value) == 0 {
 		return nil, ErrSkip // tombstone
 	}
-	s, rec, _, err := d.decodeRecord(ctx, value, hs, false)
+	s, rec, planned, _, err := d.decodeRecord(ctx, value, hs, false, r.images)
 	if err != nil {
 		return nil, fmt.Errorf("value: %w", err)
 	}
@@ -321,6 +339,8 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 				return nil, fmt.Errorf("%s event: after document: %w", opStr, err)
 			}
 			ev.Row, ev.Complete = doc, true
+		} else if planned != nil {
+			ev.AfterValues = planned
 		} else if !ok || s.row == nil {
 			if mongo {
 				return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
@@ -435,7 +455,7 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, keys []string, raw []byt
 	var names []string
 	var vals []any
 	var kerr error
-	ks, krec, isAvro, err := d.decodeRecord(ctx, raw, hs, true)
+	ks, krec, _, isAvro, err := d.decodeRecord(ctx, raw, hs, true, true)
 	if isAvro {
 		if errors.Is(err, ErrRetry) {
 			return nil, nil, err

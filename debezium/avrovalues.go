@@ -17,6 +17,12 @@ func (c *column) native(v any) (any, error) {
 	if c.union {
 		v = unwrapUnion(v)
 	}
+	return c.nativeValue(v)
+}
+
+// nativeValue is native of a value already taken out of its union (the
+// envelope plan reads the union's branch itself, avroplan.go).
+func (c *column) nativeValue(v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}

@@ -35,6 +35,10 @@ type rule struct {
 	streams  streams
 	docs     docSchemas // the topic's MongoDB documents' row schemas (mongo.go)
 	vfPath   []string
+	// images: a path reads the before or after image itself, so Avro
+	// envelopes are decoded whole (avroplan.go reads neither into the
+	// record map).
+	images bool
 	// The schemas of the topic's last message (value and key): the
 	// JsonConverter repeats them, so a message is first tried against them.
 	lastValue, lastKey, lastHeader atomic.Pointer[cached]
@@ -151,6 +155,9 @@ func newRule(r Rule) *rule {
 		sp := splitPath(p)
 		cr.seqPaths = append(cr.seqPaths, sp)
 		cr.gtid = append(cr.gtid, isGTIDPath(sp))
+	}
+	for _, p := range append([][]string{cr.vfPath}, cr.seqPaths...) {
+		cr.images = cr.images || (len(p) > 0 && (p[0] == "before" || p[0] == "after"))
 	}
 	return cr
 }

@@ -39,7 +39,7 @@ func (d *Decoder) Describe(ctx context.Context, key, value []byte, headers ...He
 			out.Apicurio = true
 		}
 	}
-	s, rec, _, err := d.decodeRecord(ctx, value, headers, false)
+	s, rec, _, _, err := d.decodeRecord(ctx, value, headers, false, true)
 	if err != nil {
 		return out, fmt.Errorf("value: %w", err)
 	}
@@ -62,7 +62,7 @@ func (d *Decoder) Describe(ctx context.Context, key, value []byte, headers ...He
 	if s.row != nil {
 		out.Columns = append(out.Columns, s.row.names...)
 	}
-	ks, _, isAvro, err := d.decodeRecord(ctx, key, headers, true)
+	ks, _, _, isAvro, err := d.decodeRecord(ctx, key, headers, true, true)
 	switch {
 	case isAvro && err != nil:
 		return out, fmt.Errorf("key: %w", err)
