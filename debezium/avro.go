@@ -367,7 +367,16 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if mongo && len(keys) == 1 && keys[0] == "_id" {
 		keys = nil // the message key's id is the _id
 	}
-	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, keys, key, hs, s, rec); err != nil {
+	full := func() (map[string]any, error) { return rec, nil }
+	if s.plan != nil && !r.images {
+		// The plan left the images out of rec: a key column taken from
+		// them (no message key, or one without it) needs the whole record.
+		full = func() (map[string]any, error) {
+			_, whole, _, _, err := d.decodeRecord(ctx, value, hs, false, true)
+			return whole, err
+		}
+	}
+	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, keys, key, hs, s, full); err != nil {
 		return nil, err
 	}
 	if mongo && len(ev.Key) == 1 && len(ev.KeyNames) == 1 && ev.KeyNames[0] == "id" {
@@ -451,7 +460,7 @@ func avroValidFrom(r *rule, s *avroSchema, rec map[string]any, standIn *bool) (t
 // avroKey reads the key: an Avro record (wire format, or bare with
 // Apicurio's key header) or JSON, as the key converter wrote it;
 // configured key columns may come from the row images instead.
-func (d *Decoder) avroKey(ctx context.Context, r *rule, keys []string, raw []byte, hs []Header, s *avroSchema, rec map[string]any) ([]any, []string, error) {
+func (d *Decoder) avroKey(ctx context.Context, r *rule, keys []string, raw []byte, hs []Header, s *avroSchema, full func() (map[string]any, error)) ([]any, []string, error) {
 	var names []string
 	var vals []any
 	var kerr error
@@ -495,11 +504,18 @@ func (d *Decoder) avroKey(ctx context.Context, r *rule, keys []string, raw []byt
 		return vals, names, nil
 	}
 	out := make([]any, len(keys))
+	var rec map[string]any // the whole record, read when a key column is not in the message key
 	for i, k := range keys {
 		var v any
 		for j, n := range names {
 			if n == k {
 				v = vals[j]
+			}
+		}
+		if v == nil && s.row != nil && rec == nil {
+			var err error
+			if rec, err = full(); err != nil {
+				return nil, nil, fmt.Errorf("value: %w", err)
 			}
 		}
 		for _, img := range []string{"before", "after"} {

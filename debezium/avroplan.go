@@ -251,7 +251,7 @@ func (n *avroNode) skip(b []byte) ([]byte, error) {
 		var err error
 		for _, f := range n.fields {
 			if b, err = f.node.skip(b); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%s: %w", f.name, err)
 			}
 		}
 		return b, nil
@@ -290,6 +290,9 @@ func (n *avroNode) skip(b []byte) ([]byte, error) {
 			}
 			continue
 		}
+		if n.kind == aArray && n.items.zeroWidth(0) {
+			continue // items of no bytes: nothing to pass over, however many
+		}
 		for ; count > 0; count-- {
 			if n.kind == aMap {
 				if b, err = (&avroNode{kind: aBytes}).skip(b); err != nil {
@@ -303,18 +306,47 @@ func (n *avroNode) skip(b []byte) ([]byte, error) {
 	}
 }
 
+// zeroWidth reports whether a value of n takes no bytes (null, an empty
+// record, a fixed of size 0); depth bounds a named type that refers to
+// itself.
+func (n *avroNode) zeroWidth(depth int) bool {
+	switch {
+	case depth > 32:
+		return false
+	case n.kind == aNull:
+		return true
+	case n.kind == aFixed:
+		return n.size == 0
+	case n.kind == aRecord:
+		for _, f := range n.fields {
+			if !f.node.zeroWidth(depth + 1) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
 // avroLong reads a zigzag varint (Avro's int, long, lengths and counts).
 func avroLong(b []byte) (int64, []byte, error) {
 	v, n := binary.Varint(b)
-	if n <= 0 {
+	switch {
+	case n == 0:
 		return 0, nil, errAvroShort
+	case n < 0:
+		return 0, nil, errors.New("a varint longer than 64 bits")
 	}
 	return v, b[n:], nil
 }
 
+// avroAdvance passes over n bytes (a length or size read before).
 func avroAdvance(b []byte, n int64) ([]byte, error) {
-	if n < 0 || n > int64(len(b)) || n > math.MaxInt32 {
-		return nil, errAvroShort
+	switch {
+	case n < 0:
+		return nil, fmt.Errorf("a negative length (%d)", n)
+	case n > int64(len(b)) || n > math.MaxInt32:
+		return nil, fmt.Errorf("%w: %d bytes wanted, %d left", errAvroShort, n, len(b))
 	}
 	return b[n:], nil
 }

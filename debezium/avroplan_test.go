@@ -15,7 +15,8 @@ import (
 // TestAvroPlanMatchesGoavro: Avro envelopes of every column type
 // (values, NULLs, Debezium's unavailable-value placeholders), with before
 // images or without, creates, updates, deletes and snapshot reads, and
-// rules that take valid_from or the sequence from the images, decode to
+// rules that take valid_from, the sequence or a key column from the
+// images, decode to
 // the same events through the envelope plan as through goavro's maps.
 func TestAvroPlanMatchesGoavro(t *testing.T) {
 	typed := typedSource()
@@ -53,11 +54,15 @@ func TestAvroPlanMatchesGoavro(t *testing.T) {
 		sequence  []string
 		src       *scdtest.Source
 		changes   []scdtest.Change
+		keys      []string
 	}{
-		{"typed, source time", "source.ts_ms", []string{"source.lsn"}, typed, typedChanges},
-		{"customers, source time", "source.ts_ms", []string{"source.lsn"}, cust, custChanges},
-		{"customers, time from the image", "after.signed_up", []string{"source.lsn"}, cust, custChanges},
-		{"customers, sequence from the image", "source.ts_ms", []string{"after.id", "source.lsn"}, cust, custChanges},
+		{"typed, source time", "source.ts_ms", []string{"source.lsn"}, typed, typedChanges, nil},
+		{"customers, source time", "source.ts_ms", []string{"source.lsn"}, cust, custChanges, nil},
+		{"customers, time from the image", "after.signed_up", []string{"source.lsn"}, cust, custChanges, nil},
+		{"customers, sequence from the image", "source.ts_ms", []string{"after.id", "source.lsn"}, cust, custChanges, nil},
+		// A key column the message key does not hold: taken from the
+		// images, deletes' before included.
+		{"customers, key from the images", "source.ts_ms", []string{"source.lsn"}, cust, custChanges, []string{"id", "email"}},
 	}
 	for _, r := range rules {
 		t.Run(r.name, func(t *testing.T) {
@@ -65,7 +70,7 @@ func TestAvroPlanMatchesGoavro(t *testing.T) {
 				restore := debezium.SetAvroWhole(whole)
 				defer restore()
 				d := debezium.New([]debezium.Rule{{Topic: r.src.Topic(), Target: "t_history", Format: debezium.FormatAvro,
-					SequenceBy: r.sequence, ValidFrom: r.validFrom}}, avroRegistry(t, r.src), nil)
+					SequenceBy: r.sequence, ValidFrom: r.validFrom, Keys: r.keys}}, avroRegistry(t, r.src), nil)
 				var evs []*change.Event
 				var errs []error
 				for i, c := range r.changes {
