@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -127,8 +129,13 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	hist, side := t.hist.Sanitize(), t.side.Sanitize()
 	if t.parts != nil {
 		defer func() {
-			if noPartition(err) {
+			var pgErr *pgconn.PgError
+			if noPartition(err) && errors.As(err, &pgErr) {
 				t.parts.forget()
+				// PostgreSQL names the row's partition key in the detail:
+				// which valid_to found no partition, and which times the
+				// batch made sure of.
+				err = fmt.Errorf("%w (%s; partitions made sure of for %d closing times)", err, pgErr.Detail, len(w.closedTimes()))
 			}
 		}()
 		if err := t.parts.ensure(ctx, tx, w.closedTimes()); err != nil {
