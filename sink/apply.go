@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // applyTable applies one table's share of a batch inside tx. It never changes
@@ -28,21 +29,21 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 	known := map[string]bool{}
 	for _, tr := range truncs {
-		known[string(tr.seq)] = true
+		known[string(tr.Seq)] = true
 	}
 	var fresh []change.Seq
 	for _, tr := range p.truncates {
-		if known[string(tr.seq)] {
+		if known[string(tr.Seq)] {
 			res.Duplicates++
 			continue
 		}
-		known[string(tr.seq)] = true
+		known[string(tr.Seq)] = true
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)`,
-			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize(), []byte(tr.seq), tr.t); err != nil {
+			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize(), []byte(tr.Seq), tr.T); err != nil {
 			return res, nil, fmt.Errorf("recording truncate: %w", err)
 		}
 		truncs = append(truncs, tr)
-		fresh = append(fresh, tr.seq)
+		fresh = append(fresh, tr.Seq)
 		res.Events++
 	}
 	sortEvents(truncs)
@@ -56,8 +57,8 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 
 	var appendKeys, repair []*keyPlan
-	var repairEvents [][]fevent
-	batchEvents := map[*keyPlan][]fevent{}
+	var repairEvents [][]fold.Event
+	batchEvents := map[*keyPlan][]fold.Event{}
 	for _, kp := range p.order {
 		evs, d, dups := dedupeBatch(kp.events)
 		dead = append(dead, d...)
@@ -67,11 +68,11 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			appendKeys = append(appendKeys, kp)
 		}
 	}
-	states := make([]*latest, len(appendKeys))
+	states := make([]*fold.Latest, len(appendKeys))
 	var uncached []*keyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.boxes, &ops.mem); ok {
+		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.mem.Boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
@@ -89,13 +90,13 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	partial := false
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
-		if max := states[i].maxSeq(); max != nil && evs[0].seq.Compare(max) <= 0 {
+		if max := states[i].MaxSeq(); max != nil && evs[0].Seq.Compare(max) <= 0 {
 			repair = append(repair, kp)
 			repairEvents = append(repairEvents, evs)
 			// A late event changes the history from the version live at
 			// its sequence on: that part is read and folded again, not
 			// the key's whole history (repairKey).
-			repairFrom, partial = append(repairFrom, evs[0].seq), true
+			repairFrom, partial = append(repairFrom, evs[0].Seq), true
 			continue
 		}
 		ops.set(cacheKey{t, kp.id}, s.appendKey(t, kp, evs, states[i], truncs, w, &res))
@@ -115,7 +116,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	if repairFrom != nil && !unboundedRepairs {
 		bounds = make([]bound, len(repair))
 		for i, evs := range repairEvents {
-			if repairFrom[i] != nil && !truncatedAfter(truncs, evs[0].seq) {
+			if repairFrom[i] != nil && !truncatedAfter(truncs, evs[0].Seq) {
 				bounds[i] = boundOf(evs)
 			}
 		}
@@ -166,17 +167,17 @@ var boundedRepairs atomic.Int64
 // key's event comes before a truncate of the same sequence): a late event
 // before it may change whether it closes something, and so the time of
 // everything after it (no boundary then).
-func truncatedAfter(truncs []fevent, seq change.Seq) bool {
-	return len(truncs) > 0 && truncs[len(truncs)-1].seq.Compare(seq) >= 0
+func truncatedAfter(truncs []fold.Event, seq change.Seq) bool {
+	return len(truncs) > 0 && truncs[len(truncs)-1].Seq.Compare(seq) >= 0
 }
 
 // boundOf is the bound of a key's late events (sorted by sequence).
-func boundOf(evs []fevent) bound {
-	b := bound{last: evs[len(evs)-1].seq}
+func boundOf(evs []fold.Event) bound {
+	b := bound{last: evs[len(evs)-1].Seq}
 	for _, e := range evs {
-		at := e.t
-		if !e.raw.IsZero() {
-			at = e.raw
+		at := e.T
+		if !e.Raw.IsZero() {
+			at = e.Raw
 		}
 		if at.After(b.latest) {
 			b.latest = at
@@ -188,20 +189,20 @@ func boundOf(evs []fevent) bound {
 // dedupeBatch drops repeated events of one key inside a batch: the same
 // sequence with the same content is a duplicate, with other content a
 // conflict (the first one wins).
-func dedupeBatch(evs []fevent) ([]fevent, []DeadLetter, int) {
+func dedupeBatch(evs []fold.Event) ([]fold.Event, []DeadLetter, int) {
 	repeated := false
 	for i := 1; i < len(evs) && !repeated; i++ {
-		repeated = evs[i-1].seq.Compare(evs[i].seq) == 0
+		repeated = evs[i-1].Seq.Compare(evs[i].Seq) == 0
 	}
 	if !repeated {
 		return evs, nil, 0 // the common case: nothing to drop, nothing copied
 	}
-	var out []fevent
+	var out []fold.Event
 	var dead []DeadLetter
 	dups := 0
 	for _, e := range evs {
-		if n := len(out); n > 0 && out[n-1].seq.Compare(e.seq) == 0 {
-			if bytes.Equal(out[n-1].hash, e.hash) {
+		if n := len(out); n > 0 && out[n-1].Seq.Compare(e.Seq) == 0 {
+			if bytes.Equal(out[n-1].Hash, e.Hash) {
 				dups++
 			} else {
 				dead = append(dead, conflictLetter(e))
@@ -213,23 +214,23 @@ func dedupeBatch(evs []fevent) ([]fevent, []DeadLetter, int) {
 	return out, dead, dups
 }
 
-func conflictLetter(e fevent) DeadLetter {
-	return eventDeadLetter(e.src, ReasonConflict, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
-		e.src.Key, e.seq))
+func conflictLetter(e fold.Event) DeadLetter {
+	return eventDeadLetter(e.Src, ReasonConflict, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
+		e.Src.Key, e.Seq))
 }
 
 // mergeTruncates adds the truncates after seq `after` (all when nil) to evs.
-func mergeTruncates(evs, truncs []fevent, after change.Seq) []fevent {
-	var add []fevent
+func mergeTruncates(evs, truncs []fold.Event, after change.Seq) []fold.Event {
+	var add []fold.Event
 	for _, tr := range truncs {
-		if after == nil || tr.seq.Compare(after) > 0 {
+		if after == nil || tr.Seq.Compare(after) > 0 {
 			add = append(add, tr)
 		}
 	}
 	if len(add) == 0 {
 		return evs
 	}
-	out := append(append([]fevent(nil), evs...), add...)
+	out := append(append([]fold.Event(nil), evs...), add...)
 	sortEvents(out)
 	return out
 }
@@ -237,84 +238,84 @@ func mergeTruncates(evs, truncs []fevent, after change.Seq) []fevent {
 // appendKey folds events that all come after everything the table holds for
 // the key: only the latest version can change. It returns what the table
 // will hold for the key once the batch commits.
-func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs []fevent, w *writes, res *Result) *latest {
-	st := foldState{w: w}
-	var orig *version
-	if v := l.v; v != nil {
-		st.prevRow, st.prevT, st.hasPrev = v.row, v.from, true
-		if v.closed && v.to.After(st.prevT) {
-			st.prevT = v.to
+func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *writes, res *Result) *fold.Latest {
+	st := fold.State{Mem: w.slabs()}
+	var orig *fold.Version
+	if v := l.V; v != nil {
+		st.PrevRow, st.PrevT, st.HasPrev = v.Row, v.From, true
+		if v.Closed && v.To.After(st.PrevT) {
+			st.PrevT = v.To
 		}
-		if !v.closed {
+		if !v.Closed {
 			orig = v
-			live := v.clone(w)
-			live.opener = v.row
-			st.live = live
+			live := v.Clone(w.slabs())
+			live.Opener = v.Row
+			st.Live = live
 		}
 	}
-	if l.sideMaxT != nil && (!st.hasPrev || l.sideMaxT.After(st.prevT)) {
-		st.prevT, st.hasPrev = *l.sideMaxT, true
+	if l.SideMaxT != nil && (!st.HasPrev || l.SideMaxT.After(st.PrevT)) {
+		st.PrevT, st.HasPrev = *l.SideMaxT, true
 	}
-	res.noteDisagreements(t.spec.Target, evs, st.prevT)
-	out := t.fold(&st, mergeTruncates(evs, truncs, l.maxSeq()))
-	for _, v := range out.versions {
-		v.key = kp.key
+	res.noteDisagreements(t.spec.Target, evs, st.PrevT)
+	out := t.Fold(&st, mergeTruncates(evs, truncs, l.MaxSeq()))
+	for _, v := range out.Versions {
+		v.Key = kp.key
 	}
-	spread := t.spec.Type1Scope == AllVersions && st.prevRow != nil
+	spread := t.spec.Type1Scope == AllVersions && st.PrevRow != nil
 	if spread {
-		t.spreadType1(out.versions, st.prevRow)
+		t.SpreadType1(out.Versions, st.PrevRow)
 	}
 	rewritten := false // the live version is rewritten whole
-	for _, v := range out.versions {
+	for _, v := range out.Versions {
 		switch {
-		case !v.stored:
+		case !v.Stored:
 			w.insVersions = append(w.insVersions, v)
-		case !slices.Equal(v.absent, orig.absent) || v.complete != orig.complete || !rowsEqual(v.row, orig.row, t.trkIdx) ||
-			(!spread && !rowsEqual(v.row, orig.row, t.t1Idx)):
+		case !slices.Equal(v.Absent, orig.Absent) || v.Complete != orig.Complete || !fold.RowsEqual(v.Row, orig.Row, t.Tracked) ||
+			(!spread && !fold.RowsEqual(v.Row, orig.Row, t.Type1)):
 			// (A column learned as NULL changes no value, but what the
 			// version knows: it is written, or a restart would not know it.)
 			w.full = append(w.full, v)
 			rewritten = true
-		case v.closed:
+		case v.Closed:
 			// Its Type 1 values, if they changed, come with the key's
 			// other versions' below.
 			w.closeOnly = append(w.closeOnly, v)
 		}
-		if t.openerDiffers(v) && !(v.stored && l.openerSaved) {
-			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: v.event(v.opener, v.openAbsent)})
+		if t.OpenerDiffers(v) && !(v.Stored && l.OpenerSaved) {
+			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: v.Event(v.Opener, v.OpenAbsent)})
 		}
 	}
-	if spread && l.v != nil && !rowsEqual(st.prevRow, l.v.row, t.t1Idx) {
+	if spread && l.V != nil && !fold.RowsEqual(st.PrevRow, l.V.Row, t.Type1) {
 		var below change.Seq
 		if rewritten {
-			below = orig.seq // the live version is rewritten below
+			below = orig.Seq // the live version is rewritten below
 		}
-		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: below})
+		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below})
 	}
-	for _, e := range out.side {
+	for _, e := range out.Side {
 		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
 	}
 	res.Events += len(evs)
-	res.VersionsOpened += out.opened
-	res.VersionsClosed += out.closed
+	res.VersionsOpened += out.Opened
+	res.VersionsClosed += out.Closed
 
-	next := w.slabs().latest()
-	*next = latest{v: l.v, openerSaved: l.openerSaved, sideMaxSeq: l.sideMaxSeq, sideMaxT: l.sideMaxT}
-	if n := len(out.versions); n > 0 {
-		last := out.versions[n-1]
-		next.v = w.slabs().version()
-		*next.v = *last // its row is not copied: ops.set packs (or detaches) the state at once
-		next.v.stored = true
-		next.openerSaved = (last.stored && l.openerSaved) || t.openerDiffers(last)
-		next.v.opener = nil // appendKey takes the opener from the row (or the side table)
-		next.v.openAbsent = next.v.absent
-	} else if l.v != nil && t.spec.Type1Scope == AllVersions && st.prevRow != nil {
-		next.v = l.v.clone(w) // its Type 1 columns changed with the key's
-		t.spreadType1([]*version{next.v}, st.prevRow)
+	next := w.slabs().Latest()
+	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT}
+	if n := len(out.Versions); n > 0 {
+		last := out.Versions[n-1]
+		next.V = w.slabs().Version()
+		*next.V = *last // its row is not copied: ops.set packs (or detaches) the state at once
+		next.V.Stored = true
+		next.OpenerSaved = (last.Stored && l.OpenerSaved) || t.OpenerDiffers(last)
+		next.V.Opener = nil // appendKey takes the opener from the row (or the side table)
+		next.V.OpenAbsent = next.V.Absent
+	} else if l.V != nil && t.spec.Type1Scope == AllVersions && st.PrevRow != nil {
+		next.V = l.V.Clone(w.slabs()) // its Type 1 columns changed with the key's
+		t.SpreadType1([]*fold.Version{next.V}, st.PrevRow)
 	}
-	if n := len(out.side); n > 0 {
-		next.sideMaxSeq = out.side[n-1].seq
-		next.setSideMaxT(out.side[n-1].t)
+	if n := len(out.Side); n > 0 {
+		next.SideMaxSeq = out.Side[n-1].Seq
+		next.SetSideMaxT(out.Side[n-1].T)
 	}
 	return next
 }
@@ -327,12 +328,12 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fevent, l *latest, truncs 
 // version as the table holds it, at the same time: then nothing after it
 // changes and it is left as it is. If not, repairKey writes nothing and
 // returns false: the caller reads on to the end and repairs again.
-func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, truncs []fevent, forced bool, w *writes, res *Result) ([]DeadLetter, bool) {
+func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, truncs []fold.Event, forced bool, w *writes, res *Result) ([]DeadLetter, bool) {
 	var dead []DeadLetter
 	dups := 0
 	defer func() { res.Duplicates += dups }()
 	existing := map[string][]byte{}
-	var evs []fevent
+	var evs []fold.Event
 	// Read from h.from on, the first event starts the fold: its row is
 	// taken as resolved (its unavailable values were resolved from events
 	// not read), and what it opened is what the table holds.
@@ -342,41 +343,41 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	var first change.Seq
 	if h.horizon != nil {
 		for _, e := range h.side {
-			if first == nil || e.seq.Compare(first) < 0 {
-				first = e.seq
+			if first == nil || e.Seq.Compare(first) < 0 {
+				first = e.Seq
 			}
 		}
 		for _, v := range h.versions {
-			if first == nil || v.seq.Compare(first) < 0 {
-				first = v.seq
+			if first == nil || v.Seq.Compare(first) < 0 {
+				first = v.Seq
 			}
 		}
 		var expired []DeadLetter
 		batch, expired = t.afterHorizon(batch, h.horizon, first)
 		dead = append(dead, expired...)
-		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fevent) bool { return !afterHorizon(tr.seq, h.horizon, first) })
+		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fold.Event) bool { return !afterHorizon(tr.Seq, h.horizon, first) })
 	}
-	placeholders := func(e fevent) fevent {
-		if (h.from != nil && e.seq.Compare(h.from) == 0) || (first != nil && e.seq.Compare(first) == 0) {
-			e.resolved = true // its clamped time too: the events before it are not read
+	placeholders := func(e fold.Event) fold.Event {
+		if (h.from != nil && e.Seq.Compare(h.from) == 0) || (first != nil && e.Seq.Compare(first) == 0) {
+			e.Resolved = true // its clamped time too: the events before it are not read
 			return e
 		}
 		return t.withPlaceholders(e)
 	}
 	for _, e := range h.side {
-		existing[string(e.seq)] = e.hash
+		existing[string(e.Seq)] = e.Hash
 		evs = append(evs, placeholders(e))
 	}
 	for _, v := range h.versions {
-		if _, ok := existing[string(v.seq)]; !ok {
-			existing[string(v.seq)] = v.hash
-			evs = append(evs, placeholders(v.event(v.row, v.absent)))
+		if _, ok := existing[string(v.Seq)]; !ok {
+			existing[string(v.Seq)] = v.Hash
+			evs = append(evs, placeholders(v.Event(v.Row, v.Absent)))
 		}
 	}
-	var fresh []fevent
+	var fresh []fold.Event
 	for _, e := range batch {
-		if hash, ok := existing[string(e.seq)]; ok {
-			if bytes.Equal(hash, e.hash) {
+		if hash, ok := existing[string(e.Seq)]; ok {
+			if bytes.Equal(hash, e.Hash) {
 				dups++
 			} else {
 				dead = append(dead, conflictLetter(e))
@@ -392,19 +393,19 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
 	var touched []change.Seq
 	for _, tr := range truncs {
-		if h.from == nil || tr.seq.Compare(h.from) >= 0 { // at h.from: after its event
+		if h.from == nil || tr.Seq.Compare(h.from) >= 0 { // at h.from: after its event
 			evs = append(evs, tr)
 		}
 	}
 	sortEvents(evs)
-	st := foldState{w: w}
-	out := t.fold(&st, evs)
-	var boundary *version // as the table holds it
+	st := fold.State{Mem: w.slabs()}
+	out := t.Fold(&st, evs)
+	var boundary *fold.Version // as the table holds it
 	if h.until != nil {
-		var folded *version
-		kept := make([]*version, 0, len(out.versions))
-		for _, v := range out.versions {
-			switch v.seq.Compare(h.until) {
+		var folded *fold.Version
+		kept := make([]*fold.Version, 0, len(out.Versions))
+		for _, v := range out.Versions {
+			switch v.Seq.Compare(h.until) {
 			case 0:
 				folded = v
 			case -1:
@@ -412,7 +413,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 			}
 		}
 		for _, v := range h.versions {
-			if v.seq.Compare(h.until) == 0 {
+			if v.Seq.Compare(h.until) == 0 {
 				boundary = v
 			}
 		}
@@ -420,78 +421,78 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 		// Type 1 values, as the key's last event gave them: not so after a
 		// change of type1_scope without a rebuild, which the whole fold
 		// puts right.)
-		if folded == nil || boundary == nil || !folded.from.Equal(boundary.from) || !rowsEqual(folded.row, boundary.row, t.trkIdx) ||
-			(t.spec.Type1Scope == AllVersions && !rowsEqual(h.versions[0].row, boundary.row, t.t1Idx)) {
+		if folded == nil || boundary == nil || !folded.From.Equal(boundary.From) || !fold.RowsEqual(folded.Row, boundary.Row, t.Tracked) ||
+			(t.spec.Type1Scope == AllVersions && !fold.RowsEqual(h.versions[0].Row, boundary.Row, t.Type1)) {
 			dups = 0
 			return nil, false
 		}
-		out.versions = kept
+		out.Versions = kept
 		boundedRepairs.Add(1)
 	}
-	for _, v := range out.versions {
-		v.key = kp.key
+	for _, v := range out.Versions {
+		v.Key = kp.key
 	}
 	res.noteDisagreements(t.spec.Target, evs, time.Time{})
 	if t.spec.Type1Scope == AllVersions && boundary != nil {
 		// The key's last event is past the boundary, unchanged: every
 		// version holds its Type 1 values, the boundary's too.
-		t.spreadType1(out.versions, boundary.row)
+		t.SpreadType1(out.Versions, boundary.Row)
 	} else if t.spec.Type1Scope == AllVersions {
-		t.spreadType1(out.versions, st.prevRow)
+		t.SpreadType1(out.Versions, st.PrevRow)
 		// Read from h.from on, the fold ends with the key's last row
 		// (every row-bearing event from there is read): when its Type 1
 		// values differ from those all versions hold, the versions not
 		// read get them too.
-		if h.from != nil && len(h.versions) > 0 && st.prevRow != nil && !rowsEqual(st.prevRow, h.versions[0].row, t.t1Idx) {
-			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.prevRow, below: h.from})
+		if h.from != nil && len(h.versions) > 0 && st.PrevRow != nil && !fold.RowsEqual(st.PrevRow, h.versions[0].Row, t.Type1) {
+			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: h.from})
 			note.below = h.from // audited too: every version under it changes
 		}
 	}
-	want := out.side
-	for _, v := range out.versions {
-		if t.openerDiffers(v) {
-			want = append(want, v.event(v.opener, v.openAbsent))
+	want := out.Side
+	for _, v := range out.Versions {
+		if t.OpenerDiffers(v) {
+			want = append(want, v.Event(v.Opener, v.OpenAbsent))
 		}
 	}
-	old := map[string]*version{}
+	old := map[string]*fold.Version{}
 	for _, v := range h.versions {
 		if v != boundary {
-			old[string(v.seq)] = v
+			old[string(v.Seq)] = v
 		}
 	}
-	for _, v := range out.versions {
-		o := old[string(v.seq)]
+	for _, v := range out.Versions {
+		o := old[string(v.Seq)]
 		if o == nil {
 			w.insVersions = append(w.insVersions, v)
-			touched = append(touched, v.seq)
+			touched = append(touched, v.Seq)
 			res.VersionsOpened++
 			continue
 		}
-		delete(old, string(v.seq))
-		v.id, v.stored = o.id, true
-		if !v.sameAs(o) {
+		delete(old, string(v.Seq))
+		v.ID, v.Stored = o.ID, true
+		if !v.SameAs(o) {
 			w.full = append(w.full, v)
-			touched = append(touched, v.seq)
-			if v.closed && !o.closed {
+			touched = append(touched, v.Seq)
+			if v.Closed && !o.Closed {
 				res.VersionsClosed++
 			}
 		}
 	}
 	for _, o := range old {
-		w.delVersions = append(w.delVersions, o.id)
-		touched = append(touched, o.seq)
+		w.delVersions = append(w.delVersions, o.ID)
+		touched = append(touched, o.Seq)
 	}
 	note.noteTouched(touched)
 	w.repairs = append(w.repairs, note)
-	oldSide := map[string]fevent{}
+	oldSide := map[string]fold.Event{}
 	for _, e := range h.side {
-		if h.until == nil || e.seq.Compare(h.until) < 0 { // the boundary's saved opener stays
-			oldSide[string(e.seq)] = e
+		if h.until == nil || e.Seq.Compare(h.until) < 0 { // the boundary's saved opener stays
+			oldSide[string(e.Seq)] = e
 		}
 	}
 	for _, e := range want {
-		if o, ok := oldSide[string(e.seq)]; ok {
-			delete(oldSide, string(e.seq))
+		if o, ok := oldSide[string(e.Seq)]; ok {
+			delete(oldSide, string(e.Seq))
 			if sameSide(o, e) {
 				continue
 			}
@@ -509,25 +510,25 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fevent, h history, trunc
 
 // withPlaceholders returns a rebuilt event whose placeholder columns hold the
 // placeholder again (on a copy of its row).
-func (t *table) withPlaceholders(e fevent) fevent {
-	if e.row == nil {
+func (t *table) withPlaceholders(e fold.Event) fold.Event {
+	if e.Row == nil {
 		return e
 	}
-	e.row = append([]any(nil), e.row...)
-	for _, name := range e.unavail {
-		if i, ok := t.colIdx[name]; ok {
-			e.row[i] = unavailable{}
+	e.Row = append([]any(nil), e.Row...)
+	for _, name := range e.Unavail {
+		if i, ok := t.Index[name]; ok {
+			e.Row[i] = unavailable{}
 		}
 	}
 	return e
 }
 
-func sameSide(a, b fevent) bool {
-	if a.op != b.op || a.complete != b.complete || !slices.Equal(a.unavail, b.unavail) || !slices.Equal(a.absent, b.absent) || !a.t.Equal(b.t) || !a.raw.Equal(b.raw) || !bytes.Equal(a.hash, b.hash) || (a.row == nil) != (b.row == nil) {
+func sameSide(a, b fold.Event) bool {
+	if a.Op != b.Op || a.Complete != b.Complete || !slices.Equal(a.Unavail, b.Unavail) || !slices.Equal(a.Absent, b.Absent) || !a.T.Equal(b.T) || !a.Raw.Equal(b.Raw) || !bytes.Equal(a.Hash, b.Hash) || (a.Row == nil) != (b.Row == nil) {
 		return false
 	}
-	for i := range a.row {
-		if !valuesEqual(a.row[i], b.row[i]) {
+	for i := range a.Row {
+		if !fold.ValuesEqual(a.Row[i], b.Row[i]) {
 			return false
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // stateCache remembers, per table and key, what the append path last wrote
@@ -29,7 +30,7 @@ type stateCache struct {
 // no packed form, as it is.
 type cacheEntry struct {
 	blob []byte
-	l    *latest
+	l    *fold.Latest
 	size int // estimated bytes
 	// key is the entry's own copy of its key's identity, which the map
 	// keeps: a batch's identities share its memory (tablePlan.intern),
@@ -42,7 +43,7 @@ type cacheEntry struct {
 // kept one, which its users never change, for another. A packed entry
 // that does not unpack (it cannot happen: it is pack's own output) is a
 // miss, and the key is read from the table.
-func (e cacheEntry) state(boxes *change.Boxes, mem *slabs) (*latest, bool) {
+func (e cacheEntry) state(boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
 	if e.l != nil {
 		return e.l, true
 	}
@@ -68,7 +69,7 @@ func (c *stateCache) reset() {
 	c.curBytes, c.prevBytes = 0, 0
 }
 
-func (c *stateCache) get(k cacheKey) (*latest, bool) {
+func (c *stateCache) get(k cacheKey) (*fold.Latest, bool) {
 	e, ok := c.entry(k)
 	if !ok {
 		return nil, false
@@ -91,7 +92,7 @@ func (c *stateCache) entry(k cacheKey) (cacheEntry, bool) {
 	return e, true
 }
 
-func (c *stateCache) put(k cacheKey, l *latest) {
+func (c *stateCache) put(k cacheKey, l *fold.Latest) {
 	if c.limit <= 0 {
 		return
 	}
@@ -101,7 +102,7 @@ func (c *stateCache) put(k cacheKey, l *latest) {
 
 // newEntry packs l, if it can, by way of scratch, which it returns for
 // the next one.
-func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
+func newEntry(scratch []byte, k cacheKey, l *fold.Latest) (cacheEntry, []byte) {
 	if b, ok := packLatest(scratch[:0], l); ok {
 		// The key's own copy and the blob share one allocation: one
 		// object fewer for the collector per cached key.
@@ -109,7 +110,7 @@ func newEntry(scratch []byte, k cacheKey, l *latest) (cacheEntry, []byte) {
 		blob := mem[len(k.key):len(mem):len(mem)]
 		return cacheEntry{blob: blob, key: unsafe.String(unsafe.SliceData(mem), len(k.key)), size: 96 + len(k.key) + len(blob)}, b
 	}
-	return cacheEntry{l: detach(l), size: l.estimate(k)}, scratch
+	return cacheEntry{l: detach(l), size: estimate(l, k)}, scratch
 }
 
 func (c *stateCache) store(k cacheKey, e cacheEntry) {
@@ -150,10 +151,10 @@ func (c *stateCache) drop(k cacheKey) {
 
 // estimate is the memory an entry holds, in bytes (roughly: the version,
 // its key and row values).
-func (l *latest) estimate(k cacheKey) int {
-	n := 160 + len(k.key) + len(l.sideMaxSeq)
-	if v := l.v; v != nil {
-		n += 200 + len(v.seq) + len(v.closeSeq) + len(v.hash) + valuesSize(v.key) + valuesSize(v.row) + valuesSize(v.opener)
+func estimate(l *fold.Latest, k cacheKey) int {
+	n := 160 + len(k.key) + len(l.SideMaxSeq)
+	if v := l.V; v != nil {
+		n += 200 + len(v.Seq) + len(v.CloseSeq) + len(v.Hash) + valuesSize(v.Key) + valuesSize(v.Row) + valuesSize(v.Opener)
 	}
 	return n
 }
@@ -186,10 +187,9 @@ type cacheOps struct {
 	// reset: forget every key (a truncate folded too many to drop).
 	reset   bool
 	scratch []byte // where states are packed before their exact copy
-	// boxes and mem hold the values and structs of the states unpacked
-	// for the transaction.
-	boxes change.Boxes
-	mem   slabs
+	// mem holds the values and structs of the states unpacked for the
+	// transaction.
+	mem fold.Mem
 	// off: nothing set is kept (no cache, or a batch applied isolating
 	// values, after which the cache is emptied).
 	off bool
@@ -204,7 +204,7 @@ type cachePut struct {
 
 // set records l as k's state once the transaction commits. l is packed, or
 // detached, before set returns: it may share rows with the batch.
-func (o *cacheOps) set(k cacheKey, l *latest) {
+func (o *cacheOps) set(k cacheKey, l *fold.Latest) {
 	if o.off {
 		return
 	}

@@ -5,12 +5,14 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 func TestStateCacheBounds(t *testing.T) {
 	tbl := &table{}
-	entry := func(bio int) *latest {
-		return &latest{v: &version{key: []any{int64(1)}, row: []any{strings.Repeat("x", bio), int64(2)}}}
+	entry := func(bio int) *fold.Latest {
+		return &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{strings.Repeat("x", bio), int64(2)}}}
 	}
 	tests := []struct {
 		name             string
@@ -63,7 +65,7 @@ func TestStateCacheBounds(t *testing.T) {
 // bytes alive.
 func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	tbl := &table{}
-	l := &latest{v: &version{key: []any{int64(1)}, row: []any{"x"}}}
+	l := &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{"x"}}}
 	var given []*byte
 	batchKey := func() cacheKey {
 		p := &tablePlan{}
@@ -97,7 +99,7 @@ func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	// A state that cannot be packed (an array) over a packed one: its
 	// key must not be the packed entry's, whose blob would stay alive.
 	packedKey := c.cur[cacheKey{tbl, "key-1"}].key
-	c.put(batchKey(), &latest{v: &version{key: []any{int64(1)}, row: []any{[]any{"x"}}}})
+	c.put(batchKey(), &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{[]any{"x"}}}})
 	if e := c.cur[cacheKey{tbl, "key-1"}]; e.blob != nil || unsafe.StringData(e.key) == unsafe.StringData(packedKey) {
 		t.Fatalf("an unpacked state kept the packed entry's key (packed: %v)", e.blob != nil)
 	}

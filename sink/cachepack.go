@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // A cached key's state is kept packed: one byte slice the collector marks
@@ -30,104 +31,104 @@ import (
 
 // packLatest appends l's packed form to b, or reports false when a value
 // has no packed form.
-func packLatest(b []byte, l *latest) ([]byte, bool) {
+func packLatest(b []byte, l *fold.Latest) ([]byte, bool) {
 	var flags byte
-	if l.openerSaved {
+	if l.OpenerSaved {
 		flags |= 1
 	}
-	if l.v != nil {
+	if l.V != nil {
 		flags |= 2
 	}
-	if l.sideMaxT != nil {
+	if l.SideMaxT != nil {
 		flags |= 4
 	}
 	b = append(b, flags)
-	b = change.AppendOptBytes(b, l.sideMaxSeq)
+	b = change.AppendOptBytes(b, l.SideMaxSeq)
 	var ok bool
-	if l.sideMaxT != nil {
-		if b, ok = change.AppendTime(b, *l.sideMaxT); !ok {
+	if l.SideMaxT != nil {
+		if b, ok = change.AppendTime(b, *l.SideMaxT); !ok {
 			return nil, false
 		}
 	}
-	v := l.v
+	v := l.V
 	if v == nil {
 		return b, true
 	}
-	if v.opener != nil {
+	if v.Opener != nil {
 		return nil, false // cached versions take their opener from the row
 	}
 	var vf byte
-	if v.stored {
+	if v.Stored {
 		vf |= 1
 	}
-	if v.closed {
+	if v.Closed {
 		vf |= 2
 	}
-	if v.complete {
+	if v.Complete {
 		vf |= 16
 	}
 	switch {
-	case v.openAbsent == nil:
-	case v.absent != nil && len(v.openAbsent) == len(v.absent) && (len(v.absent) == 0 || &v.openAbsent[0] == &v.absent[0]):
+	case v.OpenAbsent == nil:
+	case v.Absent != nil && len(v.OpenAbsent) == len(v.Absent) && (len(v.Absent) == 0 || &v.OpenAbsent[0] == &v.Absent[0]):
 		vf |= 4 // the same slice as absent
 	default:
 		vf |= 8
 	}
-	b = append(b, vf, byte(v.op))
-	b = binary.AppendVarint(b, v.id)
-	b = change.AppendOptBytes(b, v.seq)
-	b = change.AppendOptBytes(b, v.hash)
-	b = change.AppendOptBytes(b, v.closeSeq)
-	for _, t := range []time.Time{v.from, v.raw, v.to} {
+	b = append(b, vf, byte(v.Op))
+	b = binary.AppendVarint(b, v.ID)
+	b = change.AppendOptBytes(b, v.Seq)
+	b = change.AppendOptBytes(b, v.Hash)
+	b = change.AppendOptBytes(b, v.CloseSeq)
+	for _, t := range []time.Time{v.From, v.Raw, v.To} {
 		if b, ok = change.AppendTime(b, t); !ok {
 			return nil, false
 		}
 	}
-	if b, ok = change.AppendValues(b, v.key); !ok {
+	if b, ok = change.AppendValues(b, v.Key); !ok {
 		return nil, false
 	}
-	if b, ok = change.AppendValues(b, v.row); !ok {
+	if b, ok = change.AppendValues(b, v.Row); !ok {
 		return nil, false
 	}
-	b = change.AppendStrings(b, v.unavail)
-	b = change.AppendStrings(b, v.absent)
+	b = change.AppendStrings(b, v.Unavail)
+	b = change.AppendStrings(b, v.Absent)
 	if vf&8 != 0 {
-		b = change.AppendStrings(b, v.openAbsent)
+		b = change.AppendStrings(b, v.OpenAbsent)
 	}
 	return b, true
 }
 
 // unpackLatest decodes what packLatest encoded, boxing values from boxes
 // and taking the structs from mem.
-func unpackLatest(blob []byte, boxes *change.Boxes, mem *slabs) (*latest, error) {
+func unpackLatest(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, error) {
 	u := change.NewUnpacker(blob, boxes)
 	flags := u.Byte()
-	l := mem.latest()
-	l.openerSaved = flags&1 != 0
-	l.sideMaxSeq = change.Seq(u.OptBytes())
+	l := mem.Latest()
+	l.OpenerSaved = flags&1 != 0
+	l.SideMaxSeq = change.Seq(u.OptBytes())
 	if flags&4 != 0 {
-		l.setSideMaxT(u.Time())
+		l.SetSideMaxT(u.Time())
 	}
 	if flags&2 != 0 {
 		vf := u.Byte()
-		v := mem.version()
-		v.stored, v.closed, v.complete, v.op = vf&1 != 0, vf&2 != 0, vf&16 != 0, change.Op(u.Byte())
-		v.id = u.Varint()
-		v.seq = change.Seq(u.OptBytes())
-		v.hash = u.OptBytes()
-		v.closeSeq = change.Seq(u.OptBytes())
-		v.from, v.raw, v.to = u.Time(), u.Time(), u.Time()
-		v.key = u.Values()
-		v.row = u.Values()
-		v.unavail = u.Strings()
-		v.absent = u.Strings()
+		v := mem.Version()
+		v.Stored, v.Closed, v.Complete, v.Op = vf&1 != 0, vf&2 != 0, vf&16 != 0, change.Op(u.Byte())
+		v.ID = u.Varint()
+		v.Seq = change.Seq(u.OptBytes())
+		v.Hash = u.OptBytes()
+		v.CloseSeq = change.Seq(u.OptBytes())
+		v.From, v.Raw, v.To = u.Time(), u.Time(), u.Time()
+		v.Key = u.Values()
+		v.Row = u.Values()
+		v.Unavail = u.Strings()
+		v.Absent = u.Strings()
 		switch {
 		case vf&4 != 0:
-			v.openAbsent = v.absent
+			v.OpenAbsent = v.Absent
 		case vf&8 != 0:
-			v.openAbsent = u.Strings()
+			v.OpenAbsent = u.Strings()
 		}
-		l.v = v
+		l.V = v
 	}
 	if err := u.Done(); err != nil {
 		return nil, err
@@ -139,18 +140,18 @@ func unpackLatest(blob []byte, boxes *change.Boxes, mem *slabs) (*latest, error)
 // from: its slices are its own, its strings and byte slices copied (the
 // batch's strings share the raw messages), and the values Boxes gave it
 // boxed again the ordinary way. Other values were never boxed from slabs.
-func detach(l *latest) *latest {
+func detach(l *fold.Latest) *fold.Latest {
 	c := *l
-	c.sideMaxSeq = change.Seq(bytes.Clone(l.sideMaxSeq))
-	if l.sideMaxT != nil {
-		t := *l.sideMaxT
-		c.sideMaxT = &t
+	c.SideMaxSeq = change.Seq(bytes.Clone(l.SideMaxSeq))
+	if l.SideMaxT != nil {
+		t := *l.SideMaxT
+		c.SideMaxT = &t
 	}
-	if v := l.v; v != nil {
+	if v := l.V; v != nil {
 		w := *v
-		w.key, w.row, w.opener = detachValues(v.key), detachValues(v.row), detachValues(v.opener)
-		w.seq, w.closeSeq, w.hash = change.Seq(bytes.Clone(v.seq)), change.Seq(bytes.Clone(v.closeSeq)), bytes.Clone(v.hash)
-		c.v = &w
+		w.Key, w.Row, w.Opener = detachValues(v.Key), detachValues(v.Row), detachValues(v.Opener)
+		w.Seq, w.CloseSeq, w.Hash = change.Seq(bytes.Clone(v.Seq)), change.Seq(bytes.Clone(v.CloseSeq)), bytes.Clone(v.Hash)
+		c.V = &w
 	}
 	return &c
 }

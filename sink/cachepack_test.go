@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // randomValue returns a value of every type a converted row holds.
@@ -85,7 +86,7 @@ func randomValue(r *rand.Rand) any {
 	}
 }
 
-func randomLatest(r *rand.Rand) *latest {
+func randomLatest(r *rand.Rand) *fold.Latest {
 	opt := func(s string) []byte {
 		switch r.IntN(3) {
 		case 0:
@@ -114,29 +115,29 @@ func randomLatest(r *rand.Rand) *latest {
 		}
 		return vs
 	}
-	l := &latest{openerSaved: r.IntN(2) == 0, sideMaxSeq: change.Seq(opt("side"))}
+	l := &fold.Latest{OpenerSaved: r.IntN(2) == 0, SideMaxSeq: change.Seq(opt("side"))}
 	if r.IntN(2) == 0 {
 		t := time.UnixMilli(r.Int64N(1 << 42))
-		l.sideMaxT = &t
+		l.SideMaxT = &t
 	}
 	if r.IntN(5) == 0 {
 		return l
 	}
-	v := &version{key: vals(r.IntN(3)), id: r.Int64() - r.Int64(), stored: r.IntN(2) == 0, seq: change.Seq(opt("seq")),
-		op: change.Op(r.IntN(5)), hash: opt("hash"), closed: r.IntN(2) == 0, closeSeq: change.Seq(opt("close")),
-		row: vals(r.IntN(14) - 1), unavail: strs(), absent: strs()}
-	for _, t := range []*time.Time{&v.from, &v.raw, &v.to} {
+	v := &fold.Version{Key: vals(r.IntN(3)), ID: r.Int64() - r.Int64(), Stored: r.IntN(2) == 0, Seq: change.Seq(opt("seq")),
+		Op: change.Op(r.IntN(5)), Hash: opt("hash"), Closed: r.IntN(2) == 0, CloseSeq: change.Seq(opt("close")),
+		Row: vals(r.IntN(14) - 1), Unavail: strs(), Absent: strs()}
+	for _, t := range []*time.Time{&v.From, &v.Raw, &v.To} {
 		if r.IntN(4) > 0 {
 			*t = time.UnixMicro(r.Int64N(1 << 52)).UTC()
 		}
 	}
 	switch r.IntN(3) {
 	case 0:
-		v.openAbsent = v.absent
+		v.OpenAbsent = v.Absent
 	case 1:
-		v.openAbsent = strs()
+		v.OpenAbsent = strs()
 	}
-	l.v = v
+	l.V = v
 	return l
 }
 
@@ -187,32 +188,32 @@ func sameStrings(a, b []string) bool {
 func sameOpt(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
 
 // diffLatest names the first field where a and b differ, or "".
-func diffLatest(a, b *latest) string {
+func diffLatest(a, b *fold.Latest) string {
 	switch {
-	case a.openerSaved != b.openerSaved:
+	case a.OpenerSaved != b.OpenerSaved:
 		return "openerSaved"
-	case !sameOpt(a.sideMaxSeq, b.sideMaxSeq):
+	case !sameOpt(a.SideMaxSeq, b.SideMaxSeq):
 		return "sideMaxSeq"
-	case (a.sideMaxT == nil) != (b.sideMaxT == nil) || a.sideMaxT != nil && !sameValue(*a.sideMaxT, *b.sideMaxT):
+	case (a.SideMaxT == nil) != (b.SideMaxT == nil) || a.SideMaxT != nil && !sameValue(*a.SideMaxT, *b.SideMaxT):
 		return "sideMaxT"
-	case (a.v == nil) != (b.v == nil):
+	case (a.V == nil) != (b.V == nil):
 		return "v"
-	case a.v == nil:
+	case a.V == nil:
 		return ""
 	}
-	x, y := a.v, b.v
+	x, y := a.V, b.V
 	switch {
-	case !sameValues(x.key, y.key):
+	case !sameValues(x.Key, y.Key):
 		return "key"
-	case x.id != y.id || x.stored != y.stored || x.op != y.op || x.closed != y.closed:
+	case x.ID != y.ID || x.Stored != y.Stored || x.Op != y.Op || x.Closed != y.Closed:
 		return "id, stored, op or closed"
-	case !sameOpt(x.seq, y.seq) || !sameOpt(x.hash, y.hash) || !sameOpt(x.closeSeq, y.closeSeq):
+	case !sameOpt(x.Seq, y.Seq) || !sameOpt(x.Hash, y.Hash) || !sameOpt(x.CloseSeq, y.CloseSeq):
 		return "seq, hash or closeSeq"
-	case !sameValue(x.from, y.from) || !sameValue(x.raw, y.raw) || !sameValue(x.to, y.to):
+	case !sameValue(x.From, y.From) || !sameValue(x.Raw, y.Raw) || !sameValue(x.To, y.To):
 		return "from, raw or to"
-	case !sameValues(x.row, y.row):
+	case !sameValues(x.Row, y.Row):
 		return "row"
-	case !sameStrings(x.unavail, y.unavail) || !sameStrings(x.absent, y.absent) || !sameStrings(x.openAbsent, y.openAbsent):
+	case !sameStrings(x.Unavail, y.Unavail) || !sameStrings(x.Absent, y.Absent) || !sameStrings(x.OpenAbsent, y.OpenAbsent):
 		return "unavail, absent or openAbsent"
 	}
 	return ""
@@ -221,8 +222,8 @@ func diffLatest(a, b *latest) string {
 func TestPackLatestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 17))
 	var boxes change.Boxes // values from slabs, and (odd cases) boxed the ordinary way
-	var slabs slabs        // and the structs
-	type kept struct{ want, got *latest }
+	var slabs fold.Mem     // and the structs
+	type kept struct{ want, got *fold.Latest }
 	var keep []kept
 	for i := range 20000 {
 		l := randomLatest(r)
@@ -239,13 +240,13 @@ func TestPackLatestRoundTrip(t *testing.T) {
 			t.Fatalf("case %d: %v", i, err)
 		}
 		if d := diffLatest(l, got); d != "" {
-			t.Fatalf("case %d: %s differs:\n%+v\n%+v", i, d, l.v, got.v)
+			t.Fatalf("case %d: %s differs:\n%+v\n%+v", i, d, l.V, got.V)
 		}
 		// Shared bytes are capped: an append to them copies, the blob stays.
-		if got.v != nil && got.v.seq != nil {
+		if got.V != nil && got.V.Seq != nil {
 			before := string(blob)
-			_ = append(got.v.seq, 0xff, 0xff)
-			_ = append(got.v.hash, 0xff, 0xff)
+			_ = append(got.V.Seq, 0xff, 0xff)
+			_ = append(got.V.Hash, 0xff, 0xff)
 			if string(blob) != before {
 				t.Fatalf("case %d: an append wrote into the packed entry", i)
 			}
@@ -273,12 +274,12 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	zone := time.FixedZone("UTC+2", 7200)
 	tests := []struct {
 		name string
-		l    *latest
+		l    *fold.Latest
 	}{
-		{"array value", &latest{v: &version{row: []any{[]any{int64(1)}}}}},
-		{"time in a named zone", &latest{v: &version{row: []any{time.Unix(1, 0).In(zone)}}}},
-		{"version time in a named zone", &latest{v: &version{from: time.Unix(1, 0).In(zone)}}},
-		{"an opener", &latest{v: &version{opener: []any{"x"}}}},
+		{"array value", &fold.Latest{V: &fold.Version{Row: []any{[]any{int64(1)}}}}},
+		{"time in a named zone", &fold.Latest{V: &fold.Version{Row: []any{time.Unix(1, 0).In(zone)}}}},
+		{"version time in a named zone", &fold.Latest{V: &fold.Version{From: time.Unix(1, 0).In(zone)}}},
+		{"an opener", &fold.Latest{V: &fold.Version{Opener: []any{"x"}}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -305,7 +306,7 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	text := unsafe.String(&raw[1], 11)
 	row := boxes.Anys(3)
 	row[0], row[1], row[2] = boxes.String(text), boxes.Int64(1<<40), []any{"array"}
-	l := &latest{v: &version{row: row, hash: boxes.CopyBytes([]byte("digest")), key: row[:1:1]}}
+	l := &fold.Latest{V: &fold.Version{Row: row, Hash: boxes.CopyBytes([]byte("digest")), Key: row[:1:1]}}
 	c := newStateCache(10, 1<<20)
 	k := cacheKey{&table{}, "k"}
 	c.put(k, l)
@@ -313,20 +314,20 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	if d := diffLatest(l, got); d != "" {
 		t.Fatalf("the kept state's %s differs", d)
 	}
-	if &got.v.row[0] == &row[0] || &got.v.key[0] == &row[0] || &got.v.hash[0] == &l.v.hash[0] ||
-		unsafe.StringData(got.v.row[0].(string)) == unsafe.StringData(text) {
+	if &got.V.Row[0] == &row[0] || &got.V.Key[0] == &row[0] || &got.V.Hash[0] == &l.V.Hash[0] ||
+		unsafe.StringData(got.V.Row[0].(string)) == unsafe.StringData(text) {
 		t.Fatal("the kept state shares memory with the batch")
 	}
-	if (*[2]unsafe.Pointer)(unsafe.Pointer(&got.v.row[1]))[1] == (*[2]unsafe.Pointer)(unsafe.Pointer(&row[1]))[1] {
+	if (*[2]unsafe.Pointer)(unsafe.Pointer(&got.V.Row[1]))[1] == (*[2]unsafe.Pointer)(unsafe.Pointer(&row[1]))[1] {
 		t.Fatal("the kept state's integer is still boxed in the batch's slab")
 	}
 	// A packed state is unpacked afresh on every hit: changing one does
 	// not change the next.
 	c = newStateCache(10, 1<<20)
-	c.put(k, &latest{v: &version{row: []any{"a", int64(300)}}})
+	c.put(k, &fold.Latest{V: &fold.Version{Row: []any{"a", int64(300)}}})
 	first, _ := c.get(k)
-	first.v.row[0] = "changed"
-	if second, _ := c.get(k); second == first || second.v.row[0] != "a" {
-		t.Fatalf("the second hit saw the first one's change: %v", second.v.row)
+	first.V.Row[0] = "changed"
+	if second, _ := c.get(k); second == first || second.V.Row[0] != "a" {
+		t.Fatalf("the second hit saw the first one's change: %v", second.V.Row)
 	}
 }

@@ -1,16 +1,15 @@
 package sink
 
 import (
-	"bytes"
 	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/big"
 	"strconv"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -87,7 +86,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 			return x, nil
 		}
 	case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
-		if _, inf := infinityCanon(v); inf {
+		if _, inf := fold.InfinityCanon(v); inf {
 			im, _ := infinityOf(v)
 			switch col.oid {
 			case pgtype.TimestamptzOID:
@@ -338,107 +337,4 @@ func asJSON(v any) (any, error) {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
 	return json.RawMessage(b), nil
-}
-
-// canon renders a typed value so that equal values give equal strings and
-// NULL, the empty string and 0 differ.
-func canon(v any) string {
-	switch x := v.(type) {
-	case pgtype.Numeric:
-		if !x.Valid {
-			return "N"
-		}
-		if x.NaN || x.InfinityModifier != pgtype.Finite {
-			return fmt.Sprintf("Fnum:%v:%d", x.NaN, x.InfinityModifier)
-		}
-		r := new(big.Rat).SetInt(x.Int)
-		if x.Exp > 0 {
-			r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(x.Exp)), nil)))
-		} else if x.Exp < 0 {
-			r.Quo(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(-x.Exp)), nil)))
-		}
-		return "D" + r.RatString()
-	case unavailable:
-		return "U"
-	case pgtype.InfinityModifier, pgtype.Timestamptz, pgtype.Timestamp, pgtype.Date:
-		if c, ok := infinityCanon(v); ok {
-			return c
-		}
-		switch x := v.(type) {
-		case pgtype.Timestamptz:
-			return change.Canon(x.Time)
-		case pgtype.Timestamp:
-			return change.Canon(x.Time)
-		case pgtype.Date:
-			return change.Canon(x.Time)
-		}
-		return change.Canon(v)
-	case []any:
-		b := []byte{'A'}
-		for _, e := range x {
-			b = append(b, canon(e)...)
-			b = append(b, 0)
-		}
-		return string(b)
-	}
-	return change.Canon(v)
-}
-
-// valuesEqual is canon(a) == canon(b), with fast paths for the common types.
-func valuesEqual(a, b any) bool {
-	switch x := a.(type) {
-	case nil:
-		return b == nil
-	case string:
-		if y, ok := b.(string); ok {
-			return x == y
-		}
-	case int64:
-		if y, ok := b.(int64); ok {
-			return x == y
-		}
-	case int32:
-		if y, ok := b.(int32); ok {
-			return x == y
-		}
-	case bool:
-		if y, ok := b.(bool); ok {
-			return x == y
-		}
-	case float64:
-		if y, ok := b.(float64); ok && x == x && y == y {
-			return x == y
-		}
-	case time.Time:
-		if y, ok := b.(time.Time); ok {
-			return x.Equal(y)
-		}
-	case []byte:
-		if y, ok := b.([]byte); ok {
-			return bytes.Equal(x, y)
-		}
-	case json.RawMessage:
-		if y, ok := b.(json.RawMessage); ok && bytes.Equal(x, y) {
-			return true
-		}
-	case pgtype.Numeric:
-		// At one scale the unscaled integers compare; else by value (canon).
-		if y, ok := b.(pgtype.Numeric); ok && x.Valid && y.Valid && x.Exp == y.Exp && !x.NaN && !y.NaN &&
-			x.InfinityModifier == pgtype.Finite && y.InfinityModifier == pgtype.Finite && x.Int != nil && y.Int != nil {
-			return x.Int.Cmp(y.Int) == 0
-		}
-	}
-	if b == nil {
-		return false
-	}
-	return canon(a) == canon(b)
-}
-
-func rowsEqual(a, b []any, idx []int) bool {
-	for _, i := range idx {
-		if !valuesEqual(a[i], b[i]) {
-			return false
-		}
-	}
-	return true
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 func TestValuesEqualNumeric(t *testing.T) {
@@ -28,10 +29,10 @@ func TestValuesEqualNumeric(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := valuesEqual(tc.a, tc.b); got != tc.want {
+			if got := fold.ValuesEqual(tc.a, tc.b); got != tc.want {
 				t.Fatalf("valuesEqual(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
 			}
-			if got := canon(tc.a) == canon(tc.b); got != tc.want {
+			if got := fold.Canon(tc.a) == fold.Canon(tc.b); got != tc.want {
 				t.Fatalf("canon disagrees: %v", got)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // isDataError reports whether PostgreSQL rejected a value: SQLSTATE class
@@ -60,13 +61,13 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 // probes each, and every other event is applied. A key may arrive with no
 // events of its own (a truncate's re-fold): then only the truncates apply.
 func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyPlan, ops *cacheOps, cause error) (Result, []DeadLetter, error) {
-	plan := func(evs []fevent) *tablePlan {
+	plan := func(evs []fold.Event) *tablePlan {
 		return p.subPlan([]*keyPlan{{id: kp.id, key: kp.key, events: evs}}, true)
 	}
-	with := func(kept, more []fevent) []fevent {
-		return append(append(make([]fevent, 0, len(kept)+len(more)), kept...), more...)
+	with := func(kept, more []fold.Event) []fold.Event {
+		return append(append(make([]fold.Event, 0, len(kept)+len(more)), kept...), more...)
 	}
-	var kept []fevent
+	var kept []fold.Event
 	var dead []DeadLetter
 	rest := kp.events
 	lastErr := cause
@@ -85,7 +86,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 				return Result{}, nil, err
 			}
 		}
-		dead = append(dead, eventDeadLetter(rest[lo].src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
+		dead = append(dead, eventDeadLetter(rest[lo].Src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
 		kept, rest = with(kept, rest[:lo]), rest[lo+1:]
 		if len(rest) == 0 {
 			break
@@ -113,7 +114,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 	// to the dead-letter table, with the truncates applied alone.
 	dead = dead[:0]
 	for _, e := range kp.events {
-		dead = append(dead, eventDeadLetter(e.src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
+		dead = append(dead, eventDeadLetter(e.Src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
 	r, d, err2 := s.trySavepoint(ctx, tx, plan(nil), ops)
 	if err2 != nil {

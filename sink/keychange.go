@@ -16,7 +16,7 @@ type applyFunc func(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps)
 // primary-key change that has unavailable-value placeholders.
 func (kp *keyPlan) needsOldKey() bool {
 	for _, e := range kp.events {
-		if e.oldKey != nil {
+		if e.OldKey != nil {
 			return true
 		}
 	}
@@ -66,14 +66,14 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *tablePlan, ops
 func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyPlan) (*keyPlan, error) {
 	out := &keyPlan{id: kp.id, key: kp.key, events: slices.Clone(kp.events)}
 	for j, e := range out.events {
-		if e.oldKey == nil {
+		if e.OldKey == nil {
 			continue
 		}
 		var match string
-		args := []any{[]byte(e.seq)}
+		args := []any{[]byte(e.Seq)}
 		for i, k := range t.keyNames() {
 			match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
-			args = append(args, e.oldKey[i])
+			args = append(args, e.OldKey[i])
 		}
 		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", t.colList("h."), t.hist.Sanitize(), match)
 		rows, err := tx.Query(ctx, q, args...)
@@ -94,9 +94,9 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 		}
 		if old == nil {
 			s.log.Warn("primary-key change: the old key's version is not in the history table; unavailable columns of the new key are NULL",
-				zap.String("table", t.spec.Target), zap.String("seq", e.seq.String()), zap.Strings("columns", e.unavail))
+				zap.String("table", t.spec.Target), zap.String("seq", e.Seq.String()), zap.Strings("columns", e.Unavail))
 		}
-		row := slices.Clone(e.row)
+		row := slices.Clone(e.Row)
 		for i, v := range row {
 			if _, ok := v.(unavailable); ok {
 				row[i] = nil
@@ -105,7 +105,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 				}
 			}
 		}
-		e.row, e.unavail, e.oldKey = row, nil, nil
+		e.Row, e.Unavail, e.OldKey = row, nil, nil
 		out.events[j] = e
 	}
 	return out, nil

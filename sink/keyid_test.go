@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // TestKeyIDMatchesCanon: the key identity built without strings is
@@ -22,7 +23,7 @@ func TestKeyIDMatchesCanon(t *testing.T) {
 	for _, key := range keys {
 		parts := make([]any, len(key))
 		for i, v := range key {
-			parts[i] = canon(v)
+			parts[i] = fold.Canon(v)
 		}
 		if got, want := keyID(key), change.KeyID(parts); got != want {
 			t.Errorf("%#v: %q, want %q", key, got, want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // keysSource renders "unnest($1::t1[], ...) WITH ORDINALITY AS k(k1, ..., ord)"
@@ -52,54 +53,31 @@ const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.
 // after the key ordinal.
 const rowAt = 12
 
-// latest is what the append path needs to know about a key.
-type latest struct {
-	v           *version // latest version by sequence, nil if none
-	openerSaved bool     // the latest version's opener is in the side table
-	sideMaxSeq  change.Seq
-	sideMaxT    *time.Time
-	sideT       time.Time // where setSideMaxT points sideMaxT
-}
-
-// maxSeq is the highest sequence the table knows for the key.
-func (l *latest) maxSeq() change.Seq {
-	m := l.sideMaxSeq
-	if l.v != nil {
-		if m == nil || l.v.seq.Compare(m) > 0 {
-			m = l.v.seq
-		}
-		if l.v.closeSeq != nil && l.v.closeSeq.Compare(m) > 0 {
-			m = l.v.closeSeq
-		}
-	}
-	return m
-}
-
-func (t *table) scanVersion(vals []any, off int) (*version, error) {
-	v := &version{stored: true}
+func (t *table) scanVersion(vals []any, off int) (*fold.Version, error) {
+	v := &fold.Version{Stored: true}
 	var ok bool
-	if v.id, ok = vals[off].(int64); !ok {
+	if v.ID, ok = vals[off].(int64); !ok {
 		return nil, fmt.Errorf("scd_id is %T", vals[off])
 	}
-	v.seq = change.Seq(asBytes(vals[off+1]))
+	v.Seq = change.Seq(asBytes(vals[off+1]))
 	op, _ := vals[off+2].(string)
 	if op == "" {
 		op = "u"
 	}
-	v.op = change.Op(op[0])
-	v.hash = asBytes(vals[off+3])
-	v.from, _ = vals[off+4].(time.Time)
+	v.Op = change.Op(op[0])
+	v.Hash = asBytes(vals[off+3])
+	v.From, _ = vals[off+4].(time.Time)
 	if to, isTime := vals[off+5].(time.Time); isTime {
-		v.to, v.closed = to, true
+		v.To, v.Closed = to, true
 	}
 	if cs := asBytes(vals[off+6]); cs != nil {
-		v.closeSeq = change.Seq(cs)
+		v.CloseSeq = change.Seq(cs)
 	}
-	v.unavail = asStrings(vals[off+7])
-	v.absent = t.unknown(asStrings(vals[off+8]), vals[off+10])
-	v.complete = vals[off+10] == nil
-	v.openAbsent = v.absent
-	v.raw, _ = vals[off+9].(time.Time)
+	v.Unavail = asStrings(vals[off+7])
+	v.Absent = t.unknown(asStrings(vals[off+8]), vals[off+10])
+	v.Complete = vals[off+10] == nil
+	v.OpenAbsent = v.Absent
+	v.Raw, _ = vals[off+9].(time.Time)
 	return v, nil
 }
 
@@ -138,8 +116,8 @@ func asBytes(v any) []byte {
 // loadLatest reads, for each key, its latest version and side-table
 // summary. pre holds what the batch's prefetch (prefetch.go) read of some
 // keys in its first read: those are not read again.
-func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*latest) ([]latest, error) {
-	out := make([]latest, len(keys))
+func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*fold.Latest) ([]fold.Latest, error) {
+	out := make([]fold.Latest, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
@@ -196,16 +174,16 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 			return nil, err
 		}
 		l := &out[idx[ord-1]]
-		l.sideMaxSeq, l.sideMaxT = seq, &mt
+		l.SideMaxSeq, l.SideMaxT = seq, &mt
 	}
 	return out, rows2.Err()
 }
 
 // withoutVersion returns the indexes among idx whose out has no version.
-func withoutVersion(out []latest, idx []int) []int {
+func withoutVersion(out []fold.Latest, idx []int) []int {
 	var rest []int
 	for _, i := range idx {
-		if out[i].v == nil {
+		if out[i].V == nil {
 			rest = append(rest, i)
 		}
 	}
@@ -214,7 +192,7 @@ func withoutVersion(out []latest, idx []int) []int {
 
 // readLatest reads into out[i], for the keys keys[i] of idx, the latest
 // version (onlyCurrent: the current one) and the side-table summary.
-func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []latest, onlyCurrent bool) error {
+func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
 	q, args := t.latestQuery(keys, idx, onlyCurrent)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
@@ -248,7 +226,7 @@ func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (strin
 }
 
 // scanLatest reads latestQuery's rows into out (see readLatest).
-func (t *table) scanLatest(rows pgx.Rows, idx []int, out []latest) error {
+func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
 	n := len(t.cols)
 	for rows.Next() {
 		vals, err := rows.Values()
@@ -260,17 +238,17 @@ func (t *table) scanLatest(rows pgx.Rows, idx []int, out []latest) error {
 		if err != nil {
 			return err
 		}
-		v.row = vals[rowAt : rowAt+n]
-		t.normalizeRow(v.row)
+		v.Row = vals[rowAt : rowAt+n]
+		t.normalizeRow(v.Row)
 		l := &out[idx[ord]]
-		l.v = v
+		l.V = v
 		if s := asBytes(vals[rowAt+n]); s != nil {
-			l.sideMaxSeq = change.Seq(s)
+			l.SideMaxSeq = change.Seq(s)
 		}
 		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
-			l.sideMaxT = &mt
+			l.SideMaxT = &mt
 		}
-		l.openerSaved, _ = vals[rowAt+2+n].(bool)
+		l.OpenerSaved, _ = vals[rowAt+2+n].(bool)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
@@ -283,8 +261,8 @@ func (t *table) scanLatest(rows pgx.Rows, idx []int, out []latest) error {
 // the version opened at until: a boundary the late events cannot move
 // (see bound).
 type history struct {
-	versions []*version
-	side     []fevent
+	versions []*fold.Version
+	side     []fold.Event
 	from     change.Seq
 	until    change.Seq
 	// horizon is the sequence up to which retention removed the key's
@@ -406,8 +384,8 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			rows.Close()
 			return nil, err
 		}
-		v.row = vals[rowAt : rowAt+n]
-		t.normalizeRow(v.row)
+		v.Row = vals[rowAt : rowAt+n]
+		t.normalizeRow(v.Row)
 		h := &out[vals[0].(int64)-1]
 		h.versions = append(h.versions, v)
 	}
@@ -435,12 +413,12 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		if _, err := change.ParseOp(op); err != nil {
 			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
-		fe := fevent{seq: change.Seq(asBytes(vals[1])), op: change.Op(op[0]), hash: asBytes(vals[4]), unavail: asStrings(vals[5]), absent: t.unknown(asStrings(vals[6]), vals[8]), complete: vals[8] == nil}
-		fe.t, _ = vals[3].(time.Time)
-		fe.raw, _ = vals[7].(time.Time)
-		if fe.op.HasAfter() {
-			fe.row = vals[9 : 9+n]
-			t.normalizeRow(fe.row)
+		fe := fold.Event{Seq: change.Seq(asBytes(vals[1])), Op: change.Op(op[0]), Hash: asBytes(vals[4]), Unavail: asStrings(vals[5]), Absent: t.unknown(asStrings(vals[6]), vals[8]), Complete: vals[8] == nil}
+		fe.T, _ = vals[3].(time.Time)
+		fe.Raw, _ = vals[7].(time.Time)
+		if fe.Op.HasAfter() {
+			fe.Row = vals[9 : 9+n]
+			t.normalizeRow(fe.Row)
 		}
 		h := &out[vals[0].(int64)-1]
 		h.side = append(h.side, fe)
@@ -449,21 +427,21 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 }
 
 // loadTruncates reads the truncates applied to the table so far.
-func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fevent, error) {
+func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.Event, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize())
 	if err != nil {
 		return nil, fmt.Errorf("reading truncates of %s: %w", t.hist.Sanitize(), err)
 	}
 	defer rows.Close()
-	var out []fevent
+	var out []fold.Event
 	for rows.Next() {
 		var seq []byte
 		var at time.Time
 		if err := rows.Scan(&seq, &at); err != nil {
 			return nil, err
 		}
-		out = append(out, fevent{seq: seq, op: change.OpTruncate, t: at})
+		out = append(out, fold.Event{Seq: seq, Op: change.OpTruncate, T: at})
 	}
 	return out, rows.Err()
 }

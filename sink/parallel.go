@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"go.uber.org/zap"
 )
 
@@ -148,10 +149,10 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 			}
 			events += len(kp.events)
 			for _, e := range kp.events {
-				if e.src == nil {
+				if e.Src == nil {
 					return nil
 				}
-				a, b := find(kp.events[0].src.Origin.Partition), find(e.src.Origin.Partition)
+				a, b := find(kp.events[0].Src.Origin.Partition), find(e.Src.Origin.Partition)
 				if a != b {
 					parent[b] = a
 				}
@@ -164,7 +165,7 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	weight := map[change.Partition]int{}
 	for _, tp := range p.plans {
 		for _, kp := range tp.order {
-			weight[find(kp.events[0].src.Origin.Partition)] += len(kp.events)
+			weight[find(kp.events[0].Src.Origin.Partition)] += len(kp.events)
 		}
 	}
 	var roots []change.Partition
@@ -225,7 +226,7 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	for _, name := range p.targets {
 		tp := p.plans[name]
 		for _, kp := range tp.order {
-			part := parts[bin[find(kp.events[0].src.Origin.Partition)]]
+			part := parts[bin[find(kp.events[0].Src.Origin.Partition)]]
 			sub := part.plans[name]
 			if sub == nil {
 				sub = &tablePlan{t: tp.t, keys: map[string]*keyPlan{}}
@@ -254,7 +255,7 @@ func partitionLess(a, b change.Partition) bool {
 
 // cached returns a key's state remembered between batches, its values
 // boxed from boxes.
-func (s *Sink) cached(k cacheKey, boxes *change.Boxes, mem *slabs) (*latest, bool) {
+func (s *Sink) cached(k cacheKey, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
 	s.amu.Lock()
 	e, ok := s.cache.entry(k)
 	s.amu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"go.uber.org/zap"
 )
 
@@ -245,10 +246,10 @@ func (p *partitions) ensure(ctx context.Context, tx pgx.Tx, need []time.Time) er
 // closedTimes are the valid_to of the versions w writes closed.
 func (w *writes) closedTimes() []time.Time {
 	var out []time.Time
-	for _, vs := range [][]*version{w.closeOnly, w.full, w.insVersions} {
+	for _, vs := range [][]*fold.Version{w.closeOnly, w.full, w.insVersions} {
 		for _, v := range vs {
-			if v.closed {
-				out = append(out, v.to)
+			if v.Closed {
+				out = append(out, v.To)
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5"
@@ -19,7 +20,7 @@ import (
 type keyPlan struct {
 	id     string // canonical key identity
 	key    []any  // typed key values, in key column order
-	events []fevent
+	events []fold.Event
 	n      int // events planned for the key (plan's count, before events is filled)
 }
 
@@ -28,7 +29,7 @@ type tablePlan struct {
 	t         *table
 	keys      map[string]*keyPlan
 	order     []*keyPlan
-	truncates []fevent
+	truncates []fold.Event
 	// slab and ids are where keyPlan takes new keys' plans and copies
 	// their identities: a chunk at a time, not one allocation per key.
 	// Identities are strings over the copies, never written again; the
@@ -77,7 +78,7 @@ func appendKeyID(b []byte, key []any) []byte {
 		case int64, int32, int16, string:
 			b = change.AppendKeyPart(b, change.AppendCanon(scratch[:0], v))
 		default:
-			b = change.AppendKeyPart(b, []byte(canon(v)))
+			b = change.AppendKeyPart(b, []byte(fold.Canon(v)))
 		}
 	}
 	return b
@@ -139,7 +140,7 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 		kp.n++
 		pending, owners = append(pending, fe), append(owners, kp)
 	}
-	all := make([]fevent, len(pending))
+	all := make([]fold.Event, len(pending))
 	off := 0
 	for _, p := range plans {
 		for _, kp := range p.order {
@@ -168,20 +169,20 @@ type earlyTruncate struct {
 	at     time.Time
 }
 
-func sortEvents(evs []fevent) {
+func sortEvents(evs []fold.Event) {
 	sorted := true // most often: a key's events arrived in order
 	for i := 1; i < len(evs) && sorted; i++ {
-		sorted = evs[i-1].seq.Compare(evs[i].seq) <= 0
+		sorted = evs[i-1].Seq.Compare(evs[i].Seq) <= 0
 	}
 	if sorted {
 		return
 	}
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].seq.Compare(evs[j].seq) < 0 })
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq.Compare(evs[j].Seq) < 0 })
 }
 
-func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fevent, []any, error) {
+func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.Event, []any, error) {
 	h := ev.Hash()
-	fe := fevent{seq: ev.Seq, op: ev.Op, t: ev.ValidFrom, hash: s.boxes.CopyBytes(h[:]), src: ev, complete: ev.Complete}
+	fe := fold.Event{Seq: ev.Seq, Op: ev.Op, T: ev.ValidFrom, Hash: s.boxes.CopyBytes(h[:]), Src: ev, Complete: ev.Complete}
 	if len(ev.Seq) == 0 {
 		return fe, nil, fmt.Errorf("event has no sequence")
 	}
@@ -243,25 +244,25 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (feven
 		}
 		carried := f.carried
 		if carried < len(t.cols) && !ev.Complete {
-			fe.absent = t.absentFrom(has)
+			fe.Absent = t.absentFrom(has)
 		}
 		for i, ki := range t.keyIdx {
 			row[ki] = key[i]
 		}
 		for i, v := range row {
 			if _, ok := v.(unavailable); ok {
-				fe.unavail = append(fe.unavail, t.cols[i].name)
+				fe.Unavail = append(fe.Unavail, t.cols[i].name)
 			}
 		}
-		fe.row = row
-		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.keyIdx) && len(fe.unavail) > 0 {
-			fe.oldKey = make([]any, len(ev.OldKey))
+		fe.Row = row
+		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.keyIdx) && len(fe.Unavail) > 0 {
+			fe.OldKey = make([]any, len(ev.OldKey))
 			for i, ki := range t.keyIdx {
 				v, err := s.conv.convert(&t.cols[ki], ev.OldKey[i])
 				if err != nil || v == nil {
 					return fe, nil, fmt.Errorf("old key column %s: %v", t.cols[ki].name, err)
 				}
-				fe.oldKey[i] = v
+				fe.OldKey[i] = v
 			}
 		}
 	}
@@ -284,16 +285,16 @@ func (f *rowFill) put(name string, raw any) error {
 	if t.ignore[name] {
 		// Ignored, but a column the table has is carried: NULL,
 		// not absent (as the image's map had it).
-		if i, ok := t.colIdx[name]; ok {
+		if i, ok := t.Index[name]; ok {
 			f.has[i] = true
-		} else if i, ok := t.colIdx[pgIdent(name)]; ok {
+		} else if i, ok := t.Index[pgIdent(name)]; ok {
 			f.has[i] = true
 		}
 		return nil
 	}
-	i, ok := t.colIdx[name]
+	i, ok := t.Index[name]
 	if !ok {
-		i, ok = t.colIdx[pgIdent(name)]
+		i, ok = t.Index[pgIdent(name)]
 	}
 	if !ok {
 		return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)

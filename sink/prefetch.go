@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // Reading ahead for a batch of many tables.
@@ -44,8 +45,8 @@ import (
 // prefetched is what the prefetch read, per table; a share takes its
 // table's entries (take*), which removes them.
 type prefetched struct {
-	truncs map[*table][]fevent
-	latest map[*table]map[*keyPlan]*latest
+	truncs map[*table][]fold.Event
+	latest map[*table]map[*keyPlan]*fold.Latest
 	// types are the column types of each table locked ahead (by its
 	// quoted name; a domain's column 0), for its COPY: they hold to the
 	// end of the transaction.
@@ -53,7 +54,7 @@ type prefetched struct {
 }
 
 // takeTruncates returns t's truncates as read ahead, once.
-func (p *prefetched) takeTruncates(t *table) ([]fevent, bool) {
+func (p *prefetched) takeTruncates(t *table) ([]fold.Event, bool) {
 	if p == nil {
 		return nil, false
 	}
@@ -72,7 +73,7 @@ func (p *prefetched) columnTypes(table pgx.Identifier) map[string]uint32 {
 }
 
 // takeLatest returns the latest states read ahead for t's keys, once.
-func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
+func (p *prefetched) takeLatest(t *table) map[*keyPlan]*fold.Latest {
 	if p == nil {
 		return nil
 	}
@@ -83,7 +84,7 @@ func (p *prefetched) takeLatest(t *table) map[*keyPlan]*latest {
 
 // prefetch reads ahead for the targets' shares of the batch (see above).
 func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
-	pre := &prefetched{truncs: map[*table][]fevent{}, latest: map[*table]map[*keyPlan]*latest{}, types: map[string]map[string]uint32{}}
+	pre := &prefetched{truncs: map[*table][]fold.Event{}, latest: map[*table]map[*keyPlan]*fold.Latest{}, types: map[string]map[string]uint32{}}
 	byName := map[string]*table{}
 	var names, rels []string
 	var reads []func(b *pgx.Batch)
@@ -142,11 +143,11 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 			}
 			q, args := t.latestQuery(keys, idx, t.parts != nil)
 			queue(b, name, q, args, func(rows pgx.Rows) error {
-				out := make([]latest, len(keys))
+				out := make([]fold.Latest, len(keys))
 				if err := t.scanLatest(rows, idx, out); err != nil {
 					return err
 				}
-				m := make(map[*keyPlan]*latest, len(keys))
+				m := make(map[*keyPlan]*fold.Latest, len(keys))
 				for i, kp := range keys {
 					m[kp] = &out[i]
 				}
@@ -187,7 +188,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 				return err
 			}
 			if t := byName[target]; t != nil {
-				pre.truncs[t] = append(pre.truncs[t], fevent{seq: seq, op: change.OpTruncate, t: at})
+				pre.truncs[t] = append(pre.truncs[t], fold.Event{Seq: seq, Op: change.OpTruncate, T: at})
 			}
 		}
 		return rows.Err()

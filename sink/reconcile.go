@@ -56,8 +56,8 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 	var low change.Seq
 	for _, kp := range p.order {
 		for _, e := range kp.events {
-			if low == nil || e.seq.Compare(low) < 0 {
-				low = e.seq
+			if low == nil || e.Seq.Compare(low) < 0 {
+				low = e.Seq
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // repairNote is a late repair to record in <target>_scd_repairs: the key,
@@ -44,15 +45,15 @@ func (n *repairNote) noteTouched(seqs []change.Seq) {
 
 // repairCause is the sequence of the earliest of a repair's new events;
 // for a repair forced by a truncate, the latest truncate's.
-func repairCause(fresh []fevent, truncs []fevent) change.Seq {
+func repairCause(fresh []fold.Event, truncs []fold.Event) change.Seq {
 	var cause change.Seq
 	for _, e := range fresh {
-		if cause == nil || e.seq.Compare(cause) < 0 {
-			cause = e.seq
+		if cause == nil || e.Seq.Compare(cause) < 0 {
+			cause = e.Seq
 		}
 	}
 	if cause == nil && len(truncs) > 0 {
-		cause = truncs[len(truncs)-1].seq
+		cause = truncs[len(truncs)-1].Seq
 	}
 	return cause
 }
@@ -77,7 +78,7 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 			rid, keys, seqs = append(rid, ids[i]), append(keys, r.key), append(seqs, sq)
 		}
 	}
-	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.boxes)
+	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.mem.Boxes)
 	types, names, args = append(types, "bigint"), append(names, "id"), append(args, rid)
 	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
 			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' - 'scd_absent' - 'scd_raw_t' - 'scd_attnum' ORDER BY h.scd_seq) AS arr
@@ -113,7 +114,7 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 		return nil, err
 	}
 	types, names, args := t.keySeqColumns(len(w.repairs),
-		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.boxes)
+		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.mem.Boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
 	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
 		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.keyNames())

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // Retention (DESIGN.md section 12) removes, per key, the versions closed
@@ -63,16 +64,16 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 // afterHorizon returns the events of evs after the horizon, and the
 // others as dead letters (ReasonExpired): what they would change is gone,
 // and a dead letter keeps them visible (a replayed one stays unreplayed).
-func (t *table) afterHorizon(evs []fevent, horizon, first change.Seq) ([]fevent, []DeadLetter) {
-	var out []fevent
+func (t *table) afterHorizon(evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []DeadLetter) {
+	var out []fold.Event
 	var dead []DeadLetter
 	for _, e := range evs {
-		if afterHorizon(e.seq, horizon, first) {
+		if afterHorizon(e.Seq, horizon, first) {
 			out = append(out, e)
 		} else {
-			dead = append(dead, eventDeadLetter(e.src, ReasonExpired, fmt.Errorf(
+			dead = append(dead, eventDeadLetter(e.Src, ReasonExpired, fmt.Errorf(
 				"expired: the event (sequence %s) comes before what retention kept of its key in %s (removed through sequence %s); the versions it would change are gone",
-				e.seq, t.hist.Sanitize(), horizon)))
+				e.Seq, t.hist.Sanitize(), horizon)))
 		}
 	}
 	return out, dead

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // Bookkeeping columns of a history table, after the source columns.
@@ -33,11 +34,11 @@ type table struct {
 	repairs pgx.Identifier
 	view    pgx.Identifier
 	cols    []colInfo
-	colIdx  map[string]int
-	keyIdx  []int // in spec.Keys order
-	trkIdx  []int
-	t1Idx   []int
-	ignore  map[string]bool
+	// Shape is what the fold reads: the columns' names and positions,
+	// tracked and Type 1 (rebuilt by load).
+	fold.Shape
+	keyIdx []int // in spec.Keys order
+	ignore map[string]bool
 	// hasInfinity: a timestamp or date column may read back as infinity.
 	hasInfinity bool
 	// attnum is the highest attnum of the source columns: every row
@@ -196,7 +197,8 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, c := range t.spec.TrackHistory {
 		tracked[pgIdent(c)] = true
 	}
-	t.cols, t.colIdx, t.deletedCol = cols, map[string]int{}, deleted
+	t.cols, t.deletedCol = cols, deleted
+	t.Shape = fold.Shape{Index: map[string]int{}, Deletes: t.spec.Deletes, Type1Scope: t.spec.Type1Scope}
 	t.attnum = 0
 	for _, c := range cols {
 		t.attnum = max(t.attnum, c.attnum)
@@ -208,10 +210,11 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 			t.hasInfinity = true
 		}
 	}
-	t.keyIdx, t.trkIdx, t.t1Idx = nil, nil, nil
+	t.keyIdx = nil
 	for i := range t.cols {
 		c := &t.cols[i]
-		t.colIdx[c.name] = i
+		t.Index[c.name] = i
+		t.Names = append(t.Names, c.name)
 		for _, k := range t.spec.Keys {
 			c.key = c.key || pgIdent(k) == c.name
 		}
@@ -219,13 +222,13 @@ func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
 		case c.key:
 		case len(tracked) == 0 || tracked[c.name]:
 			c.tracked = true
-			t.trkIdx = append(t.trkIdx, i)
+			t.Tracked = append(t.Tracked, i)
 		default:
-			t.t1Idx = append(t.t1Idx, i)
+			t.Type1 = append(t.Type1, i)
 		}
 	}
 	for _, k := range t.spec.Keys {
-		i, ok := t.colIdx[pgIdent(k)]
+		i, ok := t.Index[pgIdent(k)]
 		if !ok {
 			return &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf("has no key column %q (dropped by hand?)", k)}
 		}
@@ -250,6 +253,6 @@ func (t *table) hasAll(image map[string]any, ignored []string) bool {
 
 // has reports whether the table has the image's column name, or ignores it.
 func (t *table) has(name string, ignored []string) bool {
-	_, ok := t.colIdx[pgIdent(name)]
+	_, ok := t.Index[pgIdent(name)]
 	return ok || contains(ignored, name)
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5"
@@ -85,7 +86,7 @@ type Sink struct {
 	// what it keeps).
 	boxes change.Boxes
 	// pending and owners: plan's scratch (under mu), emptied after use.
-	pending []fevent
+	pending []fold.Event
 	owners  []*keyPlan
 	// fill and fillPut: toFevent's scratch (under mu).
 	fill    rowFill
@@ -318,7 +319,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		t := s.tables[ev.Table]
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
-				if i, ok := t.colIdx[pgIdent(name)]; ok {
+				if i, ok := t.Index[pgIdent(name)]; ok {
 					if !inferred && spec.FailOnSchemaChange && !holds(t.cols[i].typeName, typ) && failed[ev.Table] == "" {
 						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.cols[i].typeName)
 					}

@@ -6,28 +6,29 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"go.uber.org/zap"
 )
 
-// Type1Scope says which versions of a key a Type 1 (untracked) change overwrites.
-type Type1Scope string
+// Type1Scope says which versions of a key a Type 1 (untracked) change
+// overwrites (fold.Type1Scope).
+type Type1Scope = fold.Type1Scope
 
 // The Type 1 scopes of DESIGN.md section 3.
 const (
-	AllVersions    Type1Scope = "all_versions"
-	CurrentVersion Type1Scope = "current_version"
+	AllVersions    = fold.AllVersions
+	CurrentVersion = fold.CurrentVersion
 )
 
-// DeletesMode says what a delete does to the current version.
-type DeletesMode string
+// DeletesMode says what a delete does to the current version
+// (fold.DeletesMode).
+type DeletesMode = fold.DeletesMode
 
 // The delete modes of DESIGN.md section 3.
 const (
-	DeletesClose  DeletesMode = "close"
-	DeletesIgnore DeletesMode = "ignore"
-	// DeletesNewRecord closes the live version and opens a version marked
-	// deleted (scd_deleted) with its values, until the key is re-created.
-	DeletesNewRecord DeletesMode = "new_record"
+	DeletesClose     = fold.DeletesClose
+	DeletesIgnore    = fold.DeletesIgnore
+	DeletesNewRecord = fold.DeletesNewRecord
 )
 
 // Column is one source column of a history table.
@@ -59,8 +60,8 @@ type TableSpec struct {
 	TrackHistory []string
 	// IgnoreColumns are never stored.
 	IgnoreColumns []string
-	Type1Scope    Type1Scope
-	Deletes       DeletesMode
+	Type1Scope    fold.Type1Scope
+	Deletes       fold.DeletesMode
 	// Retention removes the versions closed longer ago than it, with
 	// their side rows (retention.go); 0 keeps everything.
 	Retention time.Duration
@@ -304,32 +305,32 @@ const maxDisagreeNotes = 20
 // one of the two is new in this batch. Snapshot reads take no part: their
 // time is when the snapshot read them, not when the row changed; nor do
 // events whose time stands in for a column they lack (TimeStandIn).
-func (r *Result) noteDisagreements(table string, evs []fevent, start time.Time) {
+func (r *Result) noteDisagreements(table string, evs []fold.Event, start time.Time) {
 	prev := start
-	var holder *fevent // the event that set prev; nil: the table
+	var holder *fold.Event // the event that set prev; nil: the table
 	for i := range evs {
 		e := &evs[i]
-		if e.op == change.OpTruncate || e.op == change.OpRead || (e.src != nil && e.src.TimeStandIn) {
+		if e.Op == change.OpTruncate || e.Op == change.OpRead || (e.Src != nil && e.Src.TimeStandIn) {
 			continue
 		}
-		in := e.t
-		if !e.raw.IsZero() && !e.resolved {
-			in = e.raw
+		in := e.T
+		if !e.Raw.IsZero() && !e.Resolved {
+			in = e.Raw
 		}
-		if in.Before(prev) && (e.src != nil || (holder != nil && holder.src != nil)) {
+		if in.Before(prev) && (e.Src != nil || (holder != nil && holder.Src != nil)) {
 			if r.Disagreements == nil {
 				r.Disagreements = map[string]int{}
 			}
 			r.Disagreements[table]++
 			if len(r.Disagree) < maxDisagreeNotes {
-				d := Disagreement{Table: table, T: prev, Later: e.seq, LaterT: in}
+				d := Disagreement{Table: table, T: prev, Later: e.Seq, LaterT: in}
 				if holder != nil {
-					d.Seq = holder.seq
+					d.Seq = holder.Seq
 				}
-				if e.src != nil {
-					d.Origin = e.src.Origin
+				if e.Src != nil {
+					d.Origin = e.Src.Origin
 				} else {
-					d.Origin = holder.src.Origin
+					d.Origin = holder.Src.Origin
 				}
 				r.Disagree = append(r.Disagree, d)
 			}

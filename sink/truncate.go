@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // truncateChunk is how many keys a truncate folds again at a time: memory
@@ -22,7 +23,7 @@ var truncateChunk = 5000
 // them with its events); the others are read, folded and written chunk by
 // chunk. A chunk's writes touch only its own keys, so the next chunk's
 // query is not disturbed by them.
-func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fresh []change.Seq, truncs []fevent,
+func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fresh []change.Seq, truncs []fold.Event,
 	forced map[string]*keyPlan, ops *cacheOps, res *Result) error {
 	t := p.t
 	seqs := make([][]byte, len(fresh))

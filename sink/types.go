@@ -1,8 +1,6 @@
 package sink
 
 import (
-	"fmt"
-
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -26,26 +24,4 @@ func (t *table) normalizeRow(row []any) {
 			row[i] = pgtype.Date{InfinityModifier: im, Valid: true}
 		}
 	}
-}
-
-// infinityCanon renders an infinite time value for canon; ok is false for
-// finite values.
-func infinityCanon(v any) (string, bool) {
-	var im pgtype.InfinityModifier
-	switch x := v.(type) {
-	case pgtype.InfinityModifier:
-		im = x
-	case pgtype.Timestamptz:
-		im = x.InfinityModifier
-	case pgtype.Timestamp:
-		im = x.InfinityModifier
-	case pgtype.Date:
-		im = x.InfinityModifier
-	default:
-		return "", false
-	}
-	if im == pgtype.Finite {
-		return "", false
-	}
-	return fmt.Sprintf("Tinf%d", im), true
 }

@@ -62,7 +62,7 @@ func (t *table) dropped(cols []change.Column) []string {
 	var newest int16
 	for _, c := range cols {
 		has[pgIdent(c.Name)] = true
-		if i, ok := t.colIdx[pgIdent(c.Name)]; ok {
+		if i, ok := t.Index[pgIdent(c.Name)]; ok {
 			newest = max(newest, t.cols[i].attnum)
 		}
 	}

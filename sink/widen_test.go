@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // TestHolds: which schema types schema_changes: fail lets a column take
@@ -45,10 +46,10 @@ func TestHolds(t *testing.T) {
 // TestDropped: a schema lacking a column older than one it has dropped
 // it; one lacking only columns added after all of its own is older.
 func TestDropped(t *testing.T) {
-	tb := &table{colIdx: map[string]int{}}
+	tb := &table{Shape: fold.Shape{Index: map[string]int{}}}
 	for i, c := range []colInfo{{name: "id", attnum: 1, key: true}, {name: "plan", attnum: 2}, {name: "city", attnum: 3}, {name: "tier", attnum: 13}} {
 		tb.cols = append(tb.cols, c)
-		tb.colIdx[c.name] = i
+		tb.Index[c.name] = i
 	}
 	schema := func(names ...string) []change.Column {
 		var out []change.Column

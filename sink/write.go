@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +19,7 @@ import (
 // sideRow is a row of the side table to insert or delete.
 type sideRow struct {
 	key []any
-	ev  fevent
+	ev  fold.Event
 }
 
 // t1Row carries a key's Type 1 values for its versions below sequence
@@ -38,35 +39,23 @@ type writes struct {
 	delVersions []int64
 	delSide     []sideRow
 	t1Bulk      []t1Row
-	closeOnly   []*version
-	full        []*version
-	insVersions []*version
+	closeOnly   []*fold.Version
+	full        []*fold.Version
+	insVersions []*fold.Version
 	insSide     []sideRow
 	repairs     []repairNote // late repairs, audited in <target>_scd_repairs
-	// boxes holds the bookkeeping values of the rows written (by one
-	// goroutine at a time: this one, or pgx's COPY while this one waits).
-	boxes change.Boxes
 	// mem is where the transaction's fold and appendKey take versions,
-	// states and lists from.
-	mem slabs
+	// states, lists and rows from; its boxes hold the bookkeeping values
+	// of the rows written.
+	mem fold.Mem
 }
 
 // slabs returns w's slabs (nil for a nil w: the heap).
-func (w *writes) slabs() *slabs {
+func (w *writes) slabs() *fold.Mem {
 	if w == nil {
 		return nil
 	}
 	return &w.mem
-}
-
-// row returns a copy of r that its caller may write, from w's slabs.
-func (w *writes) row(r []any) []any {
-	if w == nil || r == nil {
-		return append([]any(nil), r...)
-	}
-	c := w.boxes.Anys(len(r))
-	copy(c, r)
-	return c
 }
 
 // unnest renders "unnest($a::t[], ...) AS alias(n1, ...)" for column arrays.
@@ -149,22 +138,22 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	}
 	if len(w.delSide) > 0 {
 		types, names, args := t.keySeqColumns(len(w.delSide),
-			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.seq }, &w.boxes)
+			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.Seq }, &w.mem.Boxes)
 		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), t.keyMatch("e", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("deleting side rows of %s: %w", side, err)
 		}
 	}
-	if len(w.t1Bulk) > 0 && len(t.t1Idx) > 0 {
+	if len(w.t1Bulk) > 0 && len(t.Type1) > 0 {
 		types, names := t.keyTypes(), genericNames("k", len(t.keyIdx))
 		var args []any
 		for i := range t.keyIdx {
 			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
 		}
 		types, names = append(types, "bytea"), append(names, "below")
-		args = append(args, column(len(w.t1Bulk), func(j int) any { return w.boxes.Bytes(w.t1Bulk[j].below) }))
+		args = append(args, column(len(w.t1Bulk), func(j int) any { return w.mem.Boxes.Bytes(w.t1Bulk[j].below) }))
 		var sets, lhs, rhs []string
-		for n, ci := range t.t1Idx {
+		for n, ci := range t.Type1 {
 			typ, arg, val, err := t.unnestColumn(tx, ci, len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }, fmt.Sprintf("x.c%d", n))
 			if err != nil {
 				return err
@@ -185,10 +174,10 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	}
 	if len(w.closeOnly) > 0 {
 		vs := w.closeOnly
-		types, names, args := t.versionKeys(vs, &w.boxes)
+		types, names, args := t.versionKeys(vs, &w.mem.Boxes)
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
-		args = append(args, column(len(vs), func(i int) any { return w.boxes.Time(vs[i].to) }),
-			column(len(vs), func(i int) any { return w.boxes.Bytes(vs[i].closeSeq) }))
+		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
+			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
 		cur := ""
 		if t.parts != nil {
 			// Only a key's open version is closed here (appendKey), and
@@ -215,9 +204,9 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 		if _, err := pgcodec.CopyIn(ctx, tx, t.hist, cols, w.pre.columnTypes(t.hist), len(w.insVersions), func(i int, row []any) []any {
 			v := w.insVersions[i]
-			row = t.appendBook(append(row, v.row...), v, &w.boxes)
+			row = t.appendBook(append(row, v.Row...), v, &w.mem.Boxes)
 			if t.deletedCol {
-				row = append(row, v.deleted())
+				row = append(row, v.Deleted())
 			}
 			return row
 		}); err != nil {
@@ -228,8 +217,8 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 		if _, err := pgcodec.CopyIn(ctx, tx, t.side, cols, w.pre.columnTypes(t.side), len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
-			if sr.ev.row != nil {
-				row = append(row, sr.ev.row...)
+			if sr.ev.Row != nil {
+				row = append(row, sr.ev.Row...)
 			} else {
 				row = row[:len(t.cols)]
 				clear(row)
@@ -237,8 +226,8 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 					row[ki] = sr.key[k]
 				}
 			}
-			b := &w.boxes
-			return append(row, b.Bytes(sr.ev.seq), opText[sr.ev.op], b.Time(sr.ev.t), b.Bytes(sr.ev.hash), sr.ev.unavail, sr.ev.absent, timeOrNil(sr.ev.raw, b), t.attnumOf(sr.ev.complete))
+			b := &w.mem.Boxes
+			return append(row, b.Bytes(sr.ev.Seq), opText[sr.ev.Op], b.Time(sr.ev.T), b.Bytes(sr.ev.Hash), sr.ev.Unavail, sr.ev.Absent, timeOrNil(sr.ev.Raw, b), t.attnumOf(sr.ev.Complete))
 		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
@@ -247,8 +236,8 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
-func (t *table) versionKeys(vs []*version, b *change.Boxes) (types, names []string, args []any) {
-	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].key }, func(j int) []byte { return vs[j].seq }, b)
+func (t *table) versionKeys(vs []*fold.Version, b *change.Boxes) (types, names []string, args []any) {
+	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].Key }, func(j int) []byte { return vs[j].Seq }, b)
 }
 
 // keySeqColumns renders n (key, sequence) pairs as unnest columns k0..,
@@ -268,16 +257,16 @@ const bookWidth = 11
 
 // appendBook appends a version's bookkeeping columns, in insert order.
 // Values are boxed from b.
-func (t *table) appendBook(row []any, v *version, b *change.Boxes) []any {
+func (t *table) appendBook(row []any, v *fold.Version, b *change.Boxes) []any {
 	var to any
 	var cs any
-	if v.closed {
-		to = b.Time(v.to)
+	if v.Closed {
+		to = b.Time(v.To)
 	}
-	if v.closeSeq != nil {
-		cs = b.Bytes(v.closeSeq)
+	if v.CloseSeq != nil {
+		cs = b.Bytes(v.CloseSeq)
 	}
-	return append(row, b.Time(v.from), to, !v.closed, b.Bytes(v.seq), cs, opText[v.op], b.Bytes(v.hash), v.unavail, v.absent, timeOrNil(v.raw, b), t.attnumOf(v.complete))
+	return append(row, b.Time(v.From), to, !v.Closed, b.Bytes(v.Seq), cs, opText[v.Op], b.Bytes(v.Hash), v.Unavail, v.Absent, timeOrNil(v.Raw, b), t.attnumOf(v.Complete))
 }
 
 // attnumOf is the scd_attnum a row is written with: the table's newest
@@ -309,14 +298,14 @@ var opText = func() map[change.Op]any {
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
-	types, names, args := t.versionKeys(vs, &w.boxes)
+	types, names, args := t.versionKeys(vs, &w.mem.Boxes)
 	var sets []string
 	for ci, c := range t.cols {
 		if c.key {
 			continue
 		}
 		n := fmt.Sprintf("c%d", ci)
-		typ, arg, val, err := t.unnestColumn(tx, ci, len(vs), func(i int) any { return vs[i].row[ci] }, "x."+n)
+		typ, arg, val, err := t.unnestColumn(tx, ci, len(vs), func(i int) any { return vs[i].Row[ci] }, "x."+n)
 		if err != nil {
 			return err
 		}
@@ -332,7 +321,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	books := make([]any, 0, len(vs)*bookWidth)
 	for _, v := range vs {
-		books = t.appendBook(books, v, &w.boxes)
+		books = t.appendBook(books, v, &w.mem.Boxes)
 	}
 	for bi, b := range book {
 		if b.col == "scd_seq" || b.typ == "" {
@@ -346,8 +335,8 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	// unnest flattens arrays of arrays, so the column lists travel joined.
 	for _, l := range []struct {
 		col  string
-		list func(*version) []string
-	}{{"scd_unavailable", func(v *version) []string { return v.unavail }}, {"scd_absent", func(v *version) []string { return v.absent }}} {
+		list func(*fold.Version) []string
+	}{{"scd_unavailable", func(v *fold.Version) []string { return v.Unavail }}, {"scd_absent", func(v *fold.Version) []string { return v.Absent }}} {
 		types, names = append(types, "text"), append(names, "b_"+l.col)
 		args = append(args, column(len(vs), func(i int) any {
 			if len(l.list(vs[i])) == 0 {
