@@ -72,7 +72,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	var uncached []*keyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.cached(cacheKey{t, kp.id}, &ops.mem.Boxes, &ops.mem); ok {
+		if l, ok := s.cached(t.cacheKey(kp.id), &ops.mem.Boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
@@ -99,7 +99,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			repairFrom, partial = append(repairFrom, evs[0].Seq), true
 			continue
 		}
-		ops.set(cacheKey{t, kp.id}, s.appendKey(t, kp, evs, states[i], truncs, w, &res))
+		ops.Set(t.cacheKey(kp.id), s.appendKey(t, kp, evs, states[i], truncs, w, &res))
 	}
 	for _, kp := range forced {
 		repair = append(repair, kp)
@@ -107,7 +107,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		repairFrom = append(repairFrom, nil)
 	}
 	for _, kp := range repair {
-		ops.drop = append(ops.drop, cacheKey{t, kp.id})
+		ops.Drops = append(ops.Drops, t.cacheKey(kp.id))
 	}
 	if !partial || wholeRepairs {
 		repairFrom = nil

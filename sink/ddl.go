@@ -249,6 +249,7 @@ func viewTag(sql string) string {
 func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*table, error) {
 	n := namesOf(spec.Target)
 	t := &table{
+		number:  tableNumbers.Add(1),
 		spec:    spec,
 		hist:    pgx.Identifier{spec.Schema, n.hist},
 		side:    pgx.Identifier{spec.Schema, n.side},

@@ -131,7 +131,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		if reconciled != s.reconciled {
 			s.erasureStale.Store(true) // an erase counts as an outside write
 			if s.reconciled >= 0 {
-				s.cache.reset()
+				s.cache.Reset()
 			}
 			s.reconciled = reconciled
 		}
@@ -150,7 +150,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			}
 			s.seen[p] = *off
 		}
-		s.cache.reset()
+		s.cache.Reset()
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)

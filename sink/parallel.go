@@ -10,6 +10,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/statecache"
 	"go.uber.org/zap"
 )
 
@@ -255,12 +256,12 @@ func partitionLess(a, b change.Partition) bool {
 
 // cached returns a key's state remembered between batches, its values
 // boxed from boxes.
-func (s *Sink) cached(k cacheKey, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
+func (s *Sink) cached(k statecache.Key, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
 	s.amu.Lock()
-	e, ok := s.cache.entry(k)
+	e, ok := s.cache.Entry(k)
 	s.amu.Unlock()
 	if !ok {
 		return nil, false
 	}
-	return e.state(boxes, mem)
+	return e.State(boxes, mem)
 }

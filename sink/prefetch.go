@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/statecache"
 )
 
 // Reading ahead for a batch of many tables.
@@ -129,7 +130,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		}
 		var keys []*keyPlan
 		for _, kp := range p.order {
-			if len(kp.events) > 0 && !s.holds(cacheKey{t, kp.id}) {
+			if len(kp.events) > 0 && !s.holds(t.cacheKey(kp.id)) {
 				keys = append(keys, kp)
 			}
 		}
@@ -207,12 +208,8 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 }
 
 // holds reports whether the state cache holds k, without unpacking it.
-func (s *Sink) holds(k cacheKey) bool {
+func (s *Sink) holds(k statecache.Key) bool {
 	s.amu.Lock()
 	defer s.amu.Unlock()
-	if _, ok := s.cache.cur[k]; ok {
-		return true
-	}
-	_, ok := s.cache.prev[k]
-	return ok
+	return s.cache.Holds(k)
 }

@@ -38,6 +38,10 @@ type table struct {
 	// tracked and Type 1 (rebuilt by load).
 	fold.Shape
 	keyIdx []int // in spec.Keys order
+	// number is this description's own, for the state cache's keys: a
+	// table read anew is a new description, whose keys the cache has not
+	// seen.
+	number uint64
 	ignore map[string]bool
 	// hasInfinity: a timestamp or date column may read back as infinity.
 	hasInfinity bool

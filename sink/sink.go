@@ -13,6 +13,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/statecache"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -38,7 +39,7 @@ type Sink struct {
 	specMu sync.Mutex
 	specs  map[string]TableSpec
 	tables map[string]*table
-	cache  *stateCache
+	cache  *statecache.Cache
 	// written is the offset this Sink last recorded per partition; another
 	// value in scd2sink_offsets means another writer applied that partition.
 	written map[change.Partition]int64
@@ -110,7 +111,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: newStateCache(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
+		cache: statecache.New(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
 		reconciled: -1}
 	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
@@ -652,7 +653,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	// applied again isolating the events that carry such values.
 	isolate := false
 	attempt := func(ctx context.Context) error {
-		res, ops = Result{}, &cacheOps{off: isolate || s.cache.limit <= 0}
+		res, ops = Result{}, &cacheOps{Ops: statecache.Ops{Off: isolate || s.cache.Limit() <= 0}}
 		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
@@ -761,7 +762,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	s.amu.Lock()
 	defer s.amu.Unlock()
 	if err != nil {
-		s.cache.reset()
+		s.cache.Reset()
 		return Result{Retries: res.Retries}, err // nothing of it committed
 	}
 	if len(p.snapshots) > 0 {
@@ -776,9 +777,9 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	if isolate || s.reconciled != seen {
 		// Savepoints rolled back what ops recorded; or another part's
 		// fence saw a reconciliation that committed after this one's.
-		s.cache.reset()
+		s.cache.Reset()
 	} else {
-		s.cache.apply(ops)
+		s.cache.Apply(&ops.Ops)
 	}
 	for part, o := range offsets {
 		s.written[part] = o
@@ -819,7 +820,7 @@ func (s *Sink) forgetNow() uint64 {
 // forgetLocked is forgetNow with amu held.
 func (s *Sink) forgetLocked() uint64 {
 	if g := s.forgets.Load(); g != s.forgot {
-		s.cache.reset()
+		s.cache.Reset()
 		s.written = map[change.Partition]int64{}
 		s.seen = map[change.Partition]int64{}
 		s.forgot = g

@@ -116,7 +116,7 @@ type Config struct {
 	// MaxBackoff caps the wait between retries (0 = 5s).
 	MaxBackoff time.Duration
 	// CacheKeys bounds how many keys' latest state the Sink remembers between
-	// batches (0 = 200,000; negative = none). See stateCache.
+	// batches (0 = 200,000; negative = none). See statecache.Cache.
 	CacheKeys int
 	// CacheBytes bounds the estimated memory of that state (0 = 32 MiB;
 	// negative = no bound but CacheKeys).

@@ -47,7 +47,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.hist.Sanitize(), live, truncateChunk)
 	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,
 		keys, t.hist.Sanitize(), live, truncateChunk, strings.Join(after, ", "))
-	ops.reset = true // far too many keys to drop one by one
+	ops.ResetAll = true // far too many keys to drop one by one
 	var last []any
 	for {
 		q, args := first, []any{seqs}

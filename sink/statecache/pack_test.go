@@ -1,4 +1,4 @@
-package sink
+package statecache
 
 import (
 	"bytes"
@@ -82,7 +82,7 @@ func randomValue(r *rand.Rand) any {
 	case 22:
 		return pgtype.Date{InfinityModifier: pgtype.Infinity, Valid: true}
 	default:
-		return unavailable{}
+		return change.UnavailableValue{}
 	}
 }
 
@@ -227,7 +227,7 @@ func TestPackLatestRoundTrip(t *testing.T) {
 	var keep []kept
 	for i := range 20000 {
 		l := randomLatest(r)
-		blob, ok := packLatest(nil, l)
+		blob, ok := pack(nil, l)
 		if !ok {
 			t.Fatalf("case %d: no packed form for %+v", i, l)
 		}
@@ -235,7 +235,7 @@ func TestPackLatestRoundTrip(t *testing.T) {
 		if i%2 == 1 {
 			bx, mem = nil, nil
 		}
-		got, err := unpackLatest(blob, bx, mem)
+		got, err := unpack(blob, bx, mem)
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -252,7 +252,7 @@ func TestPackLatestRoundTrip(t *testing.T) {
 			}
 		}
 		// A cut entry is an error, never a panic.
-		if _, err := unpackLatest(blob[:r.IntN(len(blob))], bx, mem); err == nil {
+		if _, err := unpack(blob[:r.IntN(len(blob))], bx, mem); err == nil {
 			t.Fatalf("case %d: a cut entry unpacked", i)
 		}
 		if i%50 == 0 {
@@ -283,13 +283,13 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, ok := packLatest(nil, tc.l); ok {
+			if _, ok := pack(nil, tc.l); ok {
 				t.Fatal("packed")
 			}
-			c := newStateCache(10, 1<<20)
-			k := cacheKey{&table{}, "k"}
-			c.put(k, tc.l)
-			got, ok := c.get(k)
+			c := New(10, 1<<20)
+			k := Key{1, "k"}
+			c.Put(k, tc.l)
+			got, ok := c.Get(k)
 			if !ok {
 				t.Fatal("missed")
 			}
@@ -307,10 +307,10 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	row := boxes.Anys(3)
 	row[0], row[1], row[2] = boxes.String(text), boxes.Int64(1<<40), []any{"array"}
 	l := &fold.Latest{V: &fold.Version{Row: row, Hash: boxes.CopyBytes([]byte("digest")), Key: row[:1:1]}}
-	c := newStateCache(10, 1<<20)
-	k := cacheKey{&table{}, "k"}
-	c.put(k, l)
-	got, _ := c.get(k)
+	c := New(10, 1<<20)
+	k := Key{1, "k"}
+	c.Put(k, l)
+	got, _ := c.Get(k)
 	if d := diffLatest(l, got); d != "" {
 		t.Fatalf("the kept state's %s differs", d)
 	}
@@ -323,11 +323,11 @@ func TestCacheKeepsUnpackableStates(t *testing.T) {
 	}
 	// A packed state is unpacked afresh on every hit: changing one does
 	// not change the next.
-	c = newStateCache(10, 1<<20)
-	c.put(k, &fold.Latest{V: &fold.Version{Row: []any{"a", int64(300)}}})
-	first, _ := c.get(k)
+	c = New(10, 1<<20)
+	c.Put(k, &fold.Latest{V: &fold.Version{Row: []any{"a", int64(300)}}})
+	first, _ := c.Get(k)
 	first.V.Row[0] = "changed"
-	if second, _ := c.get(k); second == first || second.V.Row[0] != "a" {
+	if second, _ := c.Get(k); second == first || second.V.Row[0] != "a" {
 		t.Fatalf("the second hit saw the first one's change: %v", second.V.Row)
 	}
 }

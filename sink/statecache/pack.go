@@ -1,4 +1,4 @@
-package sink
+package statecache
 
 import (
 	"bytes"
@@ -29,9 +29,9 @@ import (
 // never written after pack: byte slices are capped at their length, so an
 // append copies them.
 
-// packLatest appends l's packed form to b, or reports false when a value
+// pack appends l's packed form to b, or reports false when a value
 // has no packed form.
-func packLatest(b []byte, l *fold.Latest) ([]byte, bool) {
+func pack(b []byte, l *fold.Latest) ([]byte, bool) {
 	var flags byte
 	if l.OpenerSaved {
 		flags |= 1
@@ -98,9 +98,9 @@ func packLatest(b []byte, l *fold.Latest) ([]byte, bool) {
 	return b, true
 }
 
-// unpackLatest decodes what packLatest encoded, boxing values from boxes
+// unpack decodes what packLatest encoded, boxing values from boxes
 // and taking the structs from mem.
-func unpackLatest(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, error) {
+func unpack(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, error) {
 	u := change.NewUnpacker(blob, boxes)
 	flags := u.Byte()
 	l := mem.Latest()

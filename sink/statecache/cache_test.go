@@ -1,4 +1,4 @@
-package sink
+package statecache
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 )
 
 func TestStateCacheBounds(t *testing.T) {
-	tbl := &table{}
+	const tbl = 1
 	entry := func(bio int) *fold.Latest {
 		return &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{strings.Repeat("x", bio), int64(2)}}}
 	}
@@ -26,9 +26,9 @@ func TestStateCacheBounds(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newStateCache(tc.keys, tc.bytes)
+			c := New(tc.keys, tc.bytes)
 			for i := range tc.puts {
-				c.put(cacheKey{tbl, fmt.Sprint(i)}, entry(tc.bio))
+				c.Put(Key{tbl, fmt.Sprint(i)}, entry(tc.bio))
 				if n := len(c.cur) + len(c.prev); n > tc.keys {
 					t.Fatalf("after %d puts: %d keys, bound %d", i+1, n, tc.keys)
 				}
@@ -37,12 +37,12 @@ func TestStateCacheBounds(t *testing.T) {
 				}
 			}
 			// The newest keys hit; the books match the entries.
-			last := cacheKey{tbl, fmt.Sprint(tc.puts - 1)}
-			if _, ok := c.get(last); !ok {
+			last := Key{tbl, fmt.Sprint(tc.puts - 1)}
+			if _, ok := c.Get(last); !ok {
 				t.Fatal("the newest key missed")
 			}
 			sum := 0
-			for _, m := range []map[cacheKey]cacheEntry{c.cur, c.prev} {
+			for _, m := range []map[Key]Entry{c.cur, c.prev} {
 				for _, e := range m {
 					sum += e.size
 				}
@@ -50,8 +50,8 @@ func TestStateCacheBounds(t *testing.T) {
 			if sum != c.curBytes+c.prevBytes {
 				t.Fatalf("entries hold %d bytes, books say %d", sum, c.curBytes+c.prevBytes)
 			}
-			c.drop(last)
-			if _, ok := c.get(last); ok {
+			c.Drop(last)
+			if _, ok := c.Get(last); ok {
 				t.Fatal("a dropped key hit")
 			}
 		})
@@ -59,56 +59,56 @@ func TestStateCacheBounds(t *testing.T) {
 }
 
 // TestStateCacheKeepsItsOwnKeys: the cache's map keeps copies of the key
-// identities it is given, which share a batch's memory
-// (tablePlan.intern): neither a new entry nor one stored over an
+// identities it is given, which share a batch's memory (the sink's
+// tablePlan.intern): neither a new entry nor one stored over an
 // existing entry, nor one moved between generations, keeps the batch's
 // bytes alive.
 func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
-	tbl := &table{}
+	const tbl = 1
 	l := &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{"x"}}}
 	var given []*byte
-	batchKey := func() cacheKey {
-		p := &tablePlan{}
-		id := p.intern([]byte("key-1"))
+	batchKey := func() Key {
+		arena := []byte("batch: key-1") // a batch's identities share its memory
+		id := unsafe.String(&arena[7], 5)
 		given = append(given, unsafe.StringData(id))
-		return cacheKey{tbl, id}
+		return Key{tbl, id}
 	}
-	c := newStateCache(4, 0)
+	c := New(4, 0)
 	check := func(when string) {
 		t.Helper()
-		for _, m := range []map[cacheKey]cacheEntry{c.cur, c.prev} {
+		for _, m := range []map[Key]Entry{c.cur, c.prev} {
 			for k, e := range m {
-				if unsafe.StringData(k.key) != unsafe.StringData(e.key) {
+				if unsafe.StringData(k.ID) != unsafe.StringData(e.key) {
 					t.Fatalf("%s: the map's key is not the entry's own copy", when)
 				}
 				if e.blob != nil && unsafe.Add(unsafe.Pointer(unsafe.StringData(e.key)), len(e.key)) != unsafe.Pointer(unsafe.SliceData(e.blob)) {
 					t.Fatalf("%s: a packed entry's key is not in its blob's allocation (an older entry's memory stays alive)", when)
 				}
 				for _, g := range given {
-					if unsafe.StringData(k.key) == g {
+					if unsafe.StringData(k.ID) == g {
 						t.Fatalf("%s: the cache's key is a batch's bytes", when)
 					}
 				}
 			}
 		}
 	}
-	c.put(batchKey(), l)
+	c.Put(batchKey(), l)
 	check("new entry")
-	c.put(batchKey(), l)
+	c.Put(batchKey(), l)
 	check("stored over an entry")
 	// A state that cannot be packed (an array) over a packed one: its
 	// key must not be the packed entry's, whose blob would stay alive.
-	packedKey := c.cur[cacheKey{tbl, "key-1"}].key
-	c.put(batchKey(), &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{[]any{"x"}}}})
-	if e := c.cur[cacheKey{tbl, "key-1"}]; e.blob != nil || unsafe.StringData(e.key) == unsafe.StringData(packedKey) {
+	packedKey := c.cur[Key{tbl, "key-1"}].key
+	c.Put(batchKey(), &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{[]any{"x"}}}})
+	if e := c.cur[Key{tbl, "key-1"}]; e.blob != nil || unsafe.StringData(e.key) == unsafe.StringData(packedKey) {
 		t.Fatalf("an unpacked state kept the packed entry's key (packed: %v)", e.blob != nil)
 	}
-	c.put(batchKey(), l)
+	c.Put(batchKey(), l)
 	check("packed again")
 	for i := range 3 { // the older generation takes key-1
-		c.put(cacheKey{tbl, fmt.Sprint(i)}, l)
+		c.Put(Key{tbl, fmt.Sprint(i)}, l)
 	}
-	if _, ok := c.entry(batchKey()); !ok {
+	if _, ok := c.Entry(batchKey()); !ok {
 		t.Fatal("key-1 missed")
 	}
 	check("moved between generations")

@@ -1,0 +1,249 @@
+package statecache
+
+import (
+	"encoding/json"
+	"strings"
+	"unsafe"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/fold"
+)
+
+// Cache remembers, per table and key, what the append path last wrote
+// (the latest version and the side-table summary), so the next batch of the
+// key need not read it back. It is bounded by keys and by estimated bytes:
+// two generations of at most half of each; a key read from the older
+// generation moves to the newer one, and when the newer one is full the
+// older one is dropped.
+//
+// The cache is only right while its sink is the only writer of its keys:
+// Apply empties it whenever scd2sink_offsets shows that another writer
+// applied one of the batch's partitions since the sink last did, Forget
+// empties it on rebalances, and entries change only after a commit.
+type Cache struct {
+	limit, maxBytes     int
+	cur, prev           map[Key]Entry
+	curBytes, prevBytes int
+}
+
+// Entry is a key's state, packed (pack.go) or, when a value has
+// no packed form, as it is.
+type Entry struct {
+	blob []byte
+	l    *fold.Latest
+	size int // estimated bytes
+	// key is the entry's own copy of its key's identity, which the map
+	// keeps: a batch's identities share its memory (tablePlan.intern),
+	// and a map assignment stores the key it is given, even over an
+	// existing entry.
+	key string
+}
+
+// State returns the entry's State: a fresh one for a packed entry; the
+// kept one, which its users never change, for another. A packed entry
+// that does not unpack (it cannot happen: it is pack's own output) is a
+// miss, and the key is read from the table.
+func (e Entry) State(boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
+	if e.l != nil {
+		return e.l, true
+	}
+	l, err := unpack(e.blob, boxes, mem)
+	return l, err == nil
+}
+
+// Key names a key of one table as the sink knows it: Table is the
+// number of the table's description, new each time the sink reads the
+// table anew (a column added), so the entries of the old one miss; ID is
+// the key's identity.
+type Key struct {
+	Table uint64
+	ID    string
+}
+
+// Limit is the most keys the cache holds (0 or less: none).
+func (c *Cache) Limit() int { return c.limit }
+
+// Holds reports whether the cache holds k, without unpacking it or moving
+// it to the newer generation.
+func (c *Cache) Holds(k Key) bool {
+	if _, ok := c.cur[k]; ok {
+		return true
+	}
+	_, ok := c.prev[k]
+	return ok
+}
+
+// New returns an empty cache of at most limit keys (0 or less: none) and,
+// when maxBytes is positive, about maxBytes of estimated memory.
+func New(limit, maxBytes int) *Cache {
+	c := &Cache{limit: limit, maxBytes: maxBytes}
+	c.Reset()
+	return c
+}
+
+// Reset forgets every key.
+func (c *Cache) Reset() {
+	c.cur, c.prev = map[Key]Entry{}, map[Key]Entry{}
+	c.curBytes, c.prevBytes = 0, 0
+}
+
+// Get returns k's state, unpacked onto the heap.
+func (c *Cache) Get(k Key) (*fold.Latest, bool) {
+	e, ok := c.Entry(k)
+	if !ok {
+		return nil, false
+	}
+	return e.State(nil, nil)
+}
+
+// Entry returns a key's Entry, moving it to the newer generation; its
+// state is unpacked by the caller, outside any lock.
+func (c *Cache) Entry(k Key) (Entry, bool) {
+	e, ok := c.cur[k]
+	if !ok {
+		if e, ok = c.prev[k]; !ok {
+			return e, false
+		}
+		delete(c.prev, k)
+		c.prevBytes -= e.size
+		c.store(k, e)
+	}
+	return e, true
+}
+
+// Put keeps l as k's state at once (outside a transaction: Ops.Set and
+// Apply do it for one).
+func (c *Cache) Put(k Key, l *fold.Latest) {
+	if c.limit <= 0 {
+		return
+	}
+	e, _ := newEntry(nil, k, l)
+	c.store(k, e)
+}
+
+// newEntry packs l, if it can, by way of scratch, which it returns for
+// the next one.
+func newEntry(scratch []byte, k Key, l *fold.Latest) (Entry, []byte) {
+	if b, ok := pack(scratch[:0], l); ok {
+		// The key's own copy and the blob share one allocation: one
+		// object fewer for the collector per cached key.
+		mem := append(append(make([]byte, 0, len(k.ID)+len(b)), k.ID...), b...)
+		blob := mem[len(k.ID):len(mem):len(mem)]
+		return Entry{blob: blob, key: unsafe.String(unsafe.SliceData(mem), len(k.ID)), size: 96 + len(k.ID) + len(blob)}, b
+	}
+	return Entry{l: detach(l), size: estimate(l, k)}, scratch
+}
+
+func (c *Cache) store(k Key, e Entry) {
+	old, ok := c.cur[k]
+	switch {
+	case e.key != "": // its own copy (a packed entry, or one moved from the older generation)
+		k.ID = e.key
+	case ok && old.blob == nil: // not in a packed entry's memory, which would stay alive
+		k.ID = old.key
+	default:
+		k.ID = strings.Clone(k.ID)
+	}
+	e.key = k.ID
+	if ok {
+		c.curBytes -= old.size
+	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {
+		c.prev, c.cur = c.cur, make(map[Key]Entry, len(c.cur)) // sized as the last one: no growth while it fills
+		c.prevBytes, c.curBytes = c.curBytes, 0
+	}
+	if old, ok := c.prev[k]; ok { // a newer state replaces the older generation's
+		delete(c.prev, k)
+		c.prevBytes -= old.size
+	}
+	c.cur[k] = e
+	c.curBytes += e.size
+}
+
+// Drop forgets k.
+func (c *Cache) Drop(k Key) {
+	if e, ok := c.cur[k]; ok {
+		delete(c.cur, k)
+		c.curBytes -= e.size
+	}
+	if e, ok := c.prev[k]; ok {
+		delete(c.prev, k)
+		c.prevBytes -= e.size
+	}
+}
+
+// estimate is the memory an entry holds, in bytes (roughly: the version,
+// its key and row values).
+func estimate(l *fold.Latest, k Key) int {
+	n := 160 + len(k.ID) + len(l.SideMaxSeq)
+	if v := l.V; v != nil {
+		n += 200 + len(v.Seq) + len(v.CloseSeq) + len(v.Hash) + valuesSize(v.Key) + valuesSize(v.Row) + valuesSize(v.Opener)
+	}
+	return n
+}
+
+// valuesSize estimates the memory of typed values.
+func valuesSize(vs []any) int {
+	n := 16 * len(vs)
+	for _, v := range vs {
+		switch x := v.(type) {
+		case string:
+			n += 16 + len(x)
+		case []byte:
+			n += 24 + len(x)
+		case json.RawMessage:
+			n += 24 + len(x)
+		case nil, bool:
+		default:
+			n += 32
+		}
+	}
+	return n
+}
+
+// Ops are the changes one transaction makes to the cache, applied only
+// once it has committed (Cache.Apply). States are packed as they are set,
+// while the fold has just touched them, not after the commit. An Ops
+// belongs to the transaction's goroutine.
+type Ops struct {
+	Puts  []putOp // in order: a later one for the same key wins
+	Drops []Key
+	// ResetAll: forget every key (a truncate folded too many to drop).
+	ResetAll bool
+	scratch  []byte // where states are packed before their exact copy
+	// Off: nothing set is kept (no cache, or a batch applied isolating
+	// values, after which the cache is emptied).
+	Off bool
+}
+
+type putOp struct {
+	k Key
+	e Entry
+}
+
+// Set records l as k's state once the transaction commits. l is packed, or
+// detached, before Set returns: it may share rows with the batch.
+func (o *Ops) Set(k Key, l *fold.Latest) {
+	if o.Off {
+		return
+	}
+	var e Entry
+	e, o.scratch = newEntry(o.scratch, k, l)
+	o.Puts = append(o.Puts, putOp{k, e})
+}
+
+// Apply makes the changes of a committed transaction.
+func (c *Cache) Apply(o *Ops) {
+	if o.ResetAll {
+		c.Reset()
+		return
+	}
+	for _, k := range o.Drops {
+		c.Drop(k)
+	}
+	if c.limit <= 0 {
+		return
+	}
+	for _, p := range o.Puts {
+		c.store(p.k, p.e)
+	}
+}

@@ -1,0 +1,31 @@
+// Package statecache remembers, between a sink's transactions, what the
+// append path last wrote for a key (fold.Latest: its latest version and the
+// side table's highest sequence and time), so that the next batch of the
+// key need not read it back from PostgreSQL.
+//
+// # Invariants
+//
+//   - An entry is exactly what the table holds for its key once the
+//     transaction that set it committed: a transaction records its
+//     changes in Ops (Set, Drops, ResetAll), and Cache.Apply makes them
+//     only after the commit. A rolled-back transaction changes nothing.
+//   - It is right only while its sink is the only writer of the key's
+//     partitions. The sink empties it (Reset) whenever scd2sink_offsets
+//     shows another writer applied one of a batch's partitions since, on
+//     rebalances, after a batch applied by isolating values, and after a
+//     truncate that folded too many keys to drop one by one.
+//   - A key is named by its table description's number and its identity
+//     (Key): a table read anew (a column added) gets a new number, and the
+//     old description's entries miss.
+//   - Nothing kept shares memory with a batch: a state is packed into one
+//     byte slice of its own (pack.go) or, when a value has no packed form,
+//     detached (deep-copied); the map's key is the entry's own copy of the
+//     identity. A batch's rows, slabs and raw messages can therefore be
+//     reused as soon as its transaction ends.
+//   - It is bounded by keys and by estimated bytes, in two generations of
+//     at most half of each: a key read from the older generation moves to
+//     the newer one, and when the newer one is full the older one goes.
+//
+// A Cache is not safe for concurrent use: the sink guards it with a mutex
+// and unpacks states outside it (Entry, then Entry.State).
+package statecache
