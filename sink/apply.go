@@ -39,7 +39,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		}
 		known[string(tr.Seq)] = true
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)`,
-			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize(), []byte(tr.Seq), tr.T); err != nil {
+			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.Hist.Sanitize(), []byte(tr.Seq), tr.T); err != nil {
 			return res, nil, fmt.Errorf("recording truncate: %w", err)
 		}
 		truncs = append(truncs, tr)
@@ -256,12 +256,12 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 	if l.SideMaxT != nil && (!st.HasPrev || l.SideMaxT.After(st.PrevT)) {
 		st.PrevT, st.HasPrev = *l.SideMaxT, true
 	}
-	res.noteDisagreements(t.spec.Target, evs, st.PrevT)
+	res.noteDisagreements(t.Spec.Target, evs, st.PrevT)
 	out := t.Fold(&st, mergeTruncates(evs, truncs, l.MaxSeq()))
 	for _, v := range out.Versions {
 		v.Key = kp.key
 	}
-	spread := t.spec.Type1Scope == AllVersions && st.PrevRow != nil
+	spread := t.Spec.Type1Scope == AllVersions && st.PrevRow != nil
 	if spread {
 		t.SpreadType1(out.Versions, st.PrevRow)
 	}
@@ -309,7 +309,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		next.OpenerSaved = (last.Stored && l.OpenerSaved) || t.OpenerDiffers(last)
 		next.V.Opener = nil // appendKey takes the opener from the row (or the side table)
 		next.V.OpenAbsent = next.V.Absent
-	} else if l.V != nil && t.spec.Type1Scope == AllVersions && st.PrevRow != nil {
+	} else if l.V != nil && t.Spec.Type1Scope == AllVersions && st.PrevRow != nil {
 		next.V = l.V.Clone(w.slabs()) // its Type 1 columns changed with the key's
 		t.SpreadType1([]*fold.Version{next.V}, st.PrevRow)
 	}
@@ -422,7 +422,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 		// change of type1_scope without a rebuild, which the whole fold
 		// puts right.)
 		if folded == nil || boundary == nil || !folded.From.Equal(boundary.From) || !fold.RowsEqual(folded.Row, boundary.Row, t.Tracked) ||
-			(t.spec.Type1Scope == AllVersions && !fold.RowsEqual(h.versions[0].Row, boundary.Row, t.Type1)) {
+			(t.Spec.Type1Scope == AllVersions && !fold.RowsEqual(h.versions[0].Row, boundary.Row, t.Type1)) {
 			dups = 0
 			return nil, false
 		}
@@ -432,12 +432,12 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 	for _, v := range out.Versions {
 		v.Key = kp.key
 	}
-	res.noteDisagreements(t.spec.Target, evs, time.Time{})
-	if t.spec.Type1Scope == AllVersions && boundary != nil {
+	res.noteDisagreements(t.Spec.Target, evs, time.Time{})
+	if t.Spec.Type1Scope == AllVersions && boundary != nil {
 		// The key's last event is past the boundary, unchanged: every
 		// version holds its Type 1 values, the boundary's too.
 		t.SpreadType1(out.Versions, boundary.Row)
-	} else if t.spec.Type1Scope == AllVersions {
+	} else if t.Spec.Type1Scope == AllVersions {
 		t.SpreadType1(out.Versions, st.PrevRow)
 		// Read from h.from on, the fold ends with the key's last row
 		// (every row-bearing event from there is read): when its Type 1

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 )
 
 // Claims make the members of a group agree on which topic writes a target
@@ -17,8 +18,8 @@ import (
 
 const claimsTable = "scd2sink_targets"
 
-func claimsDDL(cat *catalog, cfg *Config) []string {
-	if cat.has(claimsTable) {
+func claimsDDL(cat *catalog.Catalog, cfg *Config) []string {
+	if cat.Has(claimsTable) {
 		return nil
 	}
 	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
@@ -37,7 +38,7 @@ type storedValue struct{ v any }
 // MarshalJSON writes the value as a dead letter's key shows it.
 func (s storedValue) MarshalJSON() ([]byte, error) { return json.Marshal(s.v) }
 
-func (c converter) convert(col *colInfo, v any) (any, error) {
+func (c converter) convert(col *catalog.ColumnInfo, v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -47,10 +48,10 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 	if s, ok := v.(string); ok && s == change.Unavailable {
 		return unavailable{}, nil
 	}
-	if same(col.oid, v) {
+	if same(col.OID, v) {
 		return v, nil // already what the column holds: no copy, no new box
 	}
-	switch col.oid {
+	switch col.OID {
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID: // isText
 		return asText(v), nil
 	case pgtype.BoolOID:
@@ -88,7 +89,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 	case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
 		if _, inf := fold.InfinityCanon(v); inf {
 			im, _ := infinityOf(v)
-			switch col.oid {
+			switch col.OID {
 			case pgtype.TimestamptzOID:
 				return pgtype.Timestamptz{InfinityModifier: im, Valid: true}, nil
 			case pgtype.TimestampOID:
@@ -96,13 +97,13 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 			}
 			return pgtype.Date{InfinityModifier: im, Valid: true}, nil
 		}
-		t, err := asTime(col.oid, v)
+		t, err := asTime(col.OID, v)
 		if err != nil {
 			return nil, err
 		}
 		// PostgreSQL keeps microseconds: what is stored is what compares.
 		t = t.Truncate(time.Microsecond)
-		switch col.oid {
+		switch col.OID {
 		case pgtype.TimestampOID:
 			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
 		case pgtype.DateOID:
@@ -140,7 +141,7 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 			return b, nil
 		}
 	}
-	typ, ok := c.m.TypeForOID(col.oid)
+	typ, ok := c.m.TypeForOID(col.OID)
 	if !ok {
 		return asText(v), nil // enums and other text-like types
 	}
@@ -149,9 +150,9 @@ func (c converter) convert(col *colInfo, v any) (any, error) {
 			return c.convertArray(col, arr.ElementType, list)
 		}
 	}
-	out, err := typ.Codec.DecodeValue(c.m, col.oid, pgtype.TextFormatCode, []byte(asText(v)))
+	out, err := typ.Codec.DecodeValue(c.m, col.OID, pgtype.TextFormatCode, []byte(asText(v)))
 	if err != nil {
-		return nil, fmt.Errorf("value %q does not fit type %s: %w", asText(v), col.typeName, err)
+		return nil, fmt.Errorf("value %q does not fit type %s: %w", asText(v), col.TypeName, err)
 	}
 	return out, nil
 }
@@ -188,8 +189,8 @@ func same(oid uint32, v any) bool {
 }
 
 // convertArray converts each element of an array value.
-func (c converter) convertArray(col *colInfo, elem *pgtype.Type, list []any) (any, error) {
-	ec := &colInfo{name: col.name, oid: elem.OID, typeName: elem.Name}
+func (c converter) convertArray(col *catalog.ColumnInfo, elem *pgtype.Type, list []any) (any, error) {
+	ec := &catalog.ColumnInfo{Name: col.Name, OID: elem.OID, TypeName: elem.Name}
 	out := make([]any, len(list))
 	for i, e := range list {
 		v, err := c.convert(ec, e)
@@ -240,8 +241,8 @@ func intValue(v any) (int64, bool) {
 }
 
 // sizedInt returns n as the Go type pgx reads the column's type into.
-func sizedInt(col *colInfo, n int64) (any, error) {
-	switch col.oid {
+func sizedInt(col *catalog.ColumnInfo, n int64) (any, error) {
+	switch col.OID {
 	case pgtype.Int2OID:
 		if n < math.MinInt16 || n > math.MaxInt16 {
 			return nil, fmt.Errorf("%d is out of range for smallint", n)

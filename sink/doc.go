@@ -49,7 +49,7 @@
 //     version kept, leaving a side row of operation 'h' at the highest
 //     sequence removed. The horizon never passes the watermark, so no late
 //     event within the reorder window needs what went.
-//   - A partitioned history table (partition.go) keeps its current
+//   - A partitioned history table (package catalog) keeps its current
 //     versions in one partition and its closed ones by valid_to; a
 //     writer creates the partition a version closes into inside the
 //     batch's transaction, before its statements, so no row ever lacks one.
@@ -82,6 +82,40 @@
 // current version shows a column added at the source at once), and the
 // version's opener is then kept in the side table, so a re-fold starts from
 // the image it really had.
+//
+// # Where a batch goes
+//
+// The consumer (package consumer) reads records (take.go: fetchErrors,
+// decodeAll with package debezium, notePositions, sequence), lets the
+// sequencer order them per key and hold them for the reorder window, and
+// cuts the released events into a Batch (batch.go). From there, in this
+// package and the ones below it:
+//
+//  1. Prepare (sink.go) makes sure every target's tables exist and have
+//     the batch's columns (catalog.Ensure, widening), then plans the batch
+//     (plan.go): each event converted to the columns' types (convert.go)
+//     into a fold.Event, grouped by table and key into tablePlans and
+//     keyPlans; what cannot be converted becomes a dead letter.
+//  2. ApplyPrepared (parallel.go) splits a batch into parts of disjoint
+//     partitions when apply_workers allows, and applyOne (sink.go) applies
+//     each in one transaction: the fence and the offsets read
+//     (offsets.go), erased keys dropped (erasure.go), then one pipeline
+//     reading ahead every table's truncates, uncached keys' latest
+//     versions and column types (prefetch.go).
+//  3. applyTable (apply.go), per table: a key whose events all come after
+//     what the table holds goes the append path (appendKey: its state from
+//     the state cache, package statecache, or the read-ahead; one
+//     fold.Shape.Fold); a key with a late or repeated event goes the
+//     repair path (repairKey: its history read from the table, load.go,
+//     rebuilt into events and folded again from scratch). Either leaves
+//     its changes in the table's writes.
+//  4. writes.exec (write.go) runs them set-based: one UPDATE closing
+//     versions, COPYs of new versions and side rows (package pgcodec's
+//     CopyIn), the Type 1 spread, the repair audit (repairs.go).
+//  5. Dead letters and the batch's offsets are written in the same
+//     transaction (offsets.go), which commits; only then does the state
+//     cache take the transaction's changes (statecache.Ops) and the
+//     consumer commit the offsets to Kafka (consumer/commit.go).
 //
 // # Applying a batch
 //
@@ -133,7 +167,7 @@
 // is exact for the reason parts are (park.go), and ApplyPart applies the
 // parked target's probe beside later batches.
 //
-// DDL runs only for what the catalog lacks (ddl.go): a restart with
+// DDL runs only for what the catalog lacks (package catalog): a restart with
 // nothing to change takes no lock stronger than its DML, and what DDL
 // runs waits at most lock_timeout.
 //
@@ -156,7 +190,7 @@
 // integers sized to the column, pgtype.Numeric with its scale, times
 // truncated to microseconds, infinities as pgtype values, timetz in a codec
 // of its own, arrays element by element. JSON columns are read and written
-// as their text (json.RawMessage, see types.go) and compared canonically, as
+// as their text (json.RawMessage) and compared canonically (fold.ValuesEqual), as
 // jsonb compares them.
 //
 // # Limits

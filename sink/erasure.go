@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
 	"github.com/jackc/pgx/v5"
@@ -40,8 +41,8 @@ const erasuresTable = "scd2sink_erasures"
 // erased keys could not be recognised, so nothing is applied.
 var ErrErasureKey = errors.New("erasure_key_file")
 
-func erasureDDL(cat *catalog, cfg *Config) []string {
-	if cat.has(erasuresTable) {
+func erasureDDL(cat *catalog.Catalog, cfg *Config) []string {
+	if cat.Has(erasuresTable) {
 		return nil
 	}
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
@@ -199,12 +200,12 @@ func (s *Sink) erasedDeadLetter(set map[string]bool, d DeadLetter) bool {
 // keyIDOf is the identity of an event's key in table t, when its values
 // convert to the key columns.
 func (s *Sink) keyIDOf(t *table, ev *change.Event) string {
-	if len(ev.Key) != len(t.keyIdx) {
+	if len(ev.Key) != len(t.KeyIdx) {
 		return ""
 	}
 	key := make([]any, len(ev.Key))
-	for i, ki := range t.keyIdx {
-		v, err := s.conv.convert(&t.cols[ki], ev.Key[i])
+	for i, ki := range t.KeyIdx {
+		v, err := s.conv.convert(&t.Cols[ki], ev.Key[i])
 		if err != nil || v == nil {
 			return ""
 		}
@@ -469,7 +470,7 @@ func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, 
 	}
 	jargs := append(append([]any(nil), args...), anys(spec.Keys)...)
 	for _, name := range tables {
-		n := namesOf(name)
+		n := catalog.NamesOf(name)
 		del := func(rel, where string, a []any, count *int64) error {
 			var exists bool
 			id := pgx.Identifier{spec.Schema, rel}.Sanitize()
@@ -483,13 +484,13 @@ func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, 
 			*count += tag.RowsAffected()
 			return nil
 		}
-		if err := del(n.hist, match, args, &e.Versions); err != nil {
+		if err := del(n.Hist, match, args, &e.Versions); err != nil {
 			return err
 		}
-		if err := del(n.side, match, args, &e.SideRows); err != nil {
+		if err := del(n.Side, match, args, &e.SideRows); err != nil {
 			return err
 		}
-		if err := del(n.repairs, "key = jsonb_build_object("+strings.Join(pairs, ", ")+")", jargs, &e.Repairs); err != nil {
+		if err := del(n.Repairs, "key = jsonb_build_object("+strings.Join(pairs, ", ")+")", jargs, &e.Repairs); err != nil {
 			return err
 		}
 	}
@@ -626,7 +627,7 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 	if err != nil || len(set) == 0 {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT DISTINCT %s FROM %s`, quoteIdents(spec.Keys), hist))
+	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT DISTINCT %s FROM %s`, catalog.QuoteIdents(spec.Keys), hist))
 	if err != nil {
 		return nil, fmt.Errorf("reading the keys of %s: %w", hist, err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
@@ -14,7 +15,7 @@ import (
 // 22 (data exception) or 23 (integrity constraint violation).
 func isDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !staleStatement(err) && !noPartition(err) {
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !staleStatement(err) && !catalog.NoPartition(err) {
 		return pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23"
 	}
 	return false
@@ -39,7 +40,7 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 		for i, part := range []*tablePlan{p.subPlan(p.order[:half], true), p.subPlan(p.order[half:], false)} {
 			r, d, err := s.applyIsolating(ctx, tx, part, ops)
 			if err != nil {
-				return total, nil, fmt.Errorf("part %d of %s: %w", i+1, p.t.spec.Target, err)
+				return total, nil, fmt.Errorf("part %d of %s: %w", i+1, p.t.Spec.Target, err)
 			}
 			total.add(r)
 			allDead = append(allDead, d...)

@@ -71,14 +71,14 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 		}
 		var match string
 		args := []any{[]byte(e.Seq)}
-		for i, k := range t.keyNames() {
+		for i, k := range t.KeyNames() {
 			match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
 			args = append(args, e.OldKey[i])
 		}
-		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", t.colList("h."), t.hist.Sanitize(), match)
+		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", t.colList("h."), t.Hist.Sanitize(), match)
 		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
-			return nil, fmt.Errorf("reading the old key of a primary-key change in %s: %w", t.hist.Sanitize(), err)
+			return nil, fmt.Errorf("reading the old key of a primary-key change in %s: %w", t.Hist.Sanitize(), err)
 		}
 		var old []any
 		if rows.Next() {
@@ -86,7 +86,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 				rows.Close()
 				return nil, err
 			}
-			t.normalizeRow(old)
+			t.NormalizeRow(old)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -94,7 +94,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 		}
 		if old == nil {
 			s.log.Warn("primary-key change: the old key's version is not in the history table; unavailable columns of the new key are NULL",
-				zap.String("table", t.spec.Target), zap.String("seq", e.Seq.String()), zap.Strings("columns", e.Unavail))
+				zap.String("table", t.Spec.Target), zap.String("seq", e.Seq.String()), zap.Strings("columns", e.Unavail))
 		}
 		row := slices.Clone(e.Row)
 		for i, v := range row {

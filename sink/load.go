@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
@@ -16,23 +17,23 @@ import (
 // and its arguments for the given keys; rows come back numbered from 1.
 func (t *table) keysSource(keys []*keyPlan, firstParam int) (string, []any) {
 	var casts []string
-	args := make([]any, len(t.keyIdx))
-	for i, ki := range t.keyIdx {
+	args := make([]any, len(t.KeyIdx))
+	for i, ki := range t.KeyIdx {
 		col := make([]any, len(keys))
 		for j, kp := range keys {
 			col[j] = kp.key[i]
 		}
 		args[i] = col
-		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.cols[ki].typeName))
+		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.Cols[ki].TypeName))
 	}
-	names := quoteIdents(t.keyNames())
+	names := catalog.QuoteIdents(t.KeyNames())
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
 // keyJoin renders "a.k1 = b.k1 AND ...".
 func (t *table) keyJoin(a, b string) string {
 	var parts []string
-	for _, k := range t.keyNames() {
+	for _, k := range t.KeyNames() {
 		q := pgx.Identifier{k}.Sanitize()
 		parts = append(parts, fmt.Sprintf("%s.%s = %s.%s", a, q, b, q))
 	}
@@ -40,9 +41,9 @@ func (t *table) keyJoin(a, b string) string {
 }
 
 func (t *table) colList(prefix string) string {
-	parts := make([]string, len(t.cols))
-	for i, c := range t.cols {
-		parts[i] = prefix + pgx.Identifier{c.name}.Sanitize()
+	parts := make([]string, len(t.Cols))
+	for i, c := range t.Cols {
+		parts[i] = prefix + pgx.Identifier{c.Name}.Sanitize()
 	}
 	return strings.Join(parts, ", ")
 }
@@ -86,12 +87,12 @@ func (t *table) scanVersion(vals []any, off int) (*fold.Version, error) {
 // before scd_attnum, taken as knowing every column).
 func (t *table) unknown(absent []string, rowAttnum any) []string {
 	n, ok := rowAttnum.(int16)
-	if !ok || n >= t.attnum {
+	if !ok || n >= t.Attnum {
 		return absent
 	}
-	for _, c := range t.cols {
-		if c.attnum > n && !c.key && !slices.Contains(absent, c.name) {
-			absent = append(absent, c.name)
+	for _, c := range t.Cols {
+		if c.Attnum > n && !c.Key && !slices.Contains(absent, c.Name) {
+			absent = append(absent, c.Name)
 		}
 	}
 	return absent
@@ -136,12 +137,12 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	// is open), and lives in _pcur. Only the keys without one need a
 	// probe of every partition of closed versions.
 	if len(first) > 0 {
-		if err := t.readLatest(ctx, tx, keys, first, out, t.parts != nil); err != nil {
+		if err := t.readLatest(ctx, tx, keys, first, out, t.Parts != nil); err != nil {
 			return nil, err
 		}
 	}
 	pending := all
-	if t.parts != nil {
+	if t.Parts != nil {
 		if pending = withoutVersion(out, all); len(pending) > 0 {
 			if err := t.readLatest(ctx, tx, keys, pending, out, false); err != nil {
 				return nil, err
@@ -160,10 +161,10 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	src, args := t.keysSource(missing, 1)
 	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
 		JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		src, t.side.Sanitize(), t.keyJoin("e", "k"))
+		src, t.Side.Sanitize(), t.keyJoin("e", "k"))
 	rows2, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("reading side rows of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("reading side rows of %s: %w", t.Hist.Sanitize(), err)
 	}
 	defer rows2.Close()
 	for rows2.Next() {
@@ -196,7 +197,7 @@ func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx 
 	q, args := t.latestQuery(keys, idx, onlyCurrent)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("reading current versions of %s: %w", t.Hist.Sanitize(), err)
 	}
 	defer rows.Close()
 	return t.scanLatest(rows, idx, out)
@@ -220,14 +221,14 @@ func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (strin
 		FROM %s
 		JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.side.Sanitize(), t.keyJoin("o", "k"), src, t.hist.Sanitize(), t.keyJoin("x", "k"), cur,
-		t.side.Sanitize(), t.keyJoin("e", "k"))
+		versionCols, t.colList("h."), t.Side.Sanitize(), t.keyJoin("o", "k"), src, t.Hist.Sanitize(), t.keyJoin("x", "k"), cur,
+		t.Side.Sanitize(), t.keyJoin("e", "k"))
 	return q, args
 }
 
 // scanLatest reads latestQuery's rows into out (see readLatest).
 func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
-	n := len(t.cols)
+	n := len(t.Cols)
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
@@ -239,7 +240,7 @@ func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
 			return err
 		}
 		v.Row = vals[rowAt : rowAt+n]
-		t.normalizeRow(v.Row)
+		t.NormalizeRow(v.Row)
 		l := &out[idx[ord]]
 		l.V = v
 		if s := asBytes(vals[rowAt+n]); s != nil {
@@ -251,7 +252,7 @@ func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
 		l.OpenerSaved, _ = vals[rowAt+2+n].(bool)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reading current versions of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("reading current versions of %s: %w", t.Hist.Sanitize(), err)
 	}
 	return nil
 }
@@ -309,7 +310,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	if len(keys) == 0 {
 		return out, nil
 	}
-	n := len(t.cols)
+	n := len(t.Cols)
 	src, args := t.keysSource(keys, 1)
 	if after != nil {
 		from := make([][]byte, len(keys))
@@ -327,9 +328,9 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 					AND h.valid_from >= f.t AND h.scd_op <> 'd' AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
 					WHERE b.ok ORDER BY b.s LIMIT 1)
 			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
-			t.hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
+			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
 		if err != nil {
-			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.hist.Sanitize(), err)
+			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.Hist.Sanitize(), err)
 		}
 		for rows.Next() {
 			var ord int64
@@ -347,7 +348,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.hist.Sanitize(), err)
+			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.Hist.Sanitize(), err)
 		}
 	}
 	// Whole histories (a truncate's re-fold, keys read from the start)
@@ -368,10 +369,10 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	}
 	// Per key, one index range scan of (key, scd_seq) between its bounds.
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN LATERAL (SELECT * FROM %s h WHERE %s%s) h ON true ORDER BY k.scd_ord, h.scd_seq`,
-		versionCols, t.colList("h."), src, t.hist.Sanitize(), t.keyJoin("h", "k"), histFrom)
+		versionCols, t.colList("h."), src, t.Hist.Sanitize(), t.keyJoin("h", "k"), histFrom)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
 	}
 	for rows.Next() {
 		vals, err := rows.Values()
@@ -385,19 +386,19 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			return nil, err
 		}
 		v.Row = vals[rowAt : rowAt+n]
-		t.normalizeRow(v.Row)
+		t.NormalizeRow(v.Row)
 		h := &out[vals[0].(int64)-1]
 		h.versions = append(h.versions, v)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading history of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
 	}
 	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN LATERAL (SELECT * FROM %s e WHERE %s%s) e ON true ORDER BY k.scd_ord, e.scd_seq`,
-		t.colList("e."), src, t.side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
+		t.colList("e."), src, t.Side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("reading side rows of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("reading side rows of %s: %w", t.Hist.Sanitize(), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -411,14 +412,14 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			continue
 		}
 		if _, err := change.ParseOp(op); err != nil {
-			return nil, &DriftError{Table: t.side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
+			return nil, &DriftError{Table: t.Side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
 		fe := fold.Event{Seq: change.Seq(asBytes(vals[1])), Op: change.Op(op[0]), Hash: asBytes(vals[4]), Unavail: asStrings(vals[5]), Absent: t.unknown(asStrings(vals[6]), vals[8]), Complete: vals[8] == nil}
 		fe.T, _ = vals[3].(time.Time)
 		fe.Raw, _ = vals[7].(time.Time)
 		if fe.Op.HasAfter() {
 			fe.Row = vals[9 : 9+n]
-			t.normalizeRow(fe.Row)
+			t.NormalizeRow(fe.Row)
 		}
 		h := &out[vals[0].(int64)-1]
 		h.side = append(h.side, fe)
@@ -429,9 +430,9 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 // loadTruncates reads the truncates applied to the table so far.
 func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.Event, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), t.hist.Sanitize())
+		pgx.Identifier{s.cfg.Schema}.Sanitize()), t.Hist.Sanitize())
 	if err != nil {
-		return nil, fmt.Errorf("reading truncates of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("reading truncates of %s: %w", t.Hist.Sanitize(), err)
 	}
 	defer rows.Close()
 	var out []fold.Event

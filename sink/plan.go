@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"sort"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
@@ -196,21 +196,21 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.
 	default:
 		return fe, nil, fmt.Errorf("unknown operation %q", ev.Op.String())
 	}
-	if len(ev.Key) != len(t.keyIdx) {
-		return fe, nil, fmt.Errorf("event has %d key values, table %s has %d key columns", len(ev.Key), t.spec.Target, len(t.keyIdx))
+	if len(ev.Key) != len(t.KeyIdx) {
+		return fe, nil, fmt.Errorf("event has %d key values, table %s has %d key columns", len(ev.Key), t.Spec.Target, len(t.KeyIdx))
 	}
 	key := s.boxes.Anys(len(ev.Key))
-	for i, ki := range t.keyIdx {
-		col := &t.cols[ki]
+	for i, ki := range t.KeyIdx {
+		col := &t.Cols[ki]
 		if ev.Key[i] == nil {
-			return fe, nil, fmt.Errorf("key column %s is null", col.name)
+			return fe, nil, fmt.Errorf("key column %s is null", col.Name)
 		}
 		v, err := s.conv.convert(col, ev.Key[i])
 		if err != nil {
-			return fe, nil, fmt.Errorf("key column %s: %w", col.name, err)
+			return fe, nil, fmt.Errorf("key column %s: %w", col.Name, err)
 		}
 		if _, ok := v.(unavailable); ok {
-			return fe, nil, fmt.Errorf("key column %s is unavailable", col.name)
+			return fe, nil, fmt.Errorf("key column %s is unavailable", col.Name)
 		}
 		key[i] = v
 	}
@@ -219,14 +219,14 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.
 		if after == nil && !visit {
 			return fe, nil, fmt.Errorf("%s event has no after image", ev.Op.String())
 		}
-		row := s.boxes.Anys(len(t.cols))
-		if cap(s.has) < len(t.cols) {
-			s.has = make([]bool, len(t.cols))
+		row := s.boxes.Anys(len(t.Cols))
+		if cap(s.has) < len(t.Cols) {
+			s.has = make([]bool, len(t.Cols))
 		}
-		has := s.has[:len(t.cols)] // scratch: Prepare holds s.mu
+		has := s.has[:len(t.Cols)] // scratch: Prepare holds s.mu
 		clear(has)
 		f := &s.fill
-		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.keyIdx)}
+		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.KeyIdx)}
 		defer func() { *f = rowFill{} }() // keeps no event alive
 		if s.fillPut == nil {
 			s.fillPut = f.put // one closure for every event
@@ -243,24 +243,24 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.
 			}
 		}
 		carried := f.carried
-		if carried < len(t.cols) && !ev.Complete {
+		if carried < len(t.Cols) && !ev.Complete {
 			fe.Absent = t.absentFrom(has)
 		}
-		for i, ki := range t.keyIdx {
+		for i, ki := range t.KeyIdx {
 			row[ki] = key[i]
 		}
 		for i, v := range row {
 			if _, ok := v.(unavailable); ok {
-				fe.Unavail = append(fe.Unavail, t.cols[i].name)
+				fe.Unavail = append(fe.Unavail, t.Cols[i].Name)
 			}
 		}
 		fe.Row = row
-		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.keyIdx) && len(fe.Unavail) > 0 {
+		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.KeyIdx) && len(fe.Unavail) > 0 {
 			fe.OldKey = make([]any, len(ev.OldKey))
-			for i, ki := range t.keyIdx {
-				v, err := s.conv.convert(&t.cols[ki], ev.OldKey[i])
+			for i, ki := range t.KeyIdx {
+				v, err := s.conv.convert(&t.Cols[ki], ev.OldKey[i])
 				if err != nil || v == nil {
-					return fe, nil, fmt.Errorf("old key column %s: %v", t.cols[ki].name, err)
+					return fe, nil, fmt.Errorf("old key column %s: %v", t.Cols[ki].Name, err)
 				}
 				fe.OldKey[i] = v
 			}
@@ -282,39 +282,39 @@ type rowFill struct {
 
 func (f *rowFill) put(name string, raw any) error {
 	t := f.t
-	if t.ignore[name] {
+	if t.Ignore[name] {
 		// Ignored, but a column the table has is carried: NULL,
 		// not absent (as the image's map had it).
 		if i, ok := t.Index[name]; ok {
 			f.has[i] = true
-		} else if i, ok := t.Index[pgIdent(name)]; ok {
+		} else if i, ok := t.Index[catalog.Ident(name)]; ok {
 			f.has[i] = true
 		}
 		return nil
 	}
 	i, ok := t.Index[name]
 	if !ok {
-		i, ok = t.Index[pgIdent(name)]
+		i, ok = t.Index[catalog.Ident(name)]
 	}
 	if !ok {
-		return fmt.Errorf("column %s is not in table %s", name, t.spec.Target)
+		return fmt.Errorf("column %s is not in table %s", name, t.Spec.Target)
 	}
 	if f.has[i] {
 		// Two of the image's names are one column: PostgreSQL keeps 63
 		// bytes of a name, and MySQL (64) or SQL Server (128) names that
 		// share them would write one column, the last silently winning.
 		return fmt.Errorf("column %s and another column of the event are the same in PostgreSQL, which keeps the first 63 bytes of a name (%s): "+
-			"list one of them in ignore_columns, or rename it at the source", name, t.cols[i].name)
+			"list one of them in ignore_columns, or rename it at the source", name, t.Cols[i].Name)
 	}
 	var v any
 	var err error
-	if n, ok := raw.(json.Number); ok && pgcodec.IsText(t.cols[i].oid) {
+	if n, ok := raw.(json.Number); ok && pgcodec.IsText(t.Cols[i].OID) {
 		v = f.s.boxes.String(string(n)) // convert's asText, boxed from the batch's slabs
-	} else if v, err = f.s.conv.convert(&t.cols[i], raw); err != nil {
-		return typeMismatch(f.ev, &t.cols[i], err)
+	} else if v, err = f.s.conv.convert(&t.Cols[i], raw); err != nil {
+		return typeMismatch(f.ev, &t.Cols[i], err)
 	}
 	f.row[i] = v
-	if !t.cols[i].key && !f.has[i] {
+	if !t.Cols[i].Key && !f.has[i] {
 		f.carried++
 	}
 	f.has[i] = true
@@ -325,26 +325,12 @@ func (f *rowFill) put(name string, raw any) error {
 // that the image after does not carry.
 func (t *table) absentFrom(has []bool) []string {
 	var out []string
-	for i, c := range t.cols {
-		if !has[i] && !c.key {
-			out = append(out, c.name)
+	for i, c := range t.Cols {
+		if !has[i] && !c.Key {
+			out = append(out, c.Name)
 		}
 	}
 	return out
-}
-
-// pgIdent is name as PostgreSQL keeps it: at most 63 bytes, cut at a
-// character boundary (longer identifiers are truncated, with a NOTICE).
-func pgIdent(name string) string {
-	const max = 63
-	if len(name) <= max {
-		return name
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(name[cut]) {
-		cut--
-	}
-	return name[:cut]
 }
 
 // errTypeMismatch marks a value that does not fit its column's type.
@@ -355,16 +341,16 @@ func (e errTypeMismatch) Unwrap() error { return e.error }
 // typeMismatch explains a value that does not fit its column: when the
 // event's schema declares another type than the table's, the source's
 // type changed incompatibly.
-func typeMismatch(ev *change.Event, col *colInfo, err error) error {
+func typeMismatch(ev *change.Event, col *catalog.ColumnInfo, err error) error {
 	if ev.Row != nil {
 		for _, c := range ev.Row.Columns() {
-			if c.Name == col.name && c.PGType != col.typeName && c.PGType != col.fullType {
+			if c.Name == col.Name && c.PGType != col.TypeName && c.PGType != col.FullType {
 				return errTypeMismatch{fmt.Errorf("column %s: the source's type changed to %s, incompatible with the history table's %s: %w",
-					col.name, c.PGType, col.fullType, err)}
+					col.Name, c.PGType, col.FullType, err)}
 			}
 		}
 	}
-	return errTypeMismatch{fmt.Errorf("column %s: %w", col.name, err)}
+	return errTypeMismatch{fmt.Errorf("column %s: %w", col.Name, err)}
 }
 
 // eventDeadLetter renders an event that failed after decoding. The original

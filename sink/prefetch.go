@@ -115,15 +115,15 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 			continue
 		}
 		pre.truncs[t] = nil // none recorded, unless read below
-		names = append(names, t.hist.Sanitize())
-		byName[t.hist.Sanitize()] = t
+		names = append(names, t.Hist.Sanitize())
+		byName[t.Hist.Sanitize()] = t
 		// The lock a describe before each COPY would take (CopyIn), so
 		// that the types read below hold; ONLY: a partitioned table's
 		// column types change through its parent, and its partitions are
 		// locked as they are written (a lock per partition of years of
 		// history would fill the lock table).
-		rels = append(rels, t.hist.Sanitize(), t.side.Sanitize())
-		queue(b, name, fmt.Sprintf("LOCK TABLE ONLY %s, %s IN ACCESS SHARE MODE", t.hist.Sanitize(), t.side.Sanitize()), nil,
+		rels = append(rels, t.Hist.Sanitize(), t.Side.Sanitize())
+		queue(b, name, fmt.Sprintf("LOCK TABLE ONLY %s, %s IN ACCESS SHARE MODE", t.Hist.Sanitize(), t.Side.Sanitize()), nil,
 			func(pgx.Rows) error { return nil })
 		if len(p.truncates) > 0 {
 			continue
@@ -142,7 +142,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 			for i := range idx {
 				idx[i] = i
 			}
-			q, args := t.latestQuery(keys, idx, t.parts != nil)
+			q, args := t.latestQuery(keys, idx, t.Parts != nil)
 			queue(b, name, q, args, func(rows pgx.Rows) error {
 				out := make([]fold.Latest, len(keys))
 				if err := t.scanLatest(rows, idx, out); err != nil {

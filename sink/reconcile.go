@@ -67,9 +67,9 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, target, scd_seq)
 		SELECT consumer_group, target, scd_seq FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq > $3`,
-		sch, lateTable), s.cfg.ConsumerGroup, p.t.spec.Target, []byte(low))
+		sch, lateTable), s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
 	if err != nil {
-		return fmt.Errorf("noting late events of %s: %w", p.t.spec.Target, err)
+		return fmt.Errorf("noting late events of %s: %w", p.t.Spec.Target, err)
 	}
 	if tag.RowsAffected() > 0 {
 		// As a recorded snapshot: a reconciliation running meanwhile
@@ -279,7 +279,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		if err := s.takeLateNotes(ctx, tx, sn); err != nil {
 			return err
 		}
-		keys := t.keyNames()
+		keys := t.KeyNames()
 		sel := make([]string, len(keys))
 		match := make([]string, len(keys))
 		for i, k := range keys {
@@ -291,19 +291,19 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		// (A version marked deleted, deletes: new_record, is no live row.)
 		live := `h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq > $1) AND h.scd_op <> 'd'`
 		unread := fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)
-			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`, t.hist.Sanitize(), m, t.side.Sanitize(), m)
+			AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.scd_seq = $1)`, t.Hist.Sanitize(), m, t.Side.Sanitize(), m)
 		if f := spec.MaxCloseFraction; !confirmed && f > 0 && f < 1 {
 			// Live at S counts the keys whose snapshot read changed them
 			// too (their version before S is closed at S).
 			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h
 				WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq >= $1) AND h.scd_op <> 'd'`,
-				unread, t.hist.Sanitize()))
+				unread, t.Hist.Sanitize()))
 			if err != nil || held {
 				return err
 			}
 		}
 		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s h WHERE %s AND %s`,
-			strings.Join(sel, ", "), t.hist.Sanitize(), live, unread), []byte(sn.Seq))
+			strings.Join(sel, ", "), t.Hist.Sanitize(), live, unread), []byte(sn.Seq))
 		if err != nil {
 			return fmt.Errorf("finding the keys the snapshot of %s did not read: %w", sn.Target, err)
 		}

@@ -83,9 +83,9 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
 			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' - 'scd_absent' - 'scd_raw_t' - 'scd_attnum' ORDER BY h.scd_seq) AS arr
 			FROM %[3]s JOIN %[4]s h ON %[5]s AND h.scd_seq = x.seq GROUP BY x.id) a
-		WHERE r.id = a.id`, t.repairs.Sanitize(), col, unnest("x", 1, types, names), t.hist.Sanitize(), t.keyMatch("h", "x"))
+		WHERE r.id = a.id`, t.Repairs.Sanitize(), col, unnest("x", 1, types, names), t.Hist.Sanitize(), t.keyMatch("h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 	}
 	return nil
 }
@@ -94,14 +94,12 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 // whose names are bound as parameter param (a text[] of t.keyNames()):
 // a column name, which comes from events, is never pasted into SQL.
 func (t *table) keyObject(x string, param int) string {
-	parts := make([]string, len(t.keyIdx))
-	for i := range t.keyIdx {
+	parts := make([]string, len(t.KeyIdx))
+	for i := range t.KeyIdx {
 		parts[i] = fmt.Sprintf("($%d::text[])[%d], %s.k%d", param, i+1, x, i)
 	}
 	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
 }
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // recordRepairsBefore writes one audit row per repaired key with the
 // versions the repair touches as they are before the batch's writes; it
@@ -117,20 +115,20 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.mem.Boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
 	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
-		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.keyNames())
+		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.KeyNames())
 	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, omitted, before, after)
 		SELECT %s, x.seq, x.omitted, '[]', '[]' FROM %s ORDER BY x.ord RETURNING id`,
-		t.repairs.Sanitize(), t.keyObject("x", len(args)), unnest("x", 1, types, names))
+		t.Repairs.Sanitize(), t.keyObject("x", len(args)), unnest("x", 1, types, names))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 	}
 	if len(ids) != len(w.repairs) {
-		return nil, fmt.Errorf("recording repairs of %s: %d rows for %d repairs", t.hist.Sanitize(), len(ids), len(w.repairs))
+		return nil, fmt.Errorf("recording repairs of %s: %d rows for %d repairs", t.Hist.Sanitize(), len(ids), len(w.repairs))
 	}
 	return ids, w.fillVersions(ctx, tx, t, ids, "before")
 }
@@ -153,16 +151,16 @@ func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *table) error {
 		if r.below == nil {
 			continue
 		}
-		conds, args := make([]string, len(t.keyIdx)), make([]any, 0, len(t.keyIdx)+2)
-		for j, ki := range t.keyIdx {
-			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.cols[ki].name}.Sanitize(), j+1, t.cols[ki].typeName)
+		conds, args := make([]string, len(t.KeyIdx)), make([]any, 0, len(t.KeyIdx)+2)
+		for j, ki := range t.KeyIdx {
+			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.Cols[ki].Name}.Sanitize(), j+1, t.Cols[ki].TypeName)
 			args = append(args, r.key[j])
 		}
 		args = append(args, []byte(r.below), maxAudited)
 		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, count(*) OVER () FROM %s WHERE %s AND scd_seq < $%d ORDER BY scd_seq LIMIT $%d`,
-			t.hist.Sanitize(), strings.Join(conds, " AND "), len(t.keyIdx)+1, len(t.keyIdx)+2), args...)
+			t.Hist.Sanitize(), strings.Join(conds, " AND "), len(t.KeyIdx)+1, len(t.KeyIdx)+2), args...)
 		if err != nil {
-			return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+			return fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 		}
 		var under [][]byte
 		total := 0
@@ -176,7 +174,7 @@ func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *table) error {
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("recording repairs of %s: %w", t.hist.Sanitize(), err)
+			return fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 		}
 		all := len(r.touched) + r.omitted + total
 		r.touched = append(under, r.touched...)

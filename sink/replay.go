@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 )
 
 // Dead letters put right (DESIGN.md section 7). A replay applies
@@ -28,16 +29,16 @@ var ErrReplayedAlready = errors.New("a dead letter of the batch was replayed mea
 
 const outsideWritesTable = "scd2sink_outside_writes"
 
-func replayDDL(cat *catalog, cfg *Config) []string {
+func replayDDL(cat *catalog.Catalog, cfg *Config) []string {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	var out []string
-	if cat.has(cfg.DeadLetterTable) && !cat.hasCol(cfg.DeadLetterTable, "decoded") {
+	if cat.Has(cfg.DeadLetterTable) && !cat.HasCol(cfg.DeadLetterTable, "decoded") {
 		// replayed_at: put right by a replay; decoded: Key and Value are
 		// the decoded form (DeadLetter.Decoded).
 		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS replayed_at timestamptz, ADD COLUMN IF NOT EXISTS decoded boolean`,
 			s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
 	}
-	if !cat.has(outsideWritesTable) {
+	if !cat.Has(outsideWritesTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (consumer_group text PRIMARY KEY, n bigint NOT NULL)`, s, outsideWritesTable))
 	}
 	return out

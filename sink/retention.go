@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
@@ -73,7 +74,7 @@ func (t *table) afterHorizon(evs []fold.Event, horizon, first change.Seq) ([]fol
 		} else {
 			dead = append(dead, eventDeadLetter(e.Src, ReasonExpired, fmt.Errorf(
 				"expired: the event (sequence %s) comes before what retention kept of its key in %s (removed through sequence %s); the versions it would change are gone",
-				e.Seq, t.hist.Sanitize(), horizon)))
+				e.Seq, t.Hist.Sanitize(), horizon)))
 		}
 	}
 	return out, dead
@@ -127,7 +128,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 		res.Horizon = w // a partition behind: its late events may still need the versions
 	}
 	chunk := t.retentionSQL()
-	nk := len(t.keyIdx)
+	nk := len(t.KeyIdx)
 	for _, phase := range []struct{ name, pick, remove string }{{"versions", chunk.pickHist, chunk.fromHist}, {"side", chunk.pickSide, chunk.fromSide}} {
 		var last []string
 		for {
@@ -168,8 +169,8 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 			last = pick.last
 		}
 	}
-	if t.parts != nil {
-		n, err := s.dropEmptyBefore(ctx, spec, t.parts, res.Horizon)
+	if t.Parts != nil {
+		n, err := s.dropEmptyBefore(ctx, spec, t.Parts, res.Horizon)
 		res.Partitions += n
 		if err != nil {
 			return res, err
@@ -184,7 +185,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 // rows; it returns the keys, versions and side rows removed.
 func (s *Sink) retainChunk(ctx context.Context, spec TableSpec, t *table, mark, remove string, horizon time.Time, cand [][]string) (n, v, sr int64, err error) {
 	target := spec.Target
-	nk := len(t.keyIdx)
+	nk := len(t.KeyIdx)
 	keyArgs := make([]any, 0, nk+1)
 	keyArgs = append(keyArgs, horizon)
 	for i := range nk {
@@ -281,8 +282,8 @@ type retentionStatements struct {
 }
 
 func (t *table) retentionSQL() retentionStatements {
-	keys := t.keyNames()
-	kl := quoteIdents(keys)
+	keys := t.KeyNames()
+	kl := catalog.QuoteIdents(keys)
 	match := t.keyJoin
 	prefixed := func(p string) string {
 		parts := make([]string, len(keys))
@@ -309,7 +310,7 @@ func (t *table) retentionSQL() retentionStatements {
 	for i, k := range keys {
 		notNull[i] = pgx.Identifier{k}.Sanitize() + " IS NOT NULL"
 	}
-	hist, side := t.hist.Sanitize(), t.side.Sanitize()
+	hist, side := t.Hist.Sanitize(), t.Side.Sanitize()
 	// The versions left are those from the first one not closed before
 	// $1 on; side rows go before it (or, with no version left, those
 	// before $1). The key's earlier horizon row goes too: the new one

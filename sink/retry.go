@@ -3,7 +3,6 @@ package sink
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"go.uber.org/zap"
 )
 
@@ -50,16 +50,7 @@ func (c Class) String() string {
 	return "fatal"
 }
 
-// DriftError is a history table or its bookkeeping that is not as the
-// sink keeps it (a column or index dropped by hand, a corrupt value): it
-// classifies as Blocked.
-type DriftError struct {
-	Table string
-	What  string
-}
-
 // Error names the table and what is wrong.
-func (e *DriftError) Error() string { return fmt.Sprintf("history table %s: %s", e.Table, e.What) }
 
 // TargetError is a failure that belongs to one target: a statement on its
 // tables failed (a lock or statement timeout, a table changed by hand, a
@@ -132,7 +123,7 @@ func Classify(err error) Class {
 	if errors.As(err, &drift) {
 		return Blocked
 	}
-	if noPartition(err) {
+	if catalog.NoPartition(err) {
 		return Transient // a partition dropped since it was cached (partition.go)
 	}
 	if staleStatement(err) {

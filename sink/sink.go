@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/statecache"
@@ -254,9 +255,9 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 	}
 	// Names that PostgreSQL cuts to the same 63 bytes are one column (the
 	// first met); events carrying both are dead-lettered (plan.go).
-	i, ok := n.at[pgIdent(name)]
+	i, ok := n.at[catalog.Ident(name)]
 	if !ok {
-		n.at[pgIdent(name)] = len(n.cols)
+		n.at[catalog.Ident(name)] = len(n.cols)
 		n.cols = append(n.cols, change.Column{Name: name, PGType: typ})
 		n.guessed[name] = inferred
 		return
@@ -266,7 +267,7 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 	// created from a batch whose source widened a column) beats a
 	// narrower one.
 	if (!inferred && n.guessed[name]) || (inferred && n.guessed[name] && n.cols[i].PGType == "text") ||
-		(!inferred && !n.guessed[name] && widens(canonicalType(n.cols[i].PGType), typ)) {
+		(!inferred && !n.guessed[name] && catalog.Widens(catalog.CanonicalType(n.cols[i].PGType), typ)) {
 		n.cols[i].PGType = typ
 		n.guessed[name] = inferred
 	}
@@ -320,16 +321,16 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		t := s.tables[ev.Table]
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
-				if i, ok := t.Index[pgIdent(name)]; ok {
-					if !inferred && spec.FailOnSchemaChange && !holds(t.cols[i].typeName, typ) && failed[ev.Table] == "" {
-						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.cols[i].typeName)
+				if i, ok := t.Index[catalog.Ident(name)]; ok {
+					if !inferred && spec.FailOnSchemaChange && !catalog.Holds(t.Cols[i].TypeName, typ) && failed[ev.Table] == "" {
+						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.Cols[i].TypeName)
 					}
-					if !inferred && widens(t.cols[i].typeName, typ) {
+					if !inferred && catalog.Widens(t.Cols[i].TypeName, typ) {
 						if widen[ev.Table] == nil {
 							widen[ev.Table] = map[string]string{}
 						}
-						if prev, ok := widen[ev.Table][t.cols[i].name]; !ok || widens(canonicalType(prev), typ) {
-							widen[ev.Table][t.cols[i].name] = typ
+						if prev, ok := widen[ev.Table][t.Cols[i].Name]; !ok || catalog.Widens(catalog.CanonicalType(prev), typ) {
+							widen[ev.Table][t.Cols[i].Name] = typ
 						}
 					}
 					return
@@ -352,7 +353,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			// A complete image (a document) lacks the fields it does not
 			// have: that is no drop.
 			if t != nil && spec.FailOnSchemaChange && failed[ev.Table] == "" && !ev.Complete {
-				if gone := t.dropped(ev.Row.Columns()); len(gone) > 0 {
+				if gone := t.Dropped(ev.Row.Columns()); len(gone) > 0 {
 					failed[ev.Table] = fmt.Sprintf("the source no longer has column %s (dropped or renamed)", strings.Join(gone, ", "))
 				}
 			}
@@ -370,7 +371,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			all := t != nil
 			if all {
 				ev.VisitAfterNames(func(name string) bool {
-					all = t.has(name, spec.IgnoreColumns)
+					all = t.Has(name, spec.IgnoreColumns)
 					return all
 				})
 			}
@@ -387,7 +388,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 					note(name, "text", true)
 				}
 			}
-		} else if ev.Row == nil && !t.hasAll(afters[i], spec.IgnoreColumns) { // most often it has them: noting them would change nothing
+		} else if ev.Row == nil && (t == nil || !t.HasAll(afters[i], spec.IgnoreColumns)) { // most often it has them: noting them would change nothing
 			names := make([]string, 0, len(afters[i]))
 			for name := range afters[i] {
 				names = append(names, name)
@@ -399,7 +400,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		}
 	}
 	for target, what := range failed {
-		return &TargetError{Target: target, Err: &DriftError{Table: s.tables[target].hist.Sanitize(), What: what +
+		return &TargetError{Target: target, Err: &DriftError{Table: s.tables[target].Hist.Sanitize(), What: what +
 			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}}
 	}
 	targets := make([]string, 0, len(widen))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"go.uber.org/zap"
 )
@@ -31,58 +32,33 @@ const (
 	DeletesNewRecord = fold.DeletesNewRecord
 )
 
-// Column is one source column of a history table.
-type Column struct {
-	Name string
-	// Type is a PostgreSQL type name used when the sink creates the table
-	// ("text", "bigint", "numeric(10,2)", "timestamptz" ...). An existing
-	// table's own column types win.
-	Type string
-}
+// Column is one source column of a history table (catalog.Column).
+type Column = catalog.Column
 
-// TableSpec describes one history table (one `tables` entry of the config).
-type TableSpec struct {
-	// Target is the history table's name; Schema its schema (default Config.Schema).
-	Target string
-	Schema string
-	// Topic is the topic of an exact tables: entry ("" for a pattern's:
-	// scd2sink_targets records those); erase and retention wait for its
-	// writers.
-	Topic string
-	// Keys are the business key columns, in order; change.Event.Key follows it.
-	// When empty, the first event's KeyNames (the Kafka key's fields) decide.
-	Keys []string
-	// Columns are the source columns (keys included) used to create the table.
-	// Columns that appear in events but not here are added as they come,
-	// with a type inferred from the value.
-	Columns []Column
-	// TrackHistory are the Type 2 columns; empty means every non-key column.
-	TrackHistory []string
-	// IgnoreColumns are never stored.
-	IgnoreColumns []string
-	Type1Scope    fold.Type1Scope
-	Deletes       fold.DeletesMode
-	// Retention removes the versions closed longer ago than it, with
-	// their side rows (retention.go); 0 keeps everything.
-	Retention time.Duration
-	// Partitioning creates the history table partitioned (partition.go);
-	// the zero value: a plain table.
-	Partitioning Partitioning
-	// SnapshotDeletes closes, when a full snapshot of the table completes,
-	// the keys it did not read (DESIGN.md section 5).
-	SnapshotDeletes bool
-	// MaxCloseFraction guards reconciliation: one that would close more
-	// than this fraction of the live keys is held until confirmed (0 or
-	// 1 or more: no guard).
-	MaxCloseFraction float64
-	// FailOnSchemaChange (schema_changes: fail) stops the table's progress
-	// at any change of the source schema but an added column: a dropped
-	// column, or a changed type (DESIGN.md section 11).
-	FailOnSchemaChange bool
-	// Views are presentations of the history in other conventions,
-	// created and replaced with the table.
-	Views []ViewSpec
-}
+// TableSpec describes one history table, one tables entry of the config
+// (catalog.TableSpec).
+type TableSpec = catalog.TableSpec
+
+// Partitioning is how a history table the sink creates is partitioned
+// (catalog.Partitioning).
+type Partitioning = catalog.Partitioning
+
+// ViewSpec is a presentation of a history table in another convention
+// (catalog.ViewSpec).
+type ViewSpec = catalog.ViewSpec
+
+// DriftError is a history table that no longer matches what the sink
+// knows of it (catalog.DriftError).
+type DriftError = catalog.DriftError
+
+// Index name suffixes of a history table (catalog.KeyIndexSuffix and
+// the others).
+const (
+	KeyIndexSuffix     = catalog.KeyIndexSuffix
+	SideIndexSuffix    = catalog.SideIndexSuffix
+	OldSideIndexSuffix = catalog.OldSideIndexSuffix
+	IDIndexSuffix      = catalog.IDIndexSuffix
+)
 
 // Config is the sink's configuration.
 type Config struct {
@@ -433,13 +409,4 @@ func (c *Config) specDefaults(t *TableSpec) error {
 		}
 	}
 	return nil
-}
-
-// Partitioning is how a history table the sink creates is partitioned:
-// current versions in one partition, closed versions in one partition per
-// Interval ("day", "month", "year"; "" for none) of their valid_to, Ahead
-// intervals after the current one created in advance.
-type Partitioning struct {
-	Interval string
-	Ahead    int
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
@@ -30,7 +31,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	for i, sq := range fresh {
 		seqs[i] = sq
 	}
-	keys := quoteIdents(t.keyNames())
+	keys := catalog.QuoteIdents(t.KeyNames())
 	var after []string
 	for i, kt := range t.keyTypes() {
 		after = append(after, fmt.Sprintf("$%d::%s", i+2, kt))
@@ -39,14 +40,14 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	// never writes one) are left alone: ROW comparison with a NULL is
 	// NULL, which would end the pagination early.
 	var notNull []string
-	for _, k := range t.keyNames() {
+	for _, k := range t.KeyNames() {
 		notNull = append(notNull, pgx.Identifier{k}.Sanitize()+" IS NOT NULL")
 	}
 	live := `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq <= s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))
 		AND ` + strings.Join(notNull, " AND ")
-	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.hist.Sanitize(), live, truncateChunk)
+	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.Hist.Sanitize(), live, truncateChunk)
 	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,
-		keys, t.hist.Sanitize(), live, truncateChunk, strings.Join(after, ", "))
+		keys, t.Hist.Sanitize(), live, truncateChunk, strings.Join(after, ", "))
 	ops.ResetAll = true // far too many keys to drop one by one
 	var last []any
 	for {
@@ -56,7 +57,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 		}
 		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
-			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
+			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.Hist.Sanitize(), err)
 		}
 		var chunk []*keyPlan
 		n := 0
@@ -76,7 +77,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 			}
 		}
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.hist.Sanitize(), err)
+			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.Hist.Sanitize(), err)
 		}
 		if len(chunk) > 0 {
 			hists, err := t.loadHistory(ctx, tx, chunk)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 )
 
 // Violation is one broken history invariant.
@@ -34,17 +35,17 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
 	}
 	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
-	n := namesOf(spec.Target)
-	var cat *catalog
+	n := catalog.NamesOf(spec.Target)
+	var cat *catalog.Catalog
 	_, err := s.withRetry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
-		cat, err = readCatalog(ctx, s.pool, spec.Schema, []string{n.hist, n.side, n.repairs, n.current, n.keyIndex, n.sideIndex, n.oldSideIndex},
-			n.asOf, n.hist)
+		cat, err = catalog.ReadCatalog(ctx, s.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex},
+			n.AsOf, n.Hist)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if !cat.has(n.hist) {
+	if !cat.Has(n.Hist) {
 		return nil, nil // the table does not exist yet
 	}
 	if len(spec.Keys) == 0 {
@@ -61,7 +62,7 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	if columns {
 		return missing, nil // the invariants cannot be read without the columns
 	}
-	keys := quoteIdents(spec.Keys)
+	keys := catalog.QuoteIdents(spec.Keys)
 	keyJSON := "json_build_array(" + keys + ")::text"
 	checks := []struct{ name, sql string }{
 		{"more than one current version", fmt.Sprintf(
@@ -82,13 +83,13 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			`SELECT %s, 'scd_id ' || string_agg(scd_id::text, ', ' ORDER BY scd_id) FROM %s GROUP BY %s, scd_seq HAVING count(*) > 1`,
 			keyJSON, hist, keys)},
 	}
-	if cat.rels[n.hist] == 'p' {
+	if cat.Rels[n.Hist] == 'p' {
 		// A partitioned table's unique index on scd_id includes the
 		// partition keys: one scd_id in two partitions is not refused.
 		checks = append(checks, struct{ name, sql string }{"duplicate scd_id", fmt.Sprintf(
 			`SELECT min(%s), format('scd_id %%s in %%s rows', scd_id, count(*)) FROM %s GROUP BY scd_id HAVING count(*) > 1`, keyJSON, hist)})
 	}
-	if cat.hasCol(n.hist, "scd_deleted") {
+	if cat.HasCol(n.Hist, "scd_deleted") {
 		// deletes: new_record: a version marked deleted is one a delete
 		// opened, right where it closed the version before it (that one
 		// may be gone to retention).
@@ -120,47 +121,47 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 // with its columns and index, the repair audit, _current and _as_of (a
 // table or index dropped or changed by hand); columns reports whether a
 // column of the history table itself is missing.
-func structure(hist string, spec TableSpec, cat *catalog) (out []Violation, columns bool) {
-	n := namesOf(spec.Target)
+func structure(hist string, spec TableSpec, cat *catalog.Catalog) (out []Violation, columns bool) {
+	n := catalog.NamesOf(spec.Target)
 	missing := func(what string) {
 		out = append(out, Violation{Table: hist, Check: "missing " + what, Key: "-", Info: "restore it, or restart scd2sink run to create it again"})
 	}
 	if len(spec.Keys) == 0 {
-		missing(fmt.Sprintf("index %s (it names the key columns)", n.keyIndex))
+		missing(fmt.Sprintf("index %s (it names the key columns)", n.KeyIndex))
 		return out, true
 	}
-	for _, c := range append(append([]string(nil), spec.Keys...), bookkeeping...) {
-		if !cat.hasCol(n.hist, pgIdent(c)) {
+	for _, c := range append(append([]string(nil), spec.Keys...), catalog.Bookkeeping...) {
+		if !cat.HasCol(n.Hist, catalog.Ident(c)) {
 			missing("column " + c)
 			columns = true
 		}
 	}
-	if !cat.has(n.keyIndex) {
-		missing("unique index " + n.keyIndex + " on (key, scd_seq)")
+	if !cat.Has(n.KeyIndex) {
+		missing("unique index " + n.KeyIndex + " on (key, scd_seq)")
 	}
-	if !cat.scdIDUnique {
+	if !cat.SCDIDUnique {
 		missing("unique index on scd_id")
 	}
-	if !cat.has(n.side) {
-		missing("side table " + n.side)
+	if !cat.Has(n.Side) {
+		missing("side table " + n.Side)
 	} else {
-		for _, c := range cat.cols[n.hist] {
-			if (!isBookkeeping(c) || c == "scd_seq" || c == "scd_op" || c == "scd_hash" || c == "scd_unavailable" || c == "scd_absent" || c == "scd_raw_t" || c == "scd_attnum") && !cat.hasCol(n.side, c) {
-				missing("column " + c + " of " + n.side)
+		for _, c := range cat.Cols[n.Hist] {
+			if (!catalog.IsBookkeeping(c) || c == "scd_seq" || c == "scd_op" || c == "scd_hash" || c == "scd_unavailable" || c == "scd_absent" || c == "scd_raw_t" || c == "scd_attnum") && !cat.HasCol(n.Side, c) {
+				missing("column " + c + " of " + n.Side)
 			}
 		}
-		if !cat.has(n.sideIndex) && !cat.has(n.oldSideIndex) {
-			missing("unique index " + n.sideIndex + " of " + n.side)
+		if !cat.Has(n.SideIndex) && !cat.Has(n.OldSideIndex) {
+			missing("unique index " + n.SideIndex + " of " + n.Side)
 		}
 	}
-	if !cat.has(n.repairs) {
-		missing("repair audit " + n.repairs)
+	if !cat.Has(n.Repairs) {
+		missing("repair audit " + n.Repairs)
 	}
-	if !cat.has(n.current) {
-		missing("view " + n.current)
+	if !cat.Has(n.Current) {
+		missing("view " + n.Current)
 	}
-	if !cat.asOf {
-		missing("function " + n.asOf + "(timestamptz)")
+	if !cat.AsOf {
+		missing("function " + n.AsOf + "(timestamptz)")
 	}
 	return out, columns
 }

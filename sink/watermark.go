@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 )
 
 // The completeness watermark (DESIGN.md section 4): scd2sink_watermarks
@@ -38,18 +39,18 @@ func watermarkNote(cfg *Config) string {
 // own: one never applied holds its target's watermark at NULL), with the
 // target and the last look that found it fully applied; the looks never
 // write scd2sink_offsets.
-func watermarkDDL(cat *catalog, cfg *Config) []string {
+func watermarkDDL(cat *catalog.Catalog, cfg *Config) []string {
 	s := pgx.Identifier{cfg.Schema}.Sanitize()
 	var out []string
-	if !cat.has(progressTable) {
+	if !cat.Has(progressTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, target text NOT NULL,
 			caught_up_at timestamptz, connector text, PRIMARY KEY (consumer_group, topic, partition))`, s, progressTable))
-	} else if !cat.hasCol(progressTable, "connector") {
+	} else if !cat.HasCol(progressTable, "connector") {
 		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS connector text`, s, progressTable))
 	}
 	note := watermarkNote(cfg)
-	if cat.has(watermarkView) && cat.notes[watermarkView] == note {
+	if cat.Has(watermarkView) && cat.Notes[watermarkView] == note {
 		return out
 	}
 	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
@@ -79,9 +80,9 @@ func column[T any](n int, get func(int) T) pgtype.FlatArray[T] {
 }
 
 func (t *table) keyTypes() []string {
-	out := make([]string, len(t.keyIdx))
-	for i, ki := range t.keyIdx {
-		out[i] = t.cols[ki].typeName
+	out := make([]string, len(t.KeyIdx))
+	for i, ki := range t.KeyIdx {
+		out[i] = t.Cols[ki].TypeName
 	}
 	return out
 }
@@ -96,8 +97,8 @@ func genericNames(prefix string, n int) []string {
 
 // keyMatch renders "h.k1 = x.k0 AND ..." for generic key aliases.
 func (t *table) keyMatch(h, x string) string {
-	parts := make([]string, len(t.keyIdx))
-	for i, k := range t.keyNames() {
+	parts := make([]string, len(t.KeyIdx))
+	for i, k := range t.KeyNames() {
 		parts[i] = fmt.Sprintf("%s.%s = %s.k%d", h, pgx.Identifier{k}.Sanitize(), x, i)
 	}
 	return strings.Join(parts, " AND ")
@@ -115,19 +116,19 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 }
 
 func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error) {
-	hist, side := t.hist.Sanitize(), t.side.Sanitize()
-	if t.parts != nil {
+	hist, side := t.Hist.Sanitize(), t.Side.Sanitize()
+	if t.Parts != nil {
 		defer func() {
 			var pgErr *pgconn.PgError
-			if noPartition(err) && errors.As(err, &pgErr) {
-				t.parts.forget()
+			if catalog.NoPartition(err) && errors.As(err, &pgErr) {
+				t.Parts.Forget()
 				// PostgreSQL names the row's partition key in the detail:
 				// which valid_to found no partition, and which times the
 				// batch made sure of.
 				err = fmt.Errorf("%w (%s; partitions made sure of for %d closing times)", err, pgErr.Detail, len(w.closedTimes()))
 			}
 		}()
-		if err := t.parts.ensure(ctx, tx, w.closedTimes()); err != nil {
+		if err := t.Parts.Ensure(ctx, tx, w.closedTimes()); err != nil {
 			return err
 		}
 	}
@@ -145,9 +146,9 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 	}
 	if len(w.t1Bulk) > 0 && len(t.Type1) > 0 {
-		types, names := t.keyTypes(), genericNames("k", len(t.keyIdx))
+		types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
 		var args []any
-		for i := range t.keyIdx {
+		for i := range t.KeyIdx {
 			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
 		}
 		types, names = append(types, "bytea"), append(names, "below")
@@ -161,7 +162,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 			types = append(types, typ)
 			names = append(names, fmt.Sprintf("c%d", n))
 			args = append(args, arg)
-			q := pgx.Identifier{t.cols[ci].name}.Sanitize()
+			q := pgx.Identifier{t.Cols[ci].Name}.Sanitize()
 			sets = append(sets, fmt.Sprintf("%s = %s", q, val))
 			lhs = append(lhs, "h."+q)
 			rhs = append(rhs, val)
@@ -179,7 +180,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
 			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
 		cur := ""
-		if t.parts != nil {
+		if t.Parts != nil {
 			// Only a key's open version is closed here (appendKey), and
 			// in a partitioned table it is in the current versions'
 			// partition (a closed row cannot have a NULL valid_to): the
@@ -198,14 +199,14 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 	}
 	if len(w.insVersions) > 0 {
-		cols := append(t.colNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if t.deletedCol {
+		cols := append(t.ColNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
+		if t.DeletedCol {
 			cols = append(cols, "scd_deleted")
 		}
-		if _, err := pgcodec.CopyIn(ctx, tx, t.hist, cols, w.pre.columnTypes(t.hist), len(w.insVersions), func(i int, row []any) []any {
+		if _, err := pgcodec.CopyIn(ctx, tx, t.Hist, cols, w.pre.columnTypes(t.Hist), len(w.insVersions), func(i int, row []any) []any {
 			v := w.insVersions[i]
 			row = t.appendBook(append(row, v.Row...), v, &w.mem.Boxes)
-			if t.deletedCol {
+			if t.DeletedCol {
 				row = append(row, v.Deleted())
 			}
 			return row
@@ -214,15 +215,15 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 	}
 	if len(w.insSide) > 0 {
-		cols := append(t.colNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := pgcodec.CopyIn(ctx, tx, t.side, cols, w.pre.columnTypes(t.side), len(w.insSide), func(i int, row []any) []any {
+		cols := append(t.ColNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
+		if _, err := pgcodec.CopyIn(ctx, tx, t.Side, cols, w.pre.columnTypes(t.Side), len(w.insSide), func(i int, row []any) []any {
 			sr := &w.insSide[i]
 			if sr.ev.Row != nil {
 				row = append(row, sr.ev.Row...)
 			} else {
-				row = row[:len(t.cols)]
+				row = row[:len(t.Cols)]
 				clear(row)
-				for k, ki := range t.keyIdx {
+				for k, ki := range t.KeyIdx {
 					row[ki] = sr.key[k]
 				}
 			}
@@ -244,8 +245,8 @@ func (t *table) versionKeys(vs []*fold.Version, b *change.Boxes) (types, names [
 // seq; the sequences are boxed from b (an array of byte slices boxes each
 // element as pgx encodes it: one allocation per element).
 func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
-	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.keyIdx)), "seq")
-	for i := range t.keyIdx {
+	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.KeyIdx)), "seq")
+	for i := range t.KeyIdx {
 		args = append(args, column(n, func(j int) any { return key(j)[i] }))
 	}
 	args = append(args, column(n, func(j int) any { return b.Bytes(seq(j)) }))
@@ -276,7 +277,7 @@ func (t *table) attnumOf(complete bool) any {
 	if complete {
 		return nil
 	}
-	return t.attnum
+	return t.Attnum
 }
 
 // timeOrNil is t, or NULL for the zero time.
@@ -300,8 +301,8 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
 	types, names, args := t.versionKeys(vs, &w.mem.Boxes)
 	var sets []string
-	for ci, c := range t.cols {
-		if c.key {
+	for ci, c := range t.Cols {
+		if c.Key {
 			continue
 		}
 		n := fmt.Sprintf("c%d", ci)
@@ -312,7 +313,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		types = append(types, typ)
 		names = append(names, n)
 		args = append(args, arg)
-		sets = append(sets, fmt.Sprintf("%s = %s", pgx.Identifier{c.name}.Sanitize(), val))
+		sets = append(sets, fmt.Sprintf("%s = %s", pgx.Identifier{c.Name}.Sanitize(), val))
 	}
 	book := []struct{ col, typ string }{
 		{"valid_from", "timestamptz"}, {"valid_to", "timestamptz"}, {"is_current", "boolean"},
@@ -346,10 +347,10 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		}))
 		sets = append(sets, fmt.Sprintf(`%s = string_to_array(x.b_%s, chr(31))`, l.col, l.col))
 	}
-	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND h.scd_seq = x.seq", t.hist.Sanitize(), strings.Join(sets, ", "),
+	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND h.scd_seq = x.seq", t.Hist.Sanitize(), strings.Join(sets, ", "),
 		unnest("x", 1, types, names), t.keyMatch("h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return fmt.Errorf("rewriting versions of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("rewriting versions of %s: %w", t.Hist.Sanitize(), err)
 	}
 	return nil
 }
@@ -359,9 +360,9 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 // flattens arrays of arrays, so array columns travel as their text and are
 // cast back.
 func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
-	c := &t.cols[ci]
-	if !strings.HasSuffix(c.typeName, "[]") {
-		return c.typeName, column(n, get), ref, nil
+	c := &t.Cols[ci]
+	if !strings.HasSuffix(c.TypeName, "[]") {
+		return c.TypeName, column(n, get), ref, nil
 	}
 	m := tx.Conn().TypeMap()
 	texts := make(pgtype.FlatArray[any], n)
@@ -370,11 +371,11 @@ func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string
 		if v == nil {
 			continue
 		}
-		b, err := m.Encode(c.oid, pgtype.TextFormatCode, v, nil)
+		b, err := m.Encode(c.OID, pgtype.TextFormatCode, v, nil)
 		if err != nil {
-			return "", nil, "", fmt.Errorf("column %s: %w", c.name, err)
+			return "", nil, "", fmt.Errorf("column %s: %w", c.Name, err)
 		}
 		texts[i] = string(b)
 	}
-	return "text", texts, fmt.Sprintf("%s::%s", ref, c.typeName), nil
+	return "text", texts, fmt.Sprintf("%s::%s", ref, c.TypeName), nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -266,7 +267,7 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 	for _, t := range rc.Tables {
 		stmts = append(stmts,
 			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
-			sink.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
+			catalog.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
 			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
 				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize(),
 				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_repairs"}.Sanitize()))
@@ -433,14 +434,14 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
 					return err
 				}
-				renames, err := sink.PartitionRenames(ctx, tx, schema, live, old)
+				renames, err := catalog.PartitionRenames(ctx, tx, schema, live, old)
 				if err != nil {
 					return err
 				}
 				qs := append(renames,
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.IDIndexSuffix), bare(old+sink.IDIndexSuffix)),
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
-					sink.DropAsOfFunction(cfg.Postgres.Schema, live),
+					catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.KeyIndexSuffix), bare(old+sink.KeyIndexSuffix)),
@@ -455,7 +456,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 					}
 				}
 			}
-			renames, err := sink.PartitionRenames(ctx, tx, schema, rb, live)
+			renames, err := catalog.PartitionRenames(ctx, tx, schema, rb, live)
 			if err != nil {
 				return err
 			}
@@ -466,11 +467,11 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.KeyIndexSuffix), bare(live+sink.KeyIndexSuffix)),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.SideIndexSuffix), bare(live+sink.SideIndexSuffix)),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
-				sink.DropAsOfFunction(cfg.Postgres.Schema, rb),
+				catalog.DropAsOfFunction(cfg.Postgres.Schema, rb),
 				// The live audit of repairs stays; the replay's own is dropped.
 				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(rb+"_scd_repairs")),
-				sink.DropAsOfFunction(cfg.Postgres.Schema, live),
-				sink.CreateAsOfFunction(cfg.Postgres.Schema, live, SinkConfig(cfg, zap.NewNop()).Tables[i].Deletes == sink.DeletesNewRecord),
+				catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
+				catalog.CreateAsOfFunction(cfg.Postgres.Schema, live, SinkConfig(cfg, zap.NewNop()).Tables[i].Deletes == sink.DeletesNewRecord),
 			) {
 				if err := exec(q); err != nil {
 					return err
@@ -479,7 +480,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 			// The views now read the rebuilt table.
 			spec := SinkConfig(cfg, zap.NewNop()).Tables[i]
 			spec.Schema = schema
-			views, err := sink.ViewStatements(ctx, tx, spec, live)
+			views, err := catalog.ViewStatements(ctx, tx, spec, live)
 			if err != nil {
 				return err
 			}

@@ -39,7 +39,7 @@ type Entry struct {
 	key string
 }
 
-// State returns the entry's State: a fresh one for a packed entry; the
+// State returns the entry's state: a fresh one for a packed entry; the
 // kept one, which its users never change, for another. A packed entry
 // that does not unpack (it cannot happen: it is pack's own output) is a
 // miss, and the key is read from the table.
@@ -96,7 +96,7 @@ func (c *Cache) Get(k Key) (*fold.Latest, bool) {
 	return e.State(nil, nil)
 }
 
-// Entry returns a key's Entry, moving it to the newer generation; its
+// Entry returns a key's entry, moving it to the newer generation; its
 // state is unpacked by the caller, outside any lock.
 func (c *Cache) Entry(k Key) (Entry, bool) {
 	e, ok := c.cur[k]

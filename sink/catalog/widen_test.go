@@ -1,4 +1,4 @@
-package sink
+package catalog
 
 import (
 	"slices"
@@ -36,7 +36,7 @@ func TestHolds(t *testing.T) {
 		{"text", "", true}, // no type: text
 	} {
 		t.Run(tc.col+"/"+tc.typ, func(t *testing.T) {
-			if got := holds(tc.col, tc.typ); got != tc.want {
+			if got := Holds(tc.col, tc.typ); got != tc.want {
 				t.Errorf("holds(%q, %q) = %v, want %v", tc.col, tc.typ, got, tc.want)
 			}
 		})
@@ -46,10 +46,10 @@ func TestHolds(t *testing.T) {
 // TestDropped: a schema lacking a column older than one it has dropped
 // it; one lacking only columns added after all of its own is older.
 func TestDropped(t *testing.T) {
-	tb := &table{Shape: fold.Shape{Index: map[string]int{}}}
-	for i, c := range []colInfo{{name: "id", attnum: 1, key: true}, {name: "plan", attnum: 2}, {name: "city", attnum: 3}, {name: "tier", attnum: 13}} {
-		tb.cols = append(tb.cols, c)
-		tb.Index[c.name] = i
+	tb := &Table{Shape: fold.Shape{Index: map[string]int{}}}
+	for i, c := range []ColumnInfo{{Name: "id", Attnum: 1, Key: true}, {Name: "plan", Attnum: 2}, {Name: "city", Attnum: 3}, {Name: "tier", Attnum: 13}} {
+		tb.Cols = append(tb.Cols, c)
+		tb.Index[c.Name] = i
 	}
 	schema := func(names ...string) []change.Column {
 		var out []change.Column
@@ -70,7 +70,7 @@ func TestDropped(t *testing.T) {
 		{"plan renamed", schema("id", "city", "tier", "tariff"), []string{"plan"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tb.dropped(tc.cols); !slices.Equal(got, tc.want) {
+			if got := tb.Dropped(tc.cols); !slices.Equal(got, tc.want) {
 				t.Errorf("dropped = %v, want %v", got, tc.want)
 			}
 		})

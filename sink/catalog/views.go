@@ -1,4 +1,4 @@
-package sink
+package catalog
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 		}
 		return pgx.Identifier{c}.Sanitize()
 	}
-	tz := quoteLiteral(v.TimeZone)
+	tz := QuoteLiteral(v.TimeZone)
 	start, end, kind := "valid_from", "valid_to", "timestamptz"
 	if v.Day {
 		start = fmt.Sprintf("(valid_from AT TIME ZONE %s)::date", tz)
@@ -56,7 +56,7 @@ func viewSQL(schema, target string, v ViewSpec, cols []string) string {
 	}
 	current := "NULL::" + kind
 	if v.CurrentEnd != "" {
-		current = quoteLiteral(v.CurrentEnd) + "::" + kind
+		current = QuoteLiteral(v.CurrentEnd) + "::" + kind
 	}
 	sel := []string{
 		"scd_id AS " + name("scd_id"),
@@ -100,7 +100,7 @@ func ViewStatements(ctx context.Context, q Querier, spec TableSpec, target strin
 	}
 	var cols []string
 	for _, n := range names {
-		if !isBookkeeping(n) {
+		if !IsBookkeeping(n) {
 			cols = append(cols, n)
 		}
 	}
@@ -159,17 +159,17 @@ func orderLike(had, cols []string, v ViewSpec) []string {
 	return out
 }
 
-// viewStatements renders the DDL of t's views from the columns it knows,
+// ViewStatements renders the DDL of t's views from the columns it knows,
 // each in the order its view has now.
-func (t *table) viewStatements(ctx context.Context, q Querier) ([]string, error) {
+func (t *Table) ViewStatements(ctx context.Context, q Querier) ([]string, error) {
 	var cols []string
-	for _, c := range t.cols {
-		cols = append(cols, c.name)
+	for _, c := range t.Cols {
+		cols = append(cols, c.Name)
 	}
-	if t.deletedCol {
+	if t.DeletedCol {
 		// Among the source columns, so that the view keeps its place as
 		// columns come (CREATE OR REPLACE VIEW only appends).
 		cols = append(cols, "scd_deleted")
 	}
-	return viewsOver(ctx, q, t.spec, t.spec.Target, cols)
+	return viewsOver(ctx, q, t.Spec, t.Spec.Target, cols)
 }

@@ -1,8 +1,9 @@
-package sink
+package catalog
 
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -12,56 +13,54 @@ import (
 )
 
 // Bookkeeping columns of a history table, after the source columns.
-var bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum"}
+var Bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum"}
 
-// Bookkeeping columns of the side table <target>_scd_events.
-type colInfo struct {
-	name     string
-	oid      uint32
-	typeName string // format_type() without modifier, usable in array casts
-	fullType string // format_type() with modifier, for DDL
-	attnum   int16  // its position in the history table (pg_attribute.attnum)
-	key      bool
-	tracked  bool
+// ColumnInfo is a source column of a history table as the catalog has it.
+type ColumnInfo struct {
+	Name     string
+	OID      uint32
+	TypeName string // format_type() without modifier, usable in array casts
+	FullType string // format_type() with modifier, for DDL
+	Attnum   int16  // its position in the history table (pg_attribute.attnum)
+	Key      bool
+	Tracked  bool
 }
 
-// table is a history table as it exists in the database.
-type table struct {
-	spec TableSpec
-	hist pgx.Identifier
-	side pgx.Identifier
-	// repairs is <target>_scd_repairs, the audit of late repairs.
-	repairs pgx.Identifier
-	view    pgx.Identifier
-	cols    []colInfo
+// Table is a history table as it exists in the database: its names,
+// columns and partitions, and what the fold needs of it (Shape).
+type Table struct {
+	Spec TableSpec
+	Hist pgx.Identifier
+	Side pgx.Identifier
+	// Repairs is <target>_scd_repairs, the audit of late repairs.
+	Repairs pgx.Identifier
+	View    pgx.Identifier
+	Cols    []ColumnInfo
 	// Shape is what the fold reads: the columns' names and positions,
 	// tracked and Type 1 (rebuilt by load).
 	fold.Shape
-	keyIdx []int // in spec.Keys order
-	// number is this description's own, for the state cache's keys: a
-	// table read anew is a new description, whose keys the cache has not
-	// seen.
-	number uint64
-	ignore map[string]bool
-	// hasInfinity: a timestamp or date column may read back as infinity.
-	hasInfinity bool
-	// attnum is the highest attnum of the source columns: every row
+	KeyIdx []int // in spec.Keys order
+	Ignore map[string]bool
+	// HasInfinity: a timestamp or date column may read back as infinity.
+	HasInfinity bool
+	// Attnum is the highest attnum of the source columns: every row
 	// written records it (scd_attnum), so that a column added later is
 	// known to be absent from the rows written before (DESIGN.md section
 	// 11), not NULL in them.
-	attnum int16
-	// deletedCol: the table has scd_deleted (it has had deletes:
+	Attnum int16
+	// DeletedCol: the table has scd_deleted (it has had deletes:
 	// new_record), written true for the versions a delete opened.
-	deletedCol bool
-	// parts are the partitions of a partitioned history table the sink
+	DeletedCol bool
+	// Parts are the partitions of a partitioned history table the sink
 	// created (partition.go); nil for a plain table.
-	parts *partitions
-	// plainButPartitioned: the config asks for partitioning, the table
+	Parts *Partitions
+	// PlainButPartitioned: the config asks for partitioning, the table
 	// existed unpartitioned (left as it is; rebuild migrates it).
-	plainButPartitioned bool
+	PlainButPartitioned bool
 }
 
-func quoteIdents(names []string) string {
+// QuoteIdents quotes names as identifiers, joined by commas.
+func QuoteIdents(names []string) string {
 	q := make([]string, len(names))
 	for i, n := range names {
 		q[i] = pgx.Identifier{n}.Sanitize()
@@ -69,18 +68,22 @@ func quoteIdents(names []string) string {
 	return strings.Join(q, ", ")
 }
 
-func (t *table) colNames() []string {
-	out := make([]string, len(t.cols))
-	for i, c := range t.cols {
-		out[i] = c.name
+// ColNames are the source columns' names, in row order.
+func (t *Table) ColNames() []string {
+	out := make([]string, len(t.Cols))
+	for i, c := range t.Cols {
+		out[i] = c.Name
 	}
 	return out
 }
 
-func (t *table) keyNames() []string { return t.spec.Keys }
+// KeyNames are the business key columns, in the spec's order.
+func (t *Table) KeyNames() []string { return t.Spec.Keys }
 
-func isBookkeeping(name string) bool {
-	for _, b := range bookkeeping {
+// IsBookkeeping reports whether name is one of the sink's own columns of
+// a history table (Bookkeeping, scd_t and scd_deleted), not a source column.
+func IsBookkeeping(name string) bool {
+	for _, b := range Bookkeeping {
 		if b == name {
 			return true
 		}
@@ -99,7 +102,10 @@ func currentView(create string, view, hist pgx.Identifier, deleted bool) string 
 	return fmt.Sprintf("%s VIEW %s AS SELECT * FROM %s WHERE %s", create, view.Sanitize(), hist.Sanitize(), where)
 }
 
-func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
+// InDDLTx runs stmts in one transaction under the advisory lock named
+// lock, each waiting at most lock_timeout for its table lock and without
+// a statement_timeout.
+func InDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// DDL waits at most lock_timeout for its lock, but once it has it,
 		// adopting a large pre-created table (a rewrite, an index build)
@@ -109,7 +115,7 @@ func inDDLTx(ctx context.Context, pool *pgxpool.Pool, lock string, stmts []strin
 		}
 		for _, st := range stmts {
 			if _, err := tx.Exec(ctx, st); err != nil {
-				return fmt.Errorf("%s: %w", firstLine(st), err)
+				return fmt.Errorf("%s: %w", FirstLine(st), err)
 			}
 		}
 		return nil
@@ -126,7 +132,8 @@ func dollarQuote(body string) string {
 	return tag + body + tag
 }
 
-func firstLine(s string) string {
+// FirstLine is the first line of s (a statement, for an error).
+func FirstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i > 0 {
 		return s[:i]
 	}
@@ -171,92 +178,92 @@ func keyType(inferred string) string {
 }
 
 // load reads the table's source columns and classifies them.
-func (t *table) load(ctx context.Context, pool *pgxpool.Pool) error {
+func (t *Table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod), a.attnum
 		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, t.hist.Sanitize())
+		ORDER BY a.attnum`, t.Hist.Sanitize())
 	if err != nil {
-		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("reading columns of %s: %w", t.Hist.Sanitize(), err)
 	}
-	var cols []colInfo
+	var cols []ColumnInfo
 	deleted := false
 	for rows.Next() {
-		var c colInfo
-		if err := rows.Scan(&c.name, &c.oid, &c.typeName, &c.fullType, &c.attnum); err != nil {
+		var c ColumnInfo
+		if err := rows.Scan(&c.Name, &c.OID, &c.TypeName, &c.FullType, &c.Attnum); err != nil {
 			return err
 		}
-		if c.name == "scd_seq" && c.typeName != "bytea" {
+		if c.Name == "scd_seq" && c.TypeName != "bytea" {
 			rows.Close()
-			return &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf("scd_seq is of type %s; scd2sink keeps sequences as bytea", c.typeName)}
+			return &DriftError{Table: t.Hist.Sanitize(), What: fmt.Sprintf("scd_seq is of type %s; scd2sink keeps sequences as bytea", c.TypeName)}
 		}
-		if !isBookkeeping(c.name) {
+		if !IsBookkeeping(c.Name) {
 			cols = append(cols, c)
 		}
-		deleted = deleted || c.name == "scd_deleted"
+		deleted = deleted || c.Name == "scd_deleted"
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reading columns of %s: %w", t.hist.Sanitize(), err)
+		return fmt.Errorf("reading columns of %s: %w", t.Hist.Sanitize(), err)
 	}
 	tracked := map[string]bool{}
-	for _, c := range t.spec.TrackHistory {
-		tracked[pgIdent(c)] = true
+	for _, c := range t.Spec.TrackHistory {
+		tracked[Ident(c)] = true
 	}
-	t.cols, t.deletedCol = cols, deleted
-	t.Shape = fold.Shape{Index: map[string]int{}, Deletes: t.spec.Deletes, Type1Scope: t.spec.Type1Scope}
-	t.attnum = 0
+	t.Cols, t.DeletedCol = cols, deleted
+	t.Shape = fold.Shape{Index: map[string]int{}, Deletes: t.Spec.Deletes, Type1Scope: t.Spec.Type1Scope}
+	t.Attnum = 0
 	for _, c := range cols {
-		t.attnum = max(t.attnum, c.attnum)
+		t.Attnum = max(t.Attnum, c.Attnum)
 	}
-	t.hasInfinity = false
+	t.HasInfinity = false
 	for _, c := range cols {
-		switch c.oid {
+		switch c.OID {
 		case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
-			t.hasInfinity = true
+			t.HasInfinity = true
 		}
 	}
-	t.keyIdx = nil
-	for i := range t.cols {
-		c := &t.cols[i]
-		t.Index[c.name] = i
-		t.Names = append(t.Names, c.name)
-		for _, k := range t.spec.Keys {
-			c.key = c.key || pgIdent(k) == c.name
+	t.KeyIdx = nil
+	for i := range t.Cols {
+		c := &t.Cols[i]
+		t.Index[c.Name] = i
+		t.Names = append(t.Names, c.Name)
+		for _, k := range t.Spec.Keys {
+			c.Key = c.Key || Ident(k) == c.Name
 		}
 		switch {
-		case c.key:
-		case len(tracked) == 0 || tracked[c.name]:
-			c.tracked = true
+		case c.Key:
+		case len(tracked) == 0 || tracked[c.Name]:
+			c.Tracked = true
 			t.Tracked = append(t.Tracked, i)
 		default:
 			t.Type1 = append(t.Type1, i)
 		}
 	}
-	for _, k := range t.spec.Keys {
-		i, ok := t.Index[pgIdent(k)]
+	for _, k := range t.Spec.Keys {
+		i, ok := t.Index[Ident(k)]
 		if !ok {
-			return &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf("has no key column %q (dropped by hand?)", k)}
+			return &DriftError{Table: t.Hist.Sanitize(), What: fmt.Sprintf("has no key column %q (dropped by hand?)", k)}
 		}
-		t.keyIdx = append(t.keyIdx, i)
+		t.KeyIdx = append(t.KeyIdx, i)
 	}
 	return nil
 }
 
-// hasAll reports whether t (nil: no table yet) has a column for every name
+// HasAll reports whether t (nil: no table yet) has a column for every name
 // of an image but those ignored.
-func (t *table) hasAll(image map[string]any, ignored []string) bool {
+func (t *Table) HasAll(image map[string]any, ignored []string) bool {
 	if t == nil {
 		return false
 	}
 	for name := range image {
-		if !t.has(name, ignored) {
+		if !t.Has(name, ignored) {
 			return false
 		}
 	}
 	return true
 }
 
-// has reports whether the table has the image's column name, or ignores it.
-func (t *table) has(name string, ignored []string) bool {
-	_, ok := t.Index[pgIdent(name)]
-	return ok || contains(ignored, name)
+// Has reports whether the table has the image's column name, or ignores it.
+func (t *Table) Has(name string, ignored []string) bool {
+	_, ok := t.Index[Ident(name)]
+	return ok || slices.Contains(ignored, name)
 }

@@ -1,13 +1,13 @@
-package sink
+package catalog
 
 import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// normalizeRow turns what pgx returns for infinite timestamps and dates
+// NormalizeRow turns what pgx returns for infinite timestamps and dates
 // (a bare InfinityModifier) into values pgx can write back.
-func (t *table) normalizeRow(row []any) {
-	if !t.hasInfinity {
+func (t *Table) NormalizeRow(row []any) {
+	if !t.HasInfinity {
 		return
 	}
 	for i, v := range row {
@@ -15,7 +15,7 @@ func (t *table) normalizeRow(row []any) {
 		if !ok {
 			continue
 		}
-		switch t.cols[i].oid {
+		switch t.Cols[i].OID {
 		case pgtype.TimestamptzOID:
 			row[i] = pgtype.Timestamptz{InfinityModifier: im, Valid: true}
 		case pgtype.TimestampOID:

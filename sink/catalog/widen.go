@@ -1,4 +1,4 @@
-package sink
+package catalog
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"go.uber.org/zap"
 )
@@ -35,10 +36,10 @@ var wider = map[string][]string{
 	"time without time zone": {"interval"},
 }
 
-// canonicalType spells a schema's type as format_type does.
-func canonicalType(t string) string {
+// CanonicalType spells a schema's type as format_type does.
+func CanonicalType(t string) string {
 	if base, ok := strings.CutSuffix(t, "[]"); ok {
-		return canonicalType(base) + "[]"
+		return CanonicalType(base) + "[]"
 	}
 	switch t {
 	case "timestamp":
@@ -53,23 +54,23 @@ func canonicalType(t string) string {
 	return t
 }
 
-// dropped lists the table's non-key source columns a schema's columns
+// Dropped lists the table's non-key source columns a schema's columns
 // lack, of those older than a column the schema has: a schema that lacks
 // only columns added after all of its own is an older one (a partition
 // behind, a replay), not a drop.
-func (t *table) dropped(cols []change.Column) []string {
+func (t *Table) Dropped(cols []change.Column) []string {
 	has := map[string]bool{}
 	var newest int16
 	for _, c := range cols {
-		has[pgIdent(c.Name)] = true
-		if i, ok := t.Index[pgIdent(c.Name)]; ok {
-			newest = max(newest, t.cols[i].attnum)
+		has[Ident(c.Name)] = true
+		if i, ok := t.Index[Ident(c.Name)]; ok {
+			newest = max(newest, t.Cols[i].Attnum)
 		}
 	}
 	var out []string
-	for _, c := range t.cols {
-		if !c.key && !has[c.name] && c.attnum < newest {
-			out = append(out, c.name)
+	for _, c := range t.Cols {
+		if !c.Key && !has[c.Name] && c.Attnum < newest {
+			out = append(out, c.Name)
 		}
 	}
 	return out
@@ -78,20 +79,20 @@ func (t *table) dropped(cols []change.Column) []string {
 // textTypes are the column types a string's values go to as they are.
 var textTypes = map[string]bool{"text": true, "character varying": true, "character": true, "citext": true}
 
-// holds reports whether a column of type col takes a schema's type typ as
+// Holds reports whether a column of type col takes a schema's type typ as
 // it is, for schema_changes: fail: the same type, a type col widens
 // (an older schema, or a narrowing: every value fits), or the same family
 // in a table created by hand (varchar for a string, json for JSON, either
 // timestamp for a timestamp).
-func holds(col, typ string) bool {
-	typ = canonicalType(keyType(typ))
+func Holds(col, typ string) bool {
+	typ = CanonicalType(keyType(typ))
 	colBase, colArr := strings.CutSuffix(col, "[]")
 	typBase, typArr := strings.CutSuffix(typ, "[]")
 	if colArr != typArr {
 		return false
 	}
 	switch {
-	case colBase == typBase, widens(typBase, colBase):
+	case colBase == typBase, Widens(typBase, colBase):
 		return true
 	case typBase == "text":
 		return textTypes[colBase]
@@ -103,10 +104,10 @@ func holds(col, typ string) bool {
 	return false
 }
 
-// widens reports whether a column of type from takes type to without
+// Widens reports whether a column of type from takes type to without
 // losing a value.
-func widens(from, to string) bool {
-	to = canonicalType(to)
+func Widens(from, to string) bool {
+	to = CanonicalType(to)
 	for _, w := range wider[from] {
 		if w == to {
 			return true
@@ -115,9 +116,11 @@ func widens(from, to string) bool {
 	return false
 }
 
-// widenColumns alters t's columns named in to (name → new type) and
-// returns the table as it is afterwards.
-func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) (*table, error) {
+// Widen alters t's columns named in to (name → new type), with its
+// side table's, recreating the views over them, and returns the table as
+// it is afterwards. The pool's connections are reset: their prepared
+// statements and COPY descriptions know the old types.
+func Widen(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *Table, to map[string]string) (*Table, error) {
 	names := make([]string, 0, len(to))
 	for n := range to {
 		names = append(names, n)
@@ -125,41 +128,41 @@ func widenColumns(ctx context.Context, s *Sink, t *table, to map[string]string) 
 	sort.Strings(names)
 	var alters []string
 	for _, n := range names {
-		alters = append(alters, fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgx.Identifier{n}.Sanitize(), canonicalType(to[n])))
+		alters = append(alters, fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgx.Identifier{n}.Sanitize(), CanonicalType(to[n])))
 	}
-	spec := t.spec
-	drops := []string{t.view.Sanitize()}
+	spec := t.Spec
+	drops := []string{t.View.Sanitize()}
 	for _, v := range spec.Views {
 		drops = append(drops, pgx.Identifier{spec.Schema, v.Name}.Sanitize())
 	}
 	stmts := []string{
 		"DROP VIEW IF EXISTS " + strings.Join(drops, ", "),
-		fmt.Sprintf("ALTER TABLE %s %s", t.hist.Sanitize(), strings.Join(alters, ", ")),
-		fmt.Sprintf("ALTER TABLE %s %s", t.side.Sanitize(), strings.Join(alters, ", ")),
-		currentView("CREATE", t.view, t.hist, t.deletedCol),
+		fmt.Sprintf("ALTER TABLE %s %s", t.Hist.Sanitize(), strings.Join(alters, ", ")),
+		fmt.Sprintf("ALTER TABLE %s %s", t.Side.Sanitize(), strings.Join(alters, ", ")),
+		currentView("CREATE", t.View, t.Hist, t.DeletedCol),
 	}
-	views, err := t.viewStatements(ctx, s.pool) // read before they are dropped
+	views, err := t.ViewStatements(ctx, pool) // read before they are dropped
 	if err != nil {
 		return nil, err
 	}
 	stmts = append(stmts, views...)
-	if err := inDDLTx(ctx, s.pool, "scd2sink table "+t.hist.Sanitize(), stmts); err != nil {
+	if err := InDDLTx(ctx, pool, "scd2sink table "+t.Hist.Sanitize(), stmts); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "0A000" || pgErr.Code == "2BP01") {
 			// A view or rule of someone else's reads the column: the
 			// events wait (a slow retry) until it is dropped, or the
 			// column widened by hand.
-			return nil, &DriftError{Table: t.hist.Sanitize(), What: fmt.Sprintf(
+			return nil, &DriftError{Table: t.Hist.Sanitize(), What: fmt.Sprintf(
 				"the source widened %s to %s, but a view or rule not scd2sink's reads it (%v): drop it, or alter the column by hand",
-				strings.Join(names, ", "), canonicalType(to[names[0]]), pgErr.Message)}
+				strings.Join(names, ", "), CanonicalType(to[names[0]]), pgErr.Message)}
 		}
-		return nil, fmt.Errorf("widening %s of %s: %w", strings.Join(names, ", "), t.hist.Sanitize(), err)
+		return nil, fmt.Errorf("widening %s of %s: %w", strings.Join(names, ", "), t.Hist.Sanitize(), err)
 	}
 	var what []string
 	for _, n := range names {
-		what = append(what, n+" "+canonicalType(to[n]))
+		what = append(what, n+" "+CanonicalType(to[n]))
 	}
-	s.pool.Reset() // the connections' statements and COPY descriptions know the old types
-	s.log.Info("source column types widened: history table altered", zap.String("table", t.hist.Sanitize()), zap.Strings("columns", what))
-	return ensureTable(ctx, s.pool, spec, nil)
+	pool.Reset() // the connections' statements and COPY descriptions know the old types
+	log.Info("source column types widened: history table altered", zap.String("table", t.Hist.Sanitize()), zap.Strings("columns", what))
+	return Ensure(ctx, pool, spec, nil)
 }
