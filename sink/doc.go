@@ -96,8 +96,9 @@
 //     (plan.go): each event converted to the columns' types (convert.go)
 //     into a fold.Event, grouped by table and key into tablePlans and
 //     keyPlans; what cannot be converted becomes a dead letter.
-//  2. ApplyPrepared (parallel.go) splits a batch into parts of disjoint
-//     partitions when apply_workers allows, and applyOne (sink.go) applies
+//  2. ApplyPrepared (sink.go, then applyPrepared in parallel.go) splits a
+//     batch into parts of disjoint partitions when apply_workers allows,
+//     and applyOne (sink.go) applies
 //     each in one transaction: the fence and the offsets read
 //     (offsets.go), erased keys dropped (erasure.go), then one pipeline
 //     reading ahead every table's truncates, uncached keys' latest
@@ -105,13 +106,18 @@
 //  3. applyTable (apply.go), per table: a key whose events all come after
 //     what the table holds goes the append path (appendKey: its state from
 //     the state cache, package statecache, or the read-ahead; one
-//     fold.Shape.Fold); a key with a late or repeated event goes the
-//     repair path (repairKey: its history read from the table, load.go,
-//     rebuilt into events and folded again from scratch). Either leaves
-//     its changes in the table's writes.
-//  4. writes.exec (write.go) runs them set-based: one UPDATE closing
-//     versions, COPYs of new versions and side rows (package pgcodec's
-//     CopyIn), the Type 1 spread, the repair audit (repairs.go).
+//     fold.Shape.Fold); a key with a late or repeated event, or one live
+//     at a new truncate's sequence, goes the repair path (repairKey: the
+//     stretch of its history from the version live at the earliest new
+//     event read from the table, load.go, rebuilt into events and folded
+//     again from there; see "Applying a batch"). Either leaves its
+//     changes in the table's writes.
+//  4. writes.exec (write.go) runs them set-based, in this order: the
+//     repair audit's before-images (repairs.go), deletes of versions and
+//     side rows a repair removed, the Type 1 spread, one UPDATE closing
+//     versions, rewrites of versions a repair changed, then COPYs of new
+//     versions and side rows (package pgcodec's CopyIn), and the audit's
+//     after-images.
 //  5. Dead letters and the batch's offsets are written in the same
 //     transaction (offsets.go), which commits; only then does the state
 //     cache take the transaction's changes (statecache.Ops) and the

@@ -26,8 +26,9 @@
 //     comment, so an unchanged view is never replaced (and never takes
 //     its ACCESS EXCLUSIVE lock again).
 //   - Names derived from a target (NamesOf) stay within PostgreSQL's 63
-//     bytes for targets of up to 51 bytes; longer identifiers are compared
-//     as PostgreSQL truncates them (Ident).
+//     bytes for targets of up to 51 bytes (but the side index's old name,
+//     looked for only where it fits); longer identifiers are compared as
+//     PostgreSQL truncates them (Ident).
 //   - A partitioned history table is LIST (is_current): current versions
 //     in <t>_pcur, closed ones in <t>_pold by RANGE of valid_to, one
 //     partition per interval, with no DEFAULT partition (attaching next

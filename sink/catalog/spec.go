@@ -39,7 +39,7 @@ type TableSpec struct {
 	Type1Scope    fold.Type1Scope
 	Deletes       fold.DeletesMode
 	// Retention removes the versions closed longer ago than it, with
-	// their side rows (retention.go); 0 keeps everything.
+	// their side rows (the sink's retention.go); 0 keeps everything.
 	Retention time.Duration
 	// Partitioning creates the history table partitioned (partition.go);
 	// the zero value: a plain table.

@@ -28,9 +28,10 @@
 //     backwards: an event's time is max(its own, the key's previous event's
 //     time). Where clamping raised it, the event's own time is kept (Raw),
 //     because a later re-fold that gains an earlier delete may not clamp.
-//   - A create always closes the live version; an update closes it only
-//     when a tracked column it carries and the version knows differs
-//     (Shape.Fold, trackedEqual); otherwise its Type 1 values overwrite the
+//   - A create always closes the live version; an update closes it when
+//     a tracked column it carries and the version knows differs
+//     (Shape.Fold, trackedEqual), or when the live version is one marked
+//     deleted (deletes: new_record); otherwise its Type 1 values overwrite the
 //     live version's and the event goes to the side list (Out.Side), which
 //     the sink keeps in the side table so the key's event list can always
 //     be rebuilt from the table.
@@ -46,10 +47,12 @@
 //     caller (SpreadType1), which knows which versions exist. Under
 //     current_version a version whose row is no longer its opener's image
 //     keeps the opener in the side table (OpenerDiffers).
-//   - Nothing the fold returns is shared with its input rows: versions'
-//     rows are copies from Mem, so the sink may overwrite Type 1 values in
-//     place. Nothing from a Mem outlives its transaction: the state cache
-//     packs or detaches what it keeps.
+//   - A version's Row is a copy from Mem, never an event's row, so the
+//     sink may overwrite its Type 1 values in place. Everything else the
+//     fold returns may share an event's row (after placeholders are
+//     resolved): a version's Opener, the rows of Out.Side; those are read,
+//     never written. Nothing from a Mem outlives its transaction: the
+//     state cache packs or detaches what it keeps.
 //
 // The same fold rebuilds history in a repair: the sink hands it the events
 // rebuilt from the versions and side rows read (Version.Event), the first

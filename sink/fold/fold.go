@@ -29,11 +29,11 @@ const (
 	DeletesNewRecord DeletesMode = "new_record"
 )
 
-// Event is an event as the fold sees it: typed row, and its time: t is
+// Event is an event as the fold sees it: typed row, and its time: T is
 // the raw valid-from of a new event and the clamped time of one the fold
-// produced or rebuilt from the table; raw is the raw valid-from of the
+// produced or rebuilt from the table; Raw is the raw valid-from of the
 // latter where clamping raised it (zero where it did not, or where the
-// table predates scd_raw_t). The fold starts from raw where it is set.
+// table predates scd_raw_t). The fold starts from Raw where it is set.
 type Event struct {
 	Seq change.Seq
 	Op  change.Op
@@ -79,12 +79,12 @@ type Version struct {
 	Unavail  []string
 	// Absent names the columns whose value the version does not know
 	// (stored as scd_absent): its opening event did not carry them and,
-	// for tracked ones, no later event of the version has. openAbsent is the opening
+	// for tracked ones, no later event of the version has. OpenAbsent is the opening
 	// event's own list: when the two differ the opener is kept in the
 	// side table, as its image is no longer the version's row.
 	Absent     []string
 	OpenAbsent []string
-	Complete   bool // opened by a complete image (fevent.complete)
+	Complete   bool // opened by a complete image (Event.Complete)
 }
 
 // Event returns the event that opened v, rebuilt from the table, with row

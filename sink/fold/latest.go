@@ -12,7 +12,7 @@ type Latest struct {
 	OpenerSaved bool     // the latest version's opener is in the side table
 	SideMaxSeq  change.Seq
 	SideMaxT    *time.Time
-	sideT       time.Time // where setSideMaxT points sideMaxT
+	sideT       time.Time // where SetSideMaxT points SideMaxT
 }
 
 // MaxSeq is the highest sequence the table knows for the key.

@@ -17,9 +17,10 @@ import (
 // older one is dropped.
 //
 // The cache is only right while its sink is the only writer of its keys:
-// Apply empties it whenever scd2sink_offsets shows that another writer
-// applied one of the batch's partitions since the sink last did, Forget
-// empties it on rebalances, and entries change only after a commit.
+// the sink Resets it whenever its fence reads in scd2sink_offsets that
+// another writer applied one of the batch's partitions since it last did,
+// on rebalances (Sink.Forget) and after a failed transaction, and entries
+// change only after a commit (Cache.Apply).
 type Cache struct {
 	limit, maxBytes     int
 	cur, prev           map[Key]Entry
@@ -112,7 +113,7 @@ func (c *Cache) Entry(k Key) (Entry, bool) {
 }
 
 // Put keeps l as k's state at once (outside a transaction: Ops.Set and
-// Apply do it for one).
+// Cache.Apply do it for one).
 func (c *Cache) Put(k Key, l *fold.Latest) {
 	if c.limit <= 0 {
 		return

@@ -8,12 +8,16 @@
 //   - An entry is exactly what the table holds for its key once the
 //     transaction that set it committed: a transaction records its
 //     changes in Ops (Set, Drops, ResetAll), and Cache.Apply makes them
-//     only after the commit. A rolled-back transaction changes nothing.
+//     only after the commit. A transaction that failed has its Ops
+//     dropped, and the sink empties the cache instead (Reset), as it does
+//     after a batch applied by isolating values.
 //   - It is right only while its sink is the only writer of the key's
 //     partitions. The sink empties it (Reset) whenever scd2sink_offsets
 //     shows another writer applied one of a batch's partitions since, on
-//     rebalances, after a batch applied by isolating values, and after a
-//     truncate that folded too many keys to drop one by one.
+//     rebalances, after a failed transaction or a batch applied by
+//     isolating values, when a reconciliation committed while a part of
+//     the batch was applied, and after a truncate that folded too many
+//     keys to drop one by one.
 //   - A key is named by its table description's number and its identity
 //     (Key): a table read anew (a column added) gets a new number, and the
 //     old description's entries miss.

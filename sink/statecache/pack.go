@@ -98,7 +98,7 @@ func pack(b []byte, l *fold.Latest) ([]byte, bool) {
 	return b, true
 }
 
-// unpack decodes what packLatest encoded, boxing values from boxes
+// unpack decodes what pack encoded, boxing values from boxes
 // and taking the structs from mem.
 func unpack(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, error) {
 	u := change.NewUnpacker(blob, boxes)
