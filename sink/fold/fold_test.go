@@ -168,8 +168,8 @@ func text(v any) string {
 }
 
 // TestValuesEqual: exact comparison, as tracked(e) != tracked(live) means
-// in DESIGN.md section 5: NULL differs from ” and from 0, numbers compare
-// by value, and a placeholder is no value.
+// in DESIGN.md section 5: NULL differs from the empty string and from 0,
+// numbers compare by value, and a placeholder is no value.
 func TestValuesEqual(t *testing.T) {
 	for _, tc := range []struct {
 		name string
