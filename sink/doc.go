@@ -91,18 +91,18 @@
 // cuts the released events into a Batch (batch.go). From there, in this
 // package and the ones below it:
 //
-//  1. Prepare (sink.go) makes sure every target's tables exist and have
-//     the batch's columns (catalog.Ensure, widening), then plans the batch
-//     (plan.go): each event converted to the columns' types (convert.go)
-//     into a fold.Event, grouped by table and key into tablePlans and
-//     keyPlans; what cannot be converted becomes a dead letter.
-//  2. ApplyPrepared (sink.go, then applyPrepared in parallel.go) splits a
+//  1. Prepare (txn.go) makes sure every target's tables exist and have
+//     the batch's columns (tables.go: catalog.Ensure, widening), then
+//     plans the batch (plan.go): each event converted to the columns'
+//     types (convert.go) into a fold.Event, grouped by table and key into
+//     tablePlans and keyPlans; what cannot be converted becomes a dead
+//     letter.
+//  2. ApplyPrepared (txn.go, then applyPrepared in parallel.go) splits a
 //     batch into parts of disjoint partitions when apply_workers allows,
-//     and applyOne (sink.go) applies
-//     each in one transaction: the fence and the offsets read
-//     (offsets.go), erased keys dropped (erasure.go), then one pipeline
-//     reading ahead every table's truncates, uncached keys' latest
-//     versions and column types (prefetch.go).
+//     and applyOne (txn.go) applies each in one transaction: the fence
+//     and the offsets read (offsets.go), erased keys dropped (erasure.go),
+//     then one pipeline reading ahead every table's truncates, uncached
+//     keys' latest versions and column types (prefetch.go).
 //  3. applyTable (apply.go), per table: a key whose events all come after
 //     what the table holds goes the append path (appendKey: its state from
 //     the state cache, package statecache, or the read-ahead; one

@@ -1,0 +1,290 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/scd2sink/scd2sink/sink/catalog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Making sure a batch's tables exist and carry its columns, before it is
+// planned: DDL, widening, the keys of targets met for the first time.
+
+// newColumns collects, per table, the columns events carry that the table
+// lacks, in the order they were first met.
+type newColumns struct {
+	cols    []change.Column
+	at      map[string]int
+	guessed map[string]bool // typed by inference, not by a schema
+}
+
+func (n *newColumns) note(name, typ string, inferred bool) {
+	if n.at == nil {
+		n.at, n.guessed = map[string]int{}, map[string]bool{}
+	}
+	// Names that PostgreSQL cuts to the same 63 bytes are one column (the
+	// first met); events carrying both are dead-lettered (plan.go).
+	i, ok := n.at[catalog.Ident(name)]
+	if !ok {
+		n.at[catalog.Ident(name)] = len(n.cols)
+		n.cols = append(n.cols, change.Column{Name: name, PGType: typ})
+		n.guessed[name] = inferred
+		return
+	}
+	// A schema's type beats an inferred one; an inferred text gives way
+	// to a more specific inference; a schema's wider type (a table
+	// created from a batch whose source widened a column) beats a
+	// narrower one.
+	if (!inferred && n.guessed[name]) || (inferred && n.guessed[name] && n.cols[i].PGType == "text") ||
+		(!inferred && !n.guessed[name] && catalog.Widens(catalog.CanonicalType(n.cols[i].PGType), typ)) {
+		n.cols[i].PGType = typ
+		n.guessed[name] = inferred
+	}
+}
+
+// prepare creates tables met for the first time and adds columns that
+// events carry but their tables lack: typed and in the schema's order when
+// the event has a schema, else typed by inference from the values, in name
+// order. DDL runs in its own transactions.
+func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
+	extra := map[string]*newColumns{}
+	widen := map[string]map[string]string{} // table → column → wider type
+	failed := map[string]string{}           // table → the change schema_changes: fail stops at
+	// Events written with one schema share its RowDecoder: its columns
+	// are noted once per table and batch, not once per event.
+	type tableSchema struct {
+		table string
+		row   change.RowDecoder
+	}
+	noted := map[tableSchema]bool{}
+	if err := s.loadExisting(ctx, evs); err != nil {
+		return err
+	}
+	var order []string
+	for i, ev := range evs {
+		spec, ok := s.spec(ev.Table)
+		if !ok {
+			continue
+		}
+		if len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
+			spec.Keys = ev.KeyNames
+			s.setSpec(spec)
+		}
+		if len(spec.Keys) == 0 {
+			continue // no key known yet: a truncate, or dead letters to come
+		}
+		nc := extra[ev.Table]
+		if ev.Op == change.OpTruncate && s.tables[ev.Table] == nil && nc == nil {
+			// A truncate alone must still reach a table that exists.
+			var exists bool
+			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+				pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
+			}
+			if exists {
+				extra[ev.Table] = &newColumns{}
+				order = append(order, ev.Table)
+			}
+			continue
+		}
+		t := s.tables[ev.Table]
+		note := func(name, typ string, inferred bool) {
+			if t != nil {
+				if i, ok := t.Index[catalog.Ident(name)]; ok {
+					if !inferred && spec.FailOnSchemaChange && !catalog.Holds(t.Cols[i].TypeName, typ) && failed[ev.Table] == "" {
+						failed[ev.Table] = fmt.Sprintf("the source's column %s is now of type %s, the history table's is %s", name, typ, t.Cols[i].TypeName)
+					}
+					if !inferred && catalog.Widens(t.Cols[i].TypeName, typ) {
+						if widen[ev.Table] == nil {
+							widen[ev.Table] = map[string]string{}
+						}
+						if prev, ok := widen[ev.Table][t.Cols[i].Name]; !ok || catalog.Widens(catalog.CanonicalType(prev), typ) {
+							widen[ev.Table][t.Cols[i].Name] = typ
+						}
+					}
+					return
+				}
+			}
+			if contains(spec.IgnoreColumns, name) {
+				return
+			}
+			if extra[ev.Table] == nil {
+				extra[ev.Table] = &newColumns{}
+				order = append(order, ev.Table)
+			}
+			extra[ev.Table].note(name, typ, inferred)
+		}
+		if ev.Row != nil && !noted[tableSchema{ev.Table, ev.Row}] {
+			noted[tableSchema{ev.Table, ev.Row}] = true
+			for _, c := range ev.Row.Columns() {
+				note(c.Name, c.PGType, false)
+			}
+			// A complete image (a document) lacks the fields it does not
+			// have: that is no drop.
+			if t != nil && spec.FailOnSchemaChange && failed[ev.Table] == "" && !ev.Complete {
+				if gone := t.Dropped(ev.Row.Columns()); len(gone) > 0 {
+					failed[ev.Table] = fmt.Sprintf("the source no longer has column %s (dropped or renamed)", strings.Join(gone, ", "))
+				}
+			}
+		}
+		// Without a schema a column is text (DESIGN.md section 4): a value's
+		// JSON form does not say whether 1 is an integer column's or a
+		// numeric one's.
+		if len(ev.Key) == len(spec.Keys) {
+			for _, k := range spec.Keys {
+				note(k, "text", true)
+			}
+		}
+		if ev.Row == nil && afters[i] == nil && ev.Op.HasAfter() && ev.CanVisitAfter() {
+			// An image plan visits without a map: its names alone.
+			all := t != nil
+			if all {
+				ev.VisitAfterNames(func(name string) bool {
+					all = t.Has(name, spec.IgnoreColumns)
+					return all
+				})
+			}
+			if !all { // most often it has them: noting them would change nothing
+				var names []string
+				ev.VisitAfterNames(func(name string) bool {
+					if !slices.Contains(names, name) {
+						names = append(names, name)
+					}
+					return true
+				})
+				sort.Strings(names)
+				for _, name := range names {
+					note(name, "text", true)
+				}
+			}
+		} else if ev.Row == nil && (t == nil || !t.HasAll(afters[i], spec.IgnoreColumns)) { // most often it has them: noting them would change nothing
+			names := make([]string, 0, len(afters[i]))
+			for name := range afters[i] {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				note(name, "text", true)
+			}
+		}
+	}
+	for target, what := range failed {
+		return &TargetError{Target: target, Err: &DriftError{Table: s.tables[target].Hist.Sanitize(), What: what +
+			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}}
+	}
+	targets := make([]string, 0, len(widen))
+	for target := range widen {
+		targets = append(targets, target)
+	}
+	sort.Strings(targets)
+	for _, target := range targets {
+		old := s.tables[target]
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "widening columns of "+target, func(ctx context.Context) (err error) {
+			s.unlocked(func() { t, err = widenColumns(ctx, s, old, widen[target]) })
+			return targetErr(target, err)
+		})
+		if err != nil {
+			return targetErr(target, err)
+		}
+		s.tables[target] = t
+	}
+	for _, target := range order {
+		cols := extra[target].cols
+		spec, _ := s.spec(target)
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) (err error) {
+			s.unlocked(func() { t, err = ensureTable(ctx, s.pool, spec, cols) })
+			return targetErr(target, err)
+		})
+		if err != nil {
+			return targetErr(target, err)
+		}
+		s.warnPlain(t)
+		s.tables[target] = t
+	}
+	return nil
+}
+
+// targetErr makes err, of one target's DDL, a TargetError (nil stays
+// nil): inside withRetry too, so that a lock or statement timeout is not
+// retried there, on the loop that prepares every table's batches, but
+// parks the target at once (ParkTarget).
+func targetErr(target string, err error) error {
+	var te *TargetError
+	if err == nil || errors.As(err, &te) {
+		return err
+	}
+	return &TargetError{Target: target, Err: err}
+}
+
+// unlocked runs fn, a statement on a table's DDL, without s.mu, which
+// Prepare holds: DDL may wait for its lock up to lock_timeout, and one
+// table's wait (a parked table's probe, consumer/park.go) must not stall
+// the batches of the others. fn touches no state s.mu guards; its result
+// is stored after, under s.mu. Two goroutines preparing one table meanwhile
+// run the same idempotent DDL.
+func (s *Sink) unlocked(fn func()) {
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	fn()
+}
+
+// loadExisting loads the tables of evs that exist but were not loaded yet
+// (their columns are not declared: they are met first in a batch), so that
+// the batch's schemas are compared with their columns: a type the source
+// widened while the service was stopped is widened, not dead-lettered.
+func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
+	seen := map[string]bool{}
+	for _, ev := range evs {
+		if s.tables[ev.Table] != nil || seen[ev.Table] {
+			continue
+		}
+		seen[ev.Table] = true
+		spec, ok := s.spec(ev.Table)
+		if ok && len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
+			spec.Keys = ev.KeyNames // keys from the Kafka key, as prepare takes them
+			s.setSpec(spec)
+		}
+		if !ok || len(spec.Keys) == 0 {
+			continue
+		}
+		var t *table
+		_, err := s.withRetry(ctx, "prepare", "loading table "+ev.Table, func(ctx context.Context) (err error) {
+			s.unlocked(func() {
+				var exists bool
+				if err = s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+					err = fmt.Errorf("looking for table %s: %w", spec.Target, err)
+					return
+				}
+				if exists {
+					t, err = ensureTable(ctx, s.pool, spec, nil)
+				}
+			})
+			return targetErr(ev.Table, err)
+		})
+		if err != nil {
+			return targetErr(ev.Table, err)
+		}
+		if t != nil && s.tables[ev.Table] == nil {
+			s.tables[ev.Table] = t
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

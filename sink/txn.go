@@ -1,0 +1,307 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/statecache"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
+)
+
+// Apply folds a batch into the history tables, writes its dead letters and
+// records its offsets, in one transaction, or in one per part when it is
+// applied in parts (parallel.go), retried on transient errors. A returned
+// error means nothing of the batch was applied, or, applied in parts,
+// that some parts committed (their offsets recorded with them) and the
+// others did not; ApplyPrepared again with the same Prepared applies the
+// rest. It is Prepare followed by ApplyPrepared.
+func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
+	p, err := s.Prepare(ctx, b)
+	if err != nil {
+		return Result{}, err
+	}
+	return s.ApplyPrepared(ctx, p)
+}
+
+// Prepared is a batch ready for ApplyPrepared.
+type Prepared struct {
+	offsets      map[change.Partition]int64
+	anchors      map[change.Partition]change.Seq
+	topicIDs     map[string]string
+	rewound      map[change.Partition]bool
+	topicTargets map[string]string
+	valid        map[change.Partition]time.Time
+	confirm      func(context.Context) error
+	plans        map[string]*tablePlan
+	targets      []string
+	dead         []DeadLetter
+	early        []earlyTruncate
+	// snapshots are recorded with the batch; lock are partitions locked
+	// without offsets (Batch.Snapshots, Batch.Lock).
+	snapshots []Snapshot
+	lock      []change.Partition
+	replay    map[change.Origin][]int64 // Batch.Replay
+	outside   bool                      // Batch.Outside
+	// mismatches counts the dead letters whose value did not fit its column.
+	mismatches int
+	// parts are the batch's parts applied side by side (nil: applied
+	// whole), cut once (cut); committed marks a part that committed
+	// (parallel.go).
+	cut       bool
+	parts     []*Prepared
+	committed bool
+}
+
+// Prepare does the CPU-bound half of applying a batch: it creates tables and
+// columns met for the first time, converts values to the column types,
+// digests and groups the events. A caller may prepare the next batch while
+// ApplyPrepared applies the previous one (one goroutine each); prepared
+// batches must still be applied in order.
+func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	afters := make([]map[string]any, len(b.Events))
+	var bad []DeadLetter
+	for i, ev := range b.Events {
+		if ev.CanVisitAfter() && ev.Op.HasAfter() {
+			continue // decoded in plan, straight into its row
+		}
+		a, err := ev.DecodeAfter()
+		if err != nil {
+			bad = append(bad, eventDeadLetter(ev, ReasonInvalid, err))
+		}
+		afters[i] = a
+	}
+	if err := s.prepare(ctx, b.Events, afters); err != nil {
+		return nil, err
+	}
+	plans, dead, early, mismatches := s.plan(b.Events, afters)
+	dead = append(bad, dead...)
+	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
+		snapshots: b.Snapshots, lock: b.Lock, replay: b.Replay, outside: b.Outside,
+		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
+	for name := range plans {
+		p.targets = append(p.targets, name)
+	}
+	sort.Strings(p.targets) // a fixed lock order across instances
+	return p, nil
+}
+
+// ApplyPrepared applies a prepared batch; see Apply. Then it reconciles
+// completed snapshots whose topics have been applied past them; a failure
+// there is logged and tried again after the next batch.
+func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+	res, err := s.applyPrepared(ctx, p)
+	if err == nil && s.snapshotsPending.Load() && !s.reconciling {
+		s.reconciling = true
+		if rerr := s.reconcile(ctx); rerr != nil && time.Since(s.reconcileWarned) > time.Minute {
+			s.reconcileWarned = time.Now()
+			s.log.Warn("snapshot reconciliation failed; trying again after the next batch (logged at most once a minute)", zap.Error(rerr))
+		}
+		s.reconciling = false
+	}
+	return res, err
+}
+
+// Reconcile decides every recorded snapshot whose topic has been applied
+// past it (reconciled, or held by the guard), whoever recorded it: the
+// consumer calls it about once a second while it has nothing to apply, so
+// that a snapshot recorded by another member, or whose topic's partitions
+// all went quiet, is not left waiting for a batch that never comes
+// (DESIGN.md section 5). Called from the goroutine that applies batches;
+// without a table that closes what snapshots did not read it does nothing.
+func (s *Sink) Reconcile(ctx context.Context) error {
+	if s.reconciling || !s.anySnapshotDeletes() {
+		return nil
+	}
+	s.reconciling = true
+	defer func() { s.reconciling = false }()
+	return s.reconcile(ctx)
+}
+
+// SkipReconcile makes reconciliation leave the snapshots of the targets
+// skip names waiting (the consumer's parked targets). Call it before the
+// first batch.
+func (s *Sink) SkipReconcile(skip func(target string) bool) { s.skipReconcile = skip }
+
+// anySnapshotDeletes reports whether a known target closes what a full
+// snapshot did not read.
+func (s *Sink) anySnapshotDeletes() bool {
+	s.specMu.Lock()
+	defer s.specMu.Unlock()
+	for _, on := range s.snapDeletes {
+		if on {
+			return true
+		}
+	}
+	return false
+}
+
+// applyOne applies a prepared batch, or one part of it (parallel.go), in
+// one transaction.
+func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
+	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
+	var gen uint64
+	var seen int64
+	var res Result
+	var ops *cacheOps
+	// A value PostgreSQL rejects fails the whole batch; the batch is then
+	// applied again isolating the events that carry such values.
+	isolate := false
+	attempt := func(ctx context.Context) error {
+		res, ops = Result{}, &cacheOps{Ops: statecache.Ops{Off: isolate || s.cache.Limit() <= 0}}
+		gen = s.forgetNow() // a Forget during the retries counts too
+		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
+			pgcodec.Register(tx.Conn().TypeMap())
+			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
+				return err
+			}
+			s.amu.Lock()
+			seen = s.reconciled // what this transaction's fence saw
+			s.amu.Unlock()
+			for _, e := range p.early {
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)
+					ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()), e.target, []byte(e.seq), e.at); err != nil {
+					return fmt.Errorf("recording truncate of %s: %w", e.target, err)
+				}
+			}
+			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
+				return err
+			}
+			if len(offsets) == 0 && len(p.lock) == 0 {
+				s.erasureStale.Store(true) // no fence read the outside-writes count
+			}
+			erased, dead, err := s.dropErased(ctx, tx, p, dead)
+			if err != nil {
+				return err
+			}
+			res.Erased = erased
+			if p.outside {
+				if err := s.countOutsideWrite(ctx, tx); err != nil {
+					return err
+				}
+			}
+			if !isolate {
+				if ops.pre, err = s.prefetch(ctx, tx, plans, targets); err != nil {
+					return err
+				}
+			}
+			allDead := dead
+			for _, name := range targets {
+				apply := s.applyTable
+				if isolate {
+					apply = s.applyIsolating
+				}
+				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
+				if err == nil && r.VersionsOpened > 0 && s.snapshotDeletes(name) {
+					err = s.noteLate(ctx, tx, plans[name])
+				}
+				if err != nil {
+					return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
+				}
+				res.add(r)
+				allDead = append(allDead, d...)
+			}
+			newDead, err := s.failedAgain(ctx, tx, p.replay, allDead)
+			if err != nil {
+				return err
+			}
+			if err := s.writeDeadLetters(ctx, tx, newDead); err != nil {
+				return err
+			}
+			if err := s.recordSnapshots(ctx, tx, p.snapshots); err != nil {
+				return err
+			}
+			res.DeadLetters = len(allDead)
+			res.Dead = make([]DeadNote, len(allDead))
+			for i, d := range allDead {
+				reason := d.Reason
+				if reason == "" {
+					reason = ReasonDecode
+				}
+				res.Dead[i] = DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
+			}
+			if err := s.writeOffsets(ctx, tx, offsets, p); err != nil {
+				return err
+			}
+			if p.confirm != nil {
+				return p.confirm(ctx)
+			}
+			return nil
+		})
+	}
+	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)
+	for tries := 0; tries < 3; tries++ {
+		var grown *errTopicGrown
+		if !errors.As(err, &grown) {
+			break
+		}
+		// Partitions were added and no assignment recorded it: record it
+		// (waiting for the writers under the old count), then apply.
+		if _, nerr := s.NotePartitions(ctx, grown.counts()); nerr != nil {
+			err = fmt.Errorf("%v: %w", grown, nerr)
+			break
+		}
+		var more int
+		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
+		retries += more
+	}
+	if err != nil && isDataError(err) {
+		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
+		isolate = true
+		var more int
+		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
+		retries += more
+	}
+	res.Retries = retries
+	res.TypeMismatches = p.mismatches
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	if err != nil {
+		s.cache.Reset()
+		return Result{Retries: res.Retries}, err // nothing of it committed
+	}
+	if len(p.snapshots) > 0 {
+		// Committed: a reconciliation that starts from here sees them
+		// (recordSnapshots bumped the count too, before the commit).
+		s.snapshotsRecorded.Add(1)
+		s.snapshotsPending.Store(true)
+	}
+	if s.forgetLocked() != gen {
+		return res, nil // forgotten while it was applied: keep nothing of it
+	}
+	if isolate || s.reconciled != seen {
+		// Savepoints rolled back what ops recorded; or another part's
+		// fence saw a reconciliation that committed after this one's.
+		s.cache.Reset()
+	} else {
+		s.cache.Apply(&ops.Ops)
+	}
+	for part, o := range offsets {
+		s.written[part] = o
+	}
+	return res, nil
+}
+
+// keyedPlans makes the batch transaction's statements probe the history
+// tables' key indexes. They join a batch's keys (unnest of arrays, which
+// the planner guesses at 10 rows) with a history table; with stale
+// statistics the planner otherwise hash-joins them with a sequential scan
+// of the whole table, once per statement and batch (seen in
+// BenchmarkPipeline: the Type 1 update of older versions, matched on the
+// key alone). Scoped to the transaction.
+const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+	set_config('enable_mergejoin', 'off', true)`
+
+// applyTx is a batch's transaction: READ COMMITTED whatever the server's
+// default, so that each statement sees what committed before it and took
+// its locks (the column types read after a table's lock, prefetch.go; the
+// offsets read after the partitions' advisory locks, fence).
+var applyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
