@@ -1,0 +1,454 @@
+package sink
+
+// The erase command (Erase), and the lock it takes on every writer of a
+// target (lockTargetWriters), which retention and partition drops take too;
+// what a batch does about erased keys is in erasure.go.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EraseRequest asks Erase to erase (or, with Lift, to allow again) keys of
+// one target.
+type EraseRequest struct {
+	Target string
+	// Keys are the keys, each its values as text in key column order
+	// (cast to the columns' types by PostgreSQL).
+	Keys   [][]string
+	Reason string
+	Lift   bool
+	// Also are more history tables holding the target's history (a
+	// rebuild's, the ones a swap kept): erased too, with their side and
+	// repair tables, when they exist.
+	Also []string
+	// DeadLetterTables are searched for the keys' dead letters (default:
+	// the Sink's).
+	DeadLetterTables []string
+}
+
+// Erased is what Erase did for one key.
+type Erased struct {
+	Hash                                     string
+	Versions, SideRows, Repairs, DeadLetters int64
+}
+
+// EraseResult is what Erase did.
+type EraseResult struct {
+	Keys []Erased
+	// UnreadDeadLetters counts the target's dead letters whose key could
+	// not be read (a record that was never decoded, a binary key): they
+	// may belong to an erased key and are left for the operator.
+	UnreadDeadLetters []int64
+}
+
+// Add counts what a second Erase of the same keys did (the tables a
+// rebuild kept meanwhile) into res, key by key.
+func (res *EraseResult) Add(more EraseResult) {
+	for i := range res.Keys {
+		for _, m := range more.Keys {
+			if m.Hash == res.Keys[i].Hash {
+				res.Keys[i].Versions += m.Versions
+				res.Keys[i].SideRows += m.SideRows
+				res.Keys[i].Repairs += m.Repairs
+				res.Keys[i].DeadLetters += m.DeadLetters
+			}
+		}
+	}
+	seen := map[int64]bool{}
+	for _, id := range res.UnreadDeadLetters {
+		seen[id] = true
+	}
+	for _, id := range more.UnreadDeadLetters {
+		if !seen[id] {
+			res.UnreadDeadLetters = append(res.UnreadDeadLetters, id)
+		}
+	}
+}
+
+// Erase erases req.Keys of req.Target (or lifts their erasure), in one
+// transaction that waits for the target's writers; see the comment at the
+// top of this file.
+func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error) {
+	var res EraseResult
+	if len(s.cfg.ErasureSecret) == 0 {
+		return res, fmt.Errorf("%w: erasing needs a secret to hash keys with; configure erasure_key_file", ErrErasureKey)
+	}
+	spec, ok := s.spec(req.Target)
+	if !ok {
+		return res, fmt.Errorf("erasing from %s: no such table is configured", req.Target)
+	}
+	if len(spec.Keys) == 0 {
+		keys, err := s.existingKeys(ctx, spec)
+		if err != nil {
+			return res, err
+		}
+		spec.Keys = keys
+	}
+	if len(spec.Keys) == 0 {
+		return res, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", req.Target)
+	}
+	for _, k := range req.Keys {
+		if len(k) != len(spec.Keys) {
+			return res, fmt.Errorf("erasing from %s: a key has %d values, the table's key is (%s)", req.Target, len(k), strings.Join(spec.Keys, ", "))
+		}
+	}
+	sch := pgx.Identifier{spec.Schema}.Sanitize()
+	dlTables := req.DeadLetterTables
+	if len(dlTables) == 0 {
+		dlTables = []string{s.cfg.DeadLetterTable}
+	}
+	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
+		res = EraseResult{}
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			pgcodec.Register(tx.Conn().TypeMap())
+			types, err := columnTypes(ctx, tx, spec.Schema, spec.Target, spec.Keys)
+			if err != nil {
+				return err
+			}
+			if err := s.lockTargetWriters(ctx, tx, spec, append([]string{spec.Target}, req.Also...)); err != nil {
+				return err
+			}
+			topic := spec.Topic
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), $2) FROM %s.%s WHERE target = $1`,
+				pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), spec.Target, topic).Scan(&topic); err != nil {
+				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
+			}
+			casts := make([]string, len(types))
+			for i, typ := range types {
+				casts[i] = fmt.Sprintf("$%d::%s", i+1, typ)
+			}
+			for _, k := range req.Keys {
+				args := make([]any, len(k))
+				for i, v := range k {
+					args[i] = v
+				}
+				typed := make([]any, len(k))
+				ptrs := make([]any, len(k))
+				texts := make([]string, len(k))
+				for i := range typed {
+					ptrs[i] = &typed[i]
+				}
+				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", "), args...).Scan(ptrs...); err != nil {
+					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
+				}
+				textCasts := make([]string, len(casts))
+				for i, c := range casts {
+					textCasts[i] = "(" + c + ")::text"
+				}
+				tptrs := make([]any, len(k))
+				for i := range texts {
+					tptrs[i] = &texts[i]
+				}
+				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(textCasts, ", "), args...).Scan(tptrs...); err != nil {
+					return fmt.Errorf("reading key %v as text: %w", k, err)
+				}
+				e := Erased{Hash: keyHash(s.cfg.ErasureSecret, keyID(typed))}
+				if !req.Lift {
+					if err := s.eraseKey(ctx, tx, spec, append([]string{spec.Target}, req.Also...), casts, args, &e); err != nil {
+						return err
+					}
+					ids, unread, err := s.keyDeadLetters(ctx, tx, dlTables, append([]string{spec.Target}, req.Also...), topic, spec.Keys, texts)
+					if err != nil {
+						return err
+					}
+					res.UnreadDeadLetters = unread
+					for dl, list := range ids {
+						tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE id = ANY($1)`,
+							pgx.Identifier{s.cfg.Schema}.Sanitize(), pgx.Identifier{dl}.Sanitize()), list)
+						if err != nil {
+							return fmt.Errorf("erasing dead letters from %s: %w", dl, err)
+						}
+						e.DeadLetters += tag.RowsAffected()
+					}
+				}
+				action := "erase"
+				if req.Lift {
+					action = "lift"
+				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, key_hash, action, reason, versions, side_rows, repairs, dead_letters, key_check, text_hash)
+					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.cfg.Schema}.Sanitize(), erasuresTable),
+					spec.Target, e.Hash, action, req.Reason, e.Versions, e.SideRows, e.Repairs, e.DeadLetters, keyCheck(s.cfg.ErasureSecret),
+					textHash(s.cfg.ErasureSecret, texts)); err != nil {
+					return fmt.Errorf("recording the erasure: %w", err)
+				}
+				res.Keys = append(res.Keys, e)
+			}
+			// Every group's writers (a rebuild's too) forget what they
+			// remember and read the erasures again (their fences see the
+			// count move).
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS w (consumer_group, n)
+				SELECT consumer_group, 1 FROM %[1]s.%[2]s UNION SELECT consumer_group, 1 FROM %[1]s.scd2sink_offsets UNION SELECT $1, 1
+				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+				return fmt.Errorf("counting an outside write: %w", err)
+			}
+			return nil
+		})
+	})
+	s.erasureStale.Store(true)
+	return res, err
+}
+
+// lockTargetWriters takes the advisory locks of every partition of the
+// topics that write the targets (spec's exact topic, the topics claimed
+// for them, those whose recorded offsets name them), for every consumer
+// group that records progress on those topics (a rebuild's group too),
+// in the fences' order: those writers wait. The partitions are those
+// with a recorded offset and those a recorded partition count names (a
+// partition not applied yet has no offset; a partition added later than
+// the count is recorded before its first batch applies, errTopicGrown).
+func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec, targets []string) error {
+	target := spec.Target
+	var exact []string
+	if spec.Topic != "" {
+		exact = append(exact, spec.Topic)
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(`WITH t AS (
+			SELECT unnest($2::text[]) AS topic
+			UNION SELECT topic FROM %[1]s.%[2]s WHERE target = ANY($1)
+			UNION SELECT topic FROM %[1]s.scd2sink_offsets WHERE target = ANY($1))
+		SELECT DISTINCT consumer_group, topic, partition FROM (
+			SELECT o.consumer_group, o.topic, o.partition FROM %[1]s.scd2sink_offsets o WHERE o.topic IN (SELECT topic FROM t)
+			UNION ALL
+			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
+			WHERE r.topic IN (SELECT topic FROM t)) x ORDER BY consumer_group, topic, partition`,
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), targets, exact)
+	if err != nil {
+		return fmt.Errorf("reading the partitions of %s: %w", target, err)
+	}
+	var locks []int64
+	for rows.Next() {
+		var group, topic string
+		var part int32
+		if err := rows.Scan(&group, &topic, &part); err != nil {
+			return err
+		}
+		locks = append(locks, partitionLockOf(group, topic, part))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading the partitions of %s: %w", target, err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
+		return fmt.Errorf("waiting for the writers of %s: %w", target, err)
+	}
+	return nil
+}
+
+// columnTypes reads the types of the named columns of schema.table.
+func columnTypes(ctx context.Context, tx pgx.Tx, schema, table string, cols []string) ([]string, error) {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		if err := tx.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+			WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
+			pgx.Identifier{schema, table}.Sanitize(), c).Scan(&out[i]); err != nil {
+			return nil, fmt.Errorf("reading the type of %s.%s: %w", table, c, err)
+		}
+	}
+	return out, nil
+}
+
+// eraseKey deletes one key's rows from the history tables given (those
+// that exist), their side tables and repair audits.
+func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, casts []string, args []any, e *Erased) error {
+	cols := make([]string, len(spec.Keys))
+	pairs := make([]string, len(spec.Keys))
+	for i, k := range spec.Keys {
+		cols[i] = pgx.Identifier{k}.Sanitize()
+		pairs[i] = fmt.Sprintf("$%d::text, %s", len(args)+i+1, casts[i])
+	}
+	match := fmt.Sprintf("(%s) = (%s)", strings.Join(cols, ", "), strings.Join(casts, ", "))
+	if len(cols) == 1 {
+		match = fmt.Sprintf("%s = %s", cols[0], casts[0])
+	}
+	jargs := append(append([]any(nil), args...), anys(spec.Keys)...)
+	for _, name := range tables {
+		n := catalog.NamesOf(name)
+		del := func(rel, where string, a []any, count *int64) error {
+			var exists bool
+			id := pgx.Identifier{spec.Schema, rel}.Sanitize()
+			if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, id).Scan(&exists); err != nil || !exists {
+				return err
+			}
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, id, where), a...)
+			if err != nil {
+				return fmt.Errorf("erasing from %s: %w", rel, err)
+			}
+			*count += tag.RowsAffected()
+			return nil
+		}
+		if err := del(n.Hist, match, args, &e.Versions); err != nil {
+			return err
+		}
+		if err := del(n.Side, match, args, &e.SideRows); err != nil {
+			return err
+		}
+		if err := del(n.Repairs, "key = jsonb_build_object("+strings.Join(pairs, ", ")+")", jargs, &e.Repairs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// keyDeadLetters finds, in the dead-letter tables, the dead letters of the
+// key whose values as text are texts: by their decoded key (a JSON array
+// of the key's values) or the record's JSON key (Debezium's key struct,
+// with or without a schema). It returns their ids per table, and the ids
+// of the target's dead letters whose key could not be read.
+func (s *Sink) keyDeadLetters(ctx context.Context, tx pgx.Tx, dlTables, targets []string, topic string, keys, texts []string) (map[string][]int64, []int64, error) {
+	out := map[string][]int64{}
+	var unread []int64
+	for _, dl := range dlTables {
+		var exists bool
+		id := pgx.Identifier{s.cfg.Schema, dl}.Sanitize()
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, id).Scan(&exists); err != nil {
+			return nil, nil, err
+		}
+		if !exists {
+			continue
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT id, key, coalesce(decoded, false) FROM %s
+			WHERE target = ANY($1) OR ($2 <> '' AND topic = $2) FOR UPDATE`, id), targets, topic)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+		}
+		for rows.Next() {
+			var n int64
+			var key []byte
+			var decoded bool
+			if err := rows.Scan(&n, &key, &decoded); err != nil {
+				rows.Close()
+				return nil, nil, err
+			}
+			vals, ok := deadLetterKey(key, decoded, keys)
+			switch {
+			case !ok:
+				unread = append(unread, n)
+			case slices.Equal(vals, texts):
+				out[dl] = append(out[dl], n)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+		}
+	}
+	sort.Slice(unread, func(i, j int) bool { return unread[i] < unread[j] })
+	return out, unread, nil
+}
+
+// deadLetterKey reads a dead letter's key values as text, in key order.
+func deadLetterKey(key []byte, decoded bool, names []string) ([]string, bool) {
+	text := func(raw json.RawMessage) (string, bool) {
+		var v any
+		d := json.NewDecoder(strings.NewReader(string(raw)))
+		d.UseNumber()
+		if err := d.Decode(&v); err != nil {
+			return "", false
+		}
+		switch x := v.(type) {
+		case string:
+			return x, true
+		case json.Number:
+			return x.String(), true
+		case bool:
+			return fmt.Sprint(x), true
+		}
+		return "", false
+	}
+	var out []string
+	if decoded {
+		var arr []json.RawMessage
+		if json.Unmarshal(key, &arr) != nil || len(arr) != len(names) {
+			return nil, false
+		}
+		for _, r := range arr {
+			t, ok := text(r)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, t)
+		}
+		return out, true
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(key, &obj) != nil {
+		return nil, false
+	}
+	if p, ok := obj["payload"]; ok && obj["schema"] != nil {
+		obj = nil
+		if json.Unmarshal(p, &obj) != nil {
+			return nil, false
+		}
+	}
+	for _, n := range names {
+		r, ok := obj[n]
+		if !ok {
+			return nil, false
+		}
+		t, ok := text(r)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, t)
+	}
+	return out, true
+}
+
+// erasedViolations reports the erased keys that still have versions in
+// the history table (verify): each key's identity is hashed as writers
+// hash it, streaming the table's keys, only when the target has erasures.
+func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string) ([]Violation, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	pgcodec.Register(conn.Conn().TypeMap())
+	s.emu.Lock()
+	err = s.loadErasures(ctx, conn)
+	set := s.erased[spec.Target]
+	s.emu.Unlock()
+	if err != nil || len(set) == 0 {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT DISTINCT %s FROM %s`, catalog.QuoteIdents(spec.Keys), hist))
+	if err != nil {
+		return nil, fmt.Errorf("reading the keys of %s: %w", hist, err)
+	}
+	defer rows.Close()
+	var out []Violation
+	n := 0
+	for rows.Next() {
+		key, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		if h := keyHash(s.cfg.ErasureSecret, keyID(key)); set[h] {
+			if n++; n <= MaxViolationsListed {
+				out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
+			}
+		}
+	}
+	if n > MaxViolationsListed {
+		out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "-", More: int64(n - MaxViolationsListed),
+			Info: fmt.Sprintf("%d more erased keys with versions not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
+	}
+	return out, rows.Err()
+}
