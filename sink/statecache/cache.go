@@ -11,10 +11,13 @@ import (
 
 // Cache remembers, per table and key, what the append path last wrote
 // (the latest version and the side-table summary), so the next batch of the
-// key need not read it back. It is bounded by keys and by estimated bytes:
-// two generations of at most half of each; a key read from the older
-// generation moves to the newer one, and when the newer one is full the
-// older one is dropped.
+// key need not read it back. It is bounded by keys and by estimated bytes;
+// when full, it makes room by forgetting keys picked at random (the map's
+// own random iteration order). A cache smaller than the keys a backlog
+// cycles through then still hits about in proportion to its size, where
+// least-recently-used forgetting would miss every time (Debezium's
+// snapshot-then-updates backlog is such a cycle); on random or skewed
+// access the two are alike.
 //
 // The cache is only right while its sink is the only writer of its keys:
 // the sink Resets it whenever its fence reads in scd2sink_offsets that
@@ -22,9 +25,9 @@ import (
 // on rebalances (Sink.Forget) and after a failed transaction, and entries
 // change only after a commit (Cache.Apply).
 type Cache struct {
-	limit, maxBytes     int
-	cur, prev           map[Key]Entry
-	curBytes, prevBytes int
+	limit, maxBytes int
+	m               map[Key]Entry
+	bytes           int
 }
 
 // Entry is a key's state, packed (pack.go) or, when a value has
@@ -64,13 +67,9 @@ type Key struct {
 // Limit is the most keys the cache holds (0 or less: none).
 func (c *Cache) Limit() int { return c.limit }
 
-// Holds reports whether the cache holds k, without unpacking it or moving
-// it to the newer generation.
+// Holds reports whether the cache holds k, without unpacking it.
 func (c *Cache) Holds(k Key) bool {
-	if _, ok := c.cur[k]; ok {
-		return true
-	}
-	_, ok := c.prev[k]
+	_, ok := c.m[k]
 	return ok
 }
 
@@ -84,8 +83,7 @@ func New(limit, maxBytes int) *Cache {
 
 // Reset forgets every key.
 func (c *Cache) Reset() {
-	c.cur, c.prev = map[Key]Entry{}, map[Key]Entry{}
-	c.curBytes, c.prevBytes = 0, 0
+	c.m, c.bytes = map[Key]Entry{}, 0
 }
 
 // Get returns k's state, unpacked onto the heap.
@@ -97,19 +95,12 @@ func (c *Cache) Get(k Key) (*fold.Latest, bool) {
 	return e.State(nil, nil)
 }
 
-// Entry returns a key's entry, moving it to the newer generation; its
-// state is unpacked by the caller, outside any lock.
+// Entry returns a key's entry; its state is unpacked by the caller,
+// outside any lock (a packed entry's blob is never written, and stays
+// valid after the cache forgets it).
 func (c *Cache) Entry(k Key) (Entry, bool) {
-	e, ok := c.cur[k]
-	if !ok {
-		if e, ok = c.prev[k]; !ok {
-			return e, false
-		}
-		delete(c.prev, k)
-		c.prevBytes -= e.size
-		c.store(k, e)
-	}
-	return e, true
+	e, ok := c.m[k]
+	return e, ok
 }
 
 // Put keeps l as k's state at once (outside a transaction: Ops.Set and
@@ -136,9 +127,9 @@ func newEntry(scratch []byte, k Key, l *fold.Latest) (Entry, []byte) {
 }
 
 func (c *Cache) store(k Key, e Entry) {
-	old, ok := c.cur[k]
+	old, ok := c.m[k]
 	switch {
-	case e.key != "": // its own copy (a packed entry, or one moved from the older generation)
+	case e.key != "": // its own copy (a packed entry)
 		k.ID = e.key
 	case ok && old.blob == nil: // not in a packed entry's memory, which would stay alive
 		k.ID = old.key
@@ -147,28 +138,31 @@ func (c *Cache) store(k Key, e Entry) {
 	}
 	e.key = k.ID
 	if ok {
-		c.curBytes -= old.size
-	} else if len(c.cur) >= c.limit/2 || (c.maxBytes > 0 && c.curBytes+e.size > c.maxBytes/2) {
-		c.prev, c.cur = c.cur, make(map[Key]Entry, len(c.cur)) // sized as the last one: no growth while it fills
-		c.prevBytes, c.curBytes = c.curBytes, 0
+		c.bytes -= old.size
+		delete(c.m, k) // the map keeps the key it was first given: store the entry's own
 	}
-	if old, ok := c.prev[k]; ok { // a newer state replaces the older generation's
-		delete(c.prev, k)
-		c.prevBytes -= old.size
+	for len(c.m) > 0 && (len(c.m) >= c.limit || (c.maxBytes > 0 && c.bytes+e.size > c.maxBytes)) {
+		c.evictOne()
 	}
-	c.cur[k] = e
-	c.curBytes += e.size
+	c.m[k] = e
+	c.bytes += e.size
+}
+
+// evictOne forgets one key, picked at random: the map's iteration starts
+// at a random place.
+func (c *Cache) evictOne() {
+	for k, e := range c.m {
+		delete(c.m, k)
+		c.bytes -= e.size
+		return
+	}
 }
 
 // Drop forgets k.
 func (c *Cache) Drop(k Key) {
-	if e, ok := c.cur[k]; ok {
-		delete(c.cur, k)
-		c.curBytes -= e.size
-	}
-	if e, ok := c.prev[k]; ok {
-		delete(c.prev, k)
-		c.prevBytes -= e.size
+	if e, ok := c.m[k]; ok {
+		delete(c.m, k)
+		c.bytes -= e.size
 	}
 }
 

@@ -26,9 +26,11 @@
 //     detached (deep-copied); the map's key is the entry's own copy of the
 //     identity. A batch's rows, slabs and raw messages can therefore be
 //     reused as soon as its transaction ends.
-//   - It is bounded by keys and by estimated bytes, in two generations of
-//     at most half of each: a key read from the older generation moves to
-//     the newer one, and when the newer one is full the older one goes.
+//   - It is bounded by keys and by estimated bytes. When full it forgets
+//     keys picked at random, so a backlog that cycles through more keys
+//     than it holds still hits in proportion to its size
+//     (TestStateCacheCycle); forgetting the least recently used, as it
+//     did before, missed nearly every time on such a cycle.
 //
 // A Cache is not safe for concurrent use: the sink guards it with a mutex
 // and unpacks states outside it (Entry, then Entry.State).
