@@ -143,3 +143,28 @@ func TestStateCacheCycle(t *testing.T) {
 		t.Fatalf("%d of %d updates hit (%.2f): the cycle thrashes the cache", hits, n, rate)
 	}
 }
+
+// TestStateCacheOversized: a state larger than the whole byte bound is
+// not kept, and does not empty the cache trying to make room for it.
+func TestStateCacheOversized(t *testing.T) {
+	c := New(100, 4<<10)
+	small := &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{"x"}}}
+	for i := range 10 {
+		c.Put(Key{1, fmt.Sprint(i)}, small)
+	}
+	held := len(c.m)
+	c.Put(Key{1, "big"}, &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{strings.Repeat("x", 8<<10)}}})
+	if _, ok := c.Entry(Key{1, "big"}); ok {
+		t.Fatal("a state larger than the cache was kept")
+	}
+	if len(c.m) != held {
+		t.Fatalf("%d keys held after the oversized state, %d before", len(c.m), held)
+	}
+	sum := 0
+	for _, e := range c.m {
+		sum += e.size
+	}
+	if sum != c.bytes {
+		t.Fatalf("entries hold %d bytes, books say %d", sum, c.bytes)
+	}
+}

@@ -27,10 +27,11 @@
 //     identity. A batch's rows, slabs and raw messages can therefore be
 //     reused as soon as its transaction ends.
 //   - It is bounded by keys and by estimated bytes. When full it forgets
-//     keys picked at random, so a backlog that cycles through more keys
-//     than it holds still hits in proportion to its size
-//     (TestStateCacheCycle); forgetting the least recently used, as it
-//     did before, missed nearly every time on such a cycle.
+//     keys picked at random, so a backlog that cycles through somewhat
+//     more keys than it holds still hits often (TestStateCacheCycle);
+//     the two generations it had before, which forgot the older half
+//     whole, missed nearly every time on such a cycle. A state larger
+//     than the whole bound is not kept.
 //
 // A Cache is not safe for concurrent use: the sink guards it with a mutex
 // and unpacks states outside it (Entry, then Entry.State).
