@@ -302,10 +302,7 @@ func (t *Table) loadPartitions(ctx context.Context, pool Querier, existed bool) 
 	}
 	p.ranges = rs
 	t.Parts = p
-	need := []time.Time{IntervalStart(time.Now(), interval)}
-	for range ahead {
-		need = append(need, IntervalNext(need[len(need)-1], interval))
-	}
+	need := p.Ahead(time.Now())
 	if db, ok := pool.(beginner); ok {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return p.Ensure(ctx, tx, need) })
 	}
