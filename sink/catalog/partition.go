@@ -302,7 +302,10 @@ func (t *Table) loadPartitions(ctx context.Context, pool Querier, existed bool) 
 	}
 	p.ranges = rs
 	t.Parts = p
-	need := p.Ahead(time.Now())
+	need := []time.Time{IntervalStart(time.Now(), interval)}
+	for range ahead {
+		need = append(need, IntervalNext(need[len(need)-1], interval))
+	}
 	if db, ok := pool.(beginner); ok {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return p.Ensure(ctx, tx, need) })
 	}

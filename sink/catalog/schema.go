@@ -68,9 +68,14 @@ func QuoteIdents(names []string) string {
 	return strings.Join(q, ", ")
 }
 
-// ColNames are the source columns' names, in row order: a copy of
-// Shape.Names its caller may append to.
-func (t *Table) ColNames() []string { return slices.Clone(t.Names) }
+// ColNames are the source columns' names, in row order.
+func (t *Table) ColNames() []string {
+	out := make([]string, len(t.Cols))
+	for i, c := range t.Cols {
+		out[i] = c.Name
+	}
+	return out
+}
 
 // KeyNames are the business key columns, in the spec's order.
 func (t *Table) KeyNames() []string { return t.Spec.Keys }
