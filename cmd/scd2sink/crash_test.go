@@ -182,6 +182,7 @@ func (r *crashRig) check(t *testing.T) {
 		got := scdtest.HistoryLines(t, r.pool, spec, cols)
 		if d := scdtest.DiffLines(want, got); d != "" {
 			t.Errorf("%s differs from the fold:\n%s", spec.Target, d)
+			scdtest.LogDiffKeys(t, r.pool, spec, d)
 		}
 	}
 	adm, err := kgo.NewClient(kgo.SeedBrokers(r.kafka.ListenAddrs()...))

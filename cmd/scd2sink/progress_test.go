@@ -107,7 +107,12 @@ func TestResumeFromRestoredTarget(t *testing.T) {
 					t.Fatalf("with scd2sink_offsets emptied: exit %d (%v), want 1 naming the partitions:\n%s", code, err, stderr.String())
 				}
 				r.useDatabase(t, backup, backup, "on_offset_lost: earliest")
-				r.runUntil(t, r.total)
+				log := r.runUntil(t, r.total)
+				defer func() {
+					if t.Failed() {
+						t.Logf("the replay's log:\n%s", log)
+					}
+				}()
 			case "kafka offsets deleted":
 				cl, err := kgo.NewClient(kgo.SeedBrokers(r.kafka.ListenAddrs()...))
 				if err != nil {

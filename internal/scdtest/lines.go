@@ -149,3 +149,53 @@ func DiffLines(want, got []string) string {
 	}
 	return b.String()
 }
+
+// LogDiffKeys logs, for every key a DiffLines difference names, the rows
+// the history table and its side table hold with their bookkeeping
+// columns: what a failing test needs to tell a wrong fold from a wrong
+// read or write.
+func LogDiffKeys(t testing.TB, pool *pgxpool.Pool, spec sink.TableSpec, diff string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, l := range strings.Split(diff, "\n") {
+		l = strings.TrimSpace(l)
+		_, rest, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		key, _, _ := strings.Cut(strings.TrimSpace(rest), " ")
+		if key == "" || seen[key] {
+			continue
+		}
+		seen[key] = true
+		parts := strings.Split(key, "|")
+		if len(parts) != len(spec.Keys) {
+			continue
+		}
+		var conds []string
+		args := make([]any, len(parts))
+		for i, k := range spec.Keys {
+			conds = append(conds, fmt.Sprintf("%s::text = $%d", pgx.Identifier{k}.Sanitize(), i+1))
+			args[i] = parts[i]
+		}
+		for _, rel := range []string{spec.Target, spec.Target + "_scd_events"} {
+			q := fmt.Sprintf("SELECT to_jsonb(h)::text FROM %s h WHERE %s ORDER BY scd_seq", pgx.Identifier{spec.Schema, rel}.Sanitize(), strings.Join(conds, " AND "))
+			rows, err := pool.Query(context.Background(), q, args...)
+			if err != nil {
+				t.Logf("reading %s for key %s: %v", rel, key, err)
+				continue
+			}
+			var b strings.Builder
+			for rows.Next() {
+				var s string
+				if err := rows.Scan(&s); err != nil {
+					t.Logf("reading %s for key %s: %v", rel, key, err)
+					break
+				}
+				b.WriteString("  " + s + "\n")
+			}
+			rows.Close()
+			t.Logf("%s rows of key %s:\n%s", rel, key, b.String())
+		}
+	}
+}
