@@ -85,6 +85,9 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for j, i := range uncachedAt {
 		states[i] = &loaded[j]
 	}
+	if err := t.readPrevAbsent(ctx, tx, appendKeys, states, batchEvents); err != nil {
+		return res, nil, err
+	}
 	w := &writes{pre: ops.pre}
 	var repairFrom []change.Seq
 	partial := false
@@ -242,7 +245,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 	st := fold.State{Mem: w.slabs()}
 	var orig *fold.Version
 	if v := l.V; v != nil {
-		st.PrevRow, st.PrevT, st.HasPrev = v.Row, v.From, true
+		st.PrevRow, st.PrevT, st.HasPrev = l.PrevImage(&t.Shape, w.slabs()), v.From, true
 		if v.Closed && v.To.After(st.PrevT) {
 			st.PrevT = v.To
 		}
@@ -301,6 +304,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 
 	next := w.slabs().Latest()
 	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT}
+	next.PrevAbsent, next.PrevKnown = fold.LastImage(evs, l.PrevAbsent, l.PrevKnown)
 	if n := len(out.Versions); n > 0 {
 		last := out.Versions[n-1]
 		next.V = w.slabs().Version()

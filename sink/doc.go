@@ -133,7 +133,10 @@
 // The append path covers keys whose new events all come after everything the
 // table holds for them (compared with the latest version's opening and
 // closing sequence and the side table's highest sequence). One query reads
-// the latest version of every such key; the fold runs in Go; then, for all
+// the latest version of every such key (and, for keys whose new events
+// hold placeholders, a second one the columns their last after image
+// lacked when that image is a side row: readPrevAbsent, load.go); the
+// fold runs in Go; then, for all
 // keys at once: one UPDATE closes versions (by scd_id, through unnest), one
 // COPY inserts new versions, one COPY inserts side rows, and with
 // all_versions one UPDATE spreads changed Type 1 values to older versions.

@@ -446,3 +446,68 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.E
 	}
 	return out, rows.Err()
 }
+
+// readPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
+// from the table, of the append keys whose events hold placeholders: the
+// last after image is the latest side row with one when it comes after
+// every version with an image (not one marked deleted); its columns
+// absent, and those added to the table since it was written, were NULL in
+// it. Otherwise the last image opened a version, whose row holds NULL for
+// the columns it lacked: nothing to change. Only keys whose side table
+// has rows after the latest version (or whose latest version is marked
+// deleted) are read; a batch without placeholders reads nothing.
+func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, states []*fold.Latest, evs map[*keyPlan][]fold.Event) error {
+	var need []*keyPlan
+	var at []int
+	for i, kp := range keys {
+		l := states[i]
+		if l.PrevKnown || l.V == nil {
+			continue
+		}
+		if max := l.MaxSeq(); max != nil && evs[kp][0].Seq.Compare(max) <= 0 {
+			continue // a repair: it reads the history itself
+		}
+		placeholders := false
+		for _, e := range evs[kp] {
+			placeholders = placeholders || len(e.Unavail) > 0
+		}
+		if !placeholders {
+			continue
+		}
+		l.PrevKnown = true
+		if l.SideMaxSeq == nil || (!l.V.Deleted() && l.SideMaxSeq.Compare(l.V.Seq) < 0) {
+			continue
+		}
+		need, at = append(need, kp), append(at, i)
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	src, args := t.keysSource(need, 1)
+	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_absent, s.scd_attnum,
+			(SELECT h.scd_seq FROM %s h WHERE %s AND coalesce(h.scd_op, 'u') <> 'd' ORDER BY h.scd_seq DESC LIMIT 1)
+		FROM %s JOIN LATERAL (SELECT e.scd_seq, e.scd_absent, e.scd_attnum FROM %s e
+			WHERE %s AND e.scd_op IN ('c', 'r', 'u') ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
+		t.Hist.Sanitize(), t.keyJoin("h", "k"), src, t.Side.Sanitize(), t.keyJoin("e", "k"))
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return err
+		}
+		side, hist := change.Seq(asBytes(vals[1])), asBytes(vals[4])
+		if hist != nil && side.Compare(hist) <= 0 {
+			continue
+		}
+		l := states[at[vals[0].(int64)-1]]
+		l.PrevAbsent = t.unknown(asStrings(vals[2]), vals[3])
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)
+	}
+	return nil
+}

@@ -11,8 +11,9 @@
 //     Debezium's unavailable-value placeholder).
 //   - Version: one row of a history table, as read from it or as the fold
 //     makes it.
-//   - Latest: what the append path needs of a key: its latest version and
-//     the side table's highest sequence and time for it.
+//   - Latest: what the append path needs of a key: its latest version, the
+//     side table's highest sequence and time for it, and the columns the
+//     key's last after image lacked (PrevAbsent).
 //   - Shape: what the fold needs of the table (columns, tracked and Type 1
 //     positions, deletes and type1_scope).
 //   - State and Out: a key's state between events, and what a fold touched.
@@ -41,7 +42,11 @@
 //     live and is no event of the key.
 //   - Unavailable-value placeholders resolve against the previous image of
 //     the key (resolvePlaceholders copies the row: a retried batch sees the
-//     placeholders again).
+//     placeholders again). A Latest gives that image as its version's row
+//     with the columns the last image lacked NULL (Latest.PrevImage): a
+//     column dropped at the source is NULL in the images after the drop,
+//     while the version keeps its value, and a placeholder after it comes
+//     back takes NULL.
 //   - With type1_scope all_versions every version ends up with the Type 1
 //     values of the key's last image; the fold leaves that spread to its
 //     caller (SpreadType1), which knows which versions exist. Under

@@ -21,10 +21,10 @@ import (
 // while live, placeholders, truncates, equal and backwards times, columns
 // dropped and added again at the source) with Shape.Fold, in memory, and
 // compares the versions with the reference fold of DESIGN.md section 5
-// (scdtest.Fold). Each key's events are folded twice: at once, and in two
-// runs split at a random event, the second from the state the first left,
-// as the sink's append path does across batches; both must give the
-// model's history.
+// (scdtest.Fold). Each key's events are folded at once; in two runs split
+// at a random event, the second from the state the first left; and in two
+// runs split at every event, the second from the fold.Latest the append
+// path keeps between batches. All must give the model's history.
 func TestFoldMatchesModel(t *testing.T) {
 	seeds := 300
 	if testing.Short() {
@@ -36,13 +36,84 @@ func TestFoldMatchesModel(t *testing.T) {
 		for _, spec := range sc.Specs {
 			cols := sc.Cols[spec.Target]
 			want := scdtest.ModelLines(spec, cols, scdtest.Fold(spec, cols, sc.Events))
-			for _, split := range []bool{false, true} {
-				got := foldLines(spec, cols, sc.Events, split, rng)
+			for _, split := range []splitMode{whole, splitState} {
+				got := foldLines(spec, cols, sc.Events, split, func(n int) int { return rng.IntN(n + 1) })
 				if d := scdtest.DiffLines(want, got); d != "" {
-					t.Fatalf("seed %d, %s (split %v): the fold differs from the model:\n%s", seed, spec.Target, split, d)
+					t.Fatalf("seed %d, %s (%s): the fold differs from the model:\n%s", seed, spec.Target, split, d)
+				}
+			}
+			// From a Latest, at every point: the state a batch leaves
+			// matters most where the events around it are rare.
+			for at := 0; ; at++ {
+				longest := 0
+				got := foldLines(spec, cols, sc.Events, splitLatest, func(n int) int { longest = max(longest, n); return min(at, n) })
+				if d := scdtest.DiffLines(want, got); d != "" {
+					t.Fatalf("seed %d, %s (%s after %d events): the fold differs from the model:\n%s", seed, spec.Target, splitLatest, at, d)
+				}
+				if at >= longest {
+					break
 				}
 			}
 		}
+	}
+}
+
+// TestFoldFromLatest: a Debezium placeholder takes the previous after
+// image's value, and a column that image lacked (dropped at the source)
+// was NULL in it, not the value the version kept from before the drop.
+// Folded in two runs, the second from a fold.Latest, at every split.
+// Random histories rarely hold this (TestFoldMatchesModel): the column
+// must come back carrying a placeholder right after an event without it.
+func TestFoldFromLatest(t *testing.T) {
+	at := func(h int) time.Time { return time.Date(2026, 1, 1, h, 0, 0, 0, time.UTC) }
+	ev := func(op change.Op, seq int64, h int, kv ...any) *change.Event {
+		e := &change.Event{Table: "acct", Key: []any{"K"}, Seq: change.MustSeq(seq), Op: op, ValidFrom: at(h)}
+		if op.HasAfter() {
+			e.After = map[string]any{"id": "K"}
+			for i := 0; i+1 < len(kv); i += 2 {
+				e.After[kv[i].(string)] = kv[i+1]
+			}
+		}
+		return e
+	}
+	c, u, d := change.OpCreate, change.OpUpdate, change.OpDelete
+	na := change.Unavailable
+	cols := []string{"plan", "city", "name"}
+	for _, tc := range []struct {
+		name    string
+		deletes sink.DeletesMode
+		evs     []*change.Event
+	}{
+		{"update", sink.DeletesClose, []*change.Event{
+			ev(c, 1, 1, "plan", "p", "city", "Linz", "name", "a"),
+			ev(u, 2, 2, "plan", "p", "name", "b"),
+			ev(u, 3, 3, "plan", "p", "city", na, "name", "c"),
+		}},
+		{"re-create after a delete", sink.DeletesClose, []*change.Event{
+			ev(c, 1, 1, "plan", "p", "city", "Linz", "name", "a"),
+			ev(u, 2, 2, "plan", "p", "name", "b"),
+			ev(d, 3, 3),
+			ev(c, 4, 4, "plan", "p", "city", na, "name", "c"),
+		}},
+		{"update after a version marked deleted", sink.DeletesNewRecord, []*change.Event{
+			ev(c, 1, 1, "plan", "p", "city", "Linz", "name", "a"),
+			ev(u, 2, 2, "plan", "p", "name", "b"),
+			ev(d, 3, 3),
+			ev(u, 4, 4, "plan", "p", "city", na, "name", "c"),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, scope := range []sink.Type1Scope{sink.AllVersions, sink.CurrentVersion} {
+				spec := sink.TableSpec{Target: "acct", Keys: []string{"id"}, TrackHistory: []string{"plan", "city"}, Type1Scope: scope, Deletes: tc.deletes}
+				want := scdtest.ModelLines(spec, cols, scdtest.Fold(spec, cols, tc.evs))
+				for split := range len(tc.evs) + 1 {
+					got := foldLines(spec, cols, tc.evs, splitLatest, func(int) int { return split })
+					if d := scdtest.DiffLines(want, got); d != "" {
+						t.Fatalf("%s, after %d events: the fold differs from the model:\n%s", scope, split, d)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -64,9 +135,23 @@ func shapeOf(spec sink.TableSpec, cols []string) fold.Shape {
 	return sh
 }
 
+// splitMode says how foldLines folds a key's events.
+type splitMode string
+
+const (
+	whole      splitMode = "in one run"
+	splitState splitMode = "in two runs, the state kept"
+	// splitLatest folds in two runs and starts the second from what the
+	// append path keeps of a key between batches, a fold.Latest: the
+	// latest version, and the columns the last after image lacked.
+	splitLatest splitMode = "in two runs, the second from a Latest"
+)
+
 // foldLines folds each key's events with Shape.Fold and renders the
 // versions as scdtest.ModelLines renders the model's.
-func foldLines(spec sink.TableSpec, cols []string, evs []*change.Event, split bool, rng *rand.Rand) []string {
+// splitAt(n) says after how many of a key's n events the second run
+// starts.
+func foldLines(spec sink.TableSpec, cols []string, evs []*change.Event, split splitMode, splitAt func(n int) int) []string {
 	sh := shapeOf(spec, cols)
 	byKey := map[string][]fold.Event{}
 	keys := map[string][]any{}
@@ -110,11 +195,20 @@ func foldLines(spec sink.TableSpec, cols []string, evs []*change.Event, split bo
 		var st fold.State
 		var versions []*fold.Version
 		runs := [][]fold.Event{list}
-		if split {
-			at := rng.IntN(len(list) + 1)
+		if split != whole {
+			at := splitAt(len(list))
 			runs = [][]fold.Event{list[:at], list[at:]}
 		}
-		for _, run := range runs {
+		var l fold.Latest
+		for i, run := range runs {
+			if i > 0 && split == splitLatest {
+				l.V = st.Live
+				if l.V == nil && len(versions) > 0 {
+					l.V = versions[len(versions)-1]
+				}
+				st = fold.State{Live: st.Live, PrevT: st.PrevT, HasPrev: st.HasPrev, PrevRow: l.PrevImage(&sh, nil)}
+			}
+			l.PrevAbsent, l.PrevKnown = fold.LastImage(run, l.PrevAbsent, l.PrevKnown)
 			o := sh.Fold(&st, run)
 			for _, v := range o.Versions {
 				if !slices.Contains(versions, v) {

@@ -1,7 +1,8 @@
 // Package statecache remembers, between a sink's transactions, what the
-// append path last wrote for a key (fold.Latest: its latest version and the
-// side table's highest sequence and time), so that the next batch of the
-// key need not read it back from PostgreSQL.
+// append path last wrote for a key (fold.Latest: its latest version, the
+// side table's highest sequence and time, and the columns the last after
+// image lacked), so that the next batch of the key need not read it back
+// from PostgreSQL.
 //
 // # Invariants
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"math/big"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,8 +43,12 @@ func pack(b []byte, l *fold.Latest) ([]byte, bool) {
 	if l.SideMaxT != nil {
 		flags |= 4
 	}
+	if l.PrevKnown {
+		flags |= 8
+	}
 	b = append(b, flags)
 	b = change.AppendOptBytes(b, l.SideMaxSeq)
+	b = change.AppendStrings(b, l.PrevAbsent)
 	var ok bool
 	if l.SideMaxT != nil {
 		if b, ok = change.AppendTime(b, *l.SideMaxT); !ok {
@@ -106,6 +111,8 @@ func unpack(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, erro
 	l := mem.Latest()
 	l.OpenerSaved = flags&1 != 0
 	l.SideMaxSeq = change.Seq(u.OptBytes())
+	l.PrevKnown = flags&8 != 0
+	l.PrevAbsent = u.Strings()
 	if flags&4 != 0 {
 		l.SetSideMaxT(u.Time())
 	}
@@ -143,6 +150,7 @@ func unpack(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, erro
 func detach(l *fold.Latest) *fold.Latest {
 	c := *l
 	c.SideMaxSeq = change.Seq(bytes.Clone(l.SideMaxSeq))
+	c.PrevAbsent = slices.Clone(l.PrevAbsent)
 	if l.SideMaxT != nil {
 		t := *l.SideMaxT
 		c.SideMaxT = &t

@@ -115,7 +115,7 @@ func randomLatest(r *rand.Rand) *fold.Latest {
 		}
 		return vs
 	}
-	l := &fold.Latest{OpenerSaved: r.IntN(2) == 0, SideMaxSeq: change.Seq(opt("side"))}
+	l := &fold.Latest{OpenerSaved: r.IntN(2) == 0, SideMaxSeq: change.Seq(opt("side")), PrevAbsent: strs(), PrevKnown: r.IntN(2) == 0}
 	if r.IntN(2) == 0 {
 		t := time.UnixMilli(r.Int64N(1 << 42))
 		l.SideMaxT = &t
@@ -194,6 +194,10 @@ func diffLatest(a, b *fold.Latest) string {
 		return "openerSaved"
 	case !sameOpt(a.SideMaxSeq, b.SideMaxSeq):
 		return "sideMaxSeq"
+	case a.PrevKnown != b.PrevKnown:
+		return "prevKnown"
+	case !sameStrings(a.PrevAbsent, b.PrevAbsent):
+		return "prevAbsent"
 	case (a.SideMaxT == nil) != (b.SideMaxT == nil) || a.SideMaxT != nil && !sameValue(*a.SideMaxT, *b.SideMaxT):
 		return "sideMaxT"
 	case (a.V == nil) != (b.V == nil):
