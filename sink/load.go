@@ -300,8 +300,10 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 // loadHistoryFrom reads the history of each key from the version before
 // the latest one opened at or before after[i] (nil: all of it): what a
 // late event at after[i] may change, and one version before it, whose
-// resolved row is the fold's starting point (apply.go, repairKey). A key
-// with fewer versions up to there is read whole.
+// resolved row is the fold's starting point (apply.go, repairKey); when
+// that one is marked deleted (deletes: new_record), from the last one
+// before it that is not. A key with fewer versions up to there is read
+// whole.
 //
 // With bounds (one per key; a zero one for none), a key's history is read
 // only up to its boundary version, when it has one (see bound).
@@ -322,13 +324,19 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 				lasts[i], latest[i] = bounds[i].last, bounds[i].latest
 			}
 		}
-		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %[1]s h WHERE %[2]s AND h.scd_seq <= f.s
-				ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 1),
+		// (The start is never a version marked deleted: its opener, the
+		// delete, has no image, and the placeholders after it resolve
+		// against the last image before it, which the start's own row
+		// or side rows give. Two backward index scans that stop at
+		// their first row.)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %[1]s h WHERE %[2]s AND h.scd_op <> 'd'
+				AND h.scd_seq < (SELECT l.scd_seq FROM %[1]s l WHERE %[7]s AND l.scd_seq <= f.s ORDER BY l.scd_seq DESC LIMIT 1)
+				ORDER BY h.scd_seq DESC LIMIT 1),
 				(SELECT b.s FROM (SELECT h.scd_seq AS s, h.scd_raw_t IS NULL AND coalesce(cardinality(h.scd_unavailable), 0) = 0
 					AND h.valid_from >= f.t AND h.scd_op <> 'd' AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
 					WHERE b.ok ORDER BY b.s LIMIT 1)
 			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
-			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
+			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3, t.keyJoin("l", "k")), append(args, from, lasts, latest)...)
 		if err != nil {
 			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.Hist.Sanitize(), err)
 		}
@@ -448,17 +456,20 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.E
 }
 
 // readPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
-// from the table, of the append keys whose events hold placeholders: the
-// last after image is the latest side row with one when it comes after
-// every version with an image (not one marked deleted); its columns
-// absent, and those added to the table since it was written, were NULL in
-// it. Otherwise the last image opened a version, whose row holds NULL for
-// the columns it lacked: nothing to change. Only keys whose side table
-// has rows after the latest version (or whose latest version is marked
-// deleted) are read; a batch without placeholders reads nothing.
+// from the table, of the append keys whose first new after image holds
+// placeholders (the later ones resolve against the batch's own images).
+// The key's last after image is its latest side row with one when that
+// comes after the last version with an image (the latest version, or for
+// one marked deleted the last version before it that is not): the
+// columns that row lacked, and those added to the table since it was
+// written, were NULL in it. Otherwise the last image opened a version,
+// whose row holds NULL for the columns it lacked: nothing to change. Keys
+// without side rows after that version are not read; a batch without
+// placeholders reads nothing.
 func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, states []*fold.Latest, evs map[*keyPlan][]fold.Event) error {
 	var need []*keyPlan
 	var at []int
+	var after [][]byte // the latest version's sequence; nil: marked deleted
 	for i, kp := range keys {
 		l := states[i]
 		if l.PrevKnown || l.V == nil {
@@ -469,7 +480,10 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 		}
 		placeholders := false
 		for _, e := range evs[kp] {
-			placeholders = placeholders || len(e.Unavail) > 0
+			if e.Op.HasAfter() {
+				placeholders = len(e.Unavail) > 0
+				break
+			}
 		}
 		if !placeholders {
 			continue
@@ -478,18 +492,23 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 		if l.SideMaxSeq == nil || (!l.V.Deleted() && l.SideMaxSeq.Compare(l.V.Seq) < 0) {
 			continue
 		}
-		need, at = append(need, kp), append(at, i)
+		var v []byte
+		if !l.V.Deleted() {
+			v = l.V.Seq
+		}
+		need, at, after = append(need, kp), append(at, i), append(after, v)
 	}
 	if len(need) == 0 {
 		return nil
 	}
 	src, args := t.keysSource(need, 1)
-	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_absent, s.scd_attnum,
-			(SELECT h.scd_seq FROM %s h WHERE %s AND coalesce(h.scd_op, 'u') <> 'd' ORDER BY h.scd_seq DESC LIMIT 1)
-		FROM %s JOIN LATERAL (SELECT e.scd_seq, e.scd_absent, e.scd_attnum FROM %s e
-			WHERE %s AND e.scd_op IN ('c', 'r', 'u') ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		t.Hist.Sanitize(), t.keyJoin("h", "k"), src, t.Side.Sanitize(), t.keyJoin("e", "k"))
-	rows, err := tx.Query(ctx, q, args...)
+	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_absent, s.scd_attnum
+		FROM %[1]s JOIN unnest($%[2]d::bytea[]) WITH ORDINALITY AS f(v, ord) ON f.ord = k.scd_ord
+		JOIN LATERAL (SELECT e.scd_absent, e.scd_attnum FROM %[3]s e WHERE %[4]s AND e.scd_op IN ('c', 'r', 'u')
+			AND e.scd_seq > coalesce(f.v, (SELECT h.scd_seq FROM %[5]s h WHERE %[6]s AND h.scd_op <> 'd' ORDER BY h.scd_seq DESC LIMIT 1), ''::bytea)
+			ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
+		src, len(args)+1, t.Side.Sanitize(), t.keyJoin("e", "k"), t.Hist.Sanitize(), t.keyJoin("h", "k"))
+	rows, err := tx.Query(ctx, q, append(args, after)...)
 	if err != nil {
 		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)
 	}
@@ -499,12 +518,8 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 		if err != nil {
 			return err
 		}
-		side, hist := change.Seq(asBytes(vals[1])), asBytes(vals[4])
-		if hist != nil && side.Compare(hist) <= 0 {
-			continue
-		}
 		l := states[at[vals[0].(int64)-1]]
-		l.PrevAbsent = t.unknown(asStrings(vals[2]), vals[3])
+		l.PrevAbsent = t.unknown(asStrings(vals[1]), vals[2])
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)

@@ -298,6 +298,16 @@ func TestFieldNotes(t *testing.T) {
 			cust(del, 3, d(3, 0), "K"),
 			cust(u, 4, d(4, 0), "K", "name", "a", "plan", "p", "city", change.Unavailable, "visits", 3),
 		}},
+		// A repair that would start at a version marked deleted starts
+		// at the version before it: the placeholders after the delete
+		// resolve against that version's last image, not against none.
+		{name: "new_record: a late event after a placeholder that followed a delete", delete: sink.DeletesNewRecord, evs: []*change.Event{
+			cust(c, 1, d(1, 0), "K", "name", "a", "plan", "p", "city", "x", "visits", 1),
+			cust(del, 2, d(2, 0), "K"),
+			cust(u, 3, d(3, 0), "K", "name", "b", "plan", "q", "city", change.Unavailable, "visits", 1),
+			cust(u, 5, d(5, 0), "K", "name", "c", "plan", "q", "city", "x", "visits", 2),
+			cust(u, 4, d(4, 0), "K", "name", "b", "plan", "q", "city", "x", "visits", 1),
+		}},
 		// A truncate moves a key's time only where it closes a version:
 		// a late delete before it gives a later create its own time back
 		// (kept in scd_raw_t when clamping raised it).

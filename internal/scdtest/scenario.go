@@ -75,6 +75,7 @@ func GenScenario(rng *rand.Rand, schema string) Scenario {
 		seq := int64(rng.IntN(1000))
 		at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		dropped := map[string]bool{} // columns the source's schema lacks now
+		readded := map[string]bool{} // dropped columns back since the last image
 		steps := 3 + rng.IntN(25)
 		for step := 0; step < steps; step++ {
 			seq += 1 + int64(rng.IntN(3))
@@ -89,6 +90,7 @@ func GenScenario(rng *rand.Rand, schema string) Scenario {
 			if ti == 0 && rng.IntN(12) == 0 {
 				c := Pick(rng, "city", "plan", "score")
 				dropped[c] = !dropped[c]
+				readded[c] = !dropped[c]
 			}
 			if rng.IntN(40) == 0 {
 				ev.Op = change.OpTruncate
@@ -133,6 +135,15 @@ func GenScenario(rng *rand.Rand, schema string) Scenario {
 						delete(ev.After, c)
 					}
 				}
+				// A column back at the source, its value unchanged
+				// (TOASTed): the placeholder takes the previous image's
+				// value, NULL, as that image lacked the column.
+				for _, c := range slices.Sorted(maps.Keys(readded)) {
+					if readded[c] && ev.Op == change.OpUpdate && rng.IntN(2) == 0 {
+						ev.After[c] = change.Unavailable
+					}
+				}
+				clear(readded)
 			}
 			sc.Events = append(sc.Events, ev)
 		}

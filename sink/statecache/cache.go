@@ -176,6 +176,9 @@ func (c *Cache) Drop(k Key) {
 // its key and row values).
 func estimate(l *fold.Latest, k Key) int {
 	n := 160 + len(k.ID) + len(l.SideMaxSeq)
+	for _, a := range l.PrevAbsent {
+		n += 16 + len(a)
+	}
 	if v := l.V; v != nil {
 		n += 200 + len(v.Seq) + len(v.CloseSeq) + len(v.Hash) + valuesSize(v.Key) + valuesSize(v.Row) + valuesSize(v.Opener)
 	}
