@@ -133,6 +133,31 @@ func TestRejectedValuesProperty(t *testing.T) {
 	}
 }
 
+// TestFoldPropertyUncached is TestFoldProperty with no state kept
+// between batches (CacheKeys -1): every key's state is read back from the
+// table, as after a restart or when the cache has forgotten the key. The
+// history must be the fold's all the same (the append path once resolved
+// a placeholder against the version's row, not the last image, only for
+// states read back).
+func TestFoldPropertyUncached(t *testing.T) {
+	pool := sharedPool(t)
+	defer setUncached()()
+	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			runScenario(t, pool, seed, false)
+		})
+	}
+}
+
+// uncached makes runScenarioPartitioned's sinks keep no state between
+// batches (TestFoldPropertyUncached).
+var uncached bool
+
+func setUncached() func() {
+	uncached = true
+	return func() { uncached = false }
+}
+
 // badCity is longer than the varchar(6) of TestRejectedValuesProperty.
 const badCity = "Innsbruck"
 
@@ -151,6 +176,9 @@ func runScenarioWith(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool
 func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int, interval string) {
 	rng := rand.New(rand.NewPCG(seed, 0x5cd2))
 	schema := fmt.Sprintf("prop%d", seed)
+	if uncached {
+		schema = fmt.Sprintf("unc%d", seed)
+	}
 	if rejects {
 		schema = fmt.Sprintf("rej%d", seed)
 	}
@@ -203,6 +231,9 @@ func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejec
 	// must notice the other's batches (scd2sink_offsets) before trusting
 	// what it remembers.
 	cfg := sink.Config{Schema: schema, Tables: sc.Specs}
+	if uncached {
+		cfg.CacheKeys = -1
+	}
 	if parts > 1 {
 		cfg.ApplyWorkers = 2
 		prng := rand.New(rand.NewPCG(seed, 0x9a27))
