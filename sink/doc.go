@@ -143,9 +143,9 @@
 //
 // The repair path covers keys with a late or repeated event: their history
 // is read from the version before the latest one opened at or before the
-// earliest new event's sequence (not one marked deleted: from the one
-// before it then) (the whole of it for a truncate's re-fold,
-// or when fewer versions come before) up to a boundary: the first version
+// earliest new event's sequence, or the one before that when it is
+// marked deleted (the whole of it for a truncate's re-fold, or when
+// fewer versions come before) up to a boundary: the first version
 // after the new events that opened at or after their times, unclamped and
 // without placeholders (bound, load.go); when the fold still opens it as
 // stored, nothing from it on can change, else the rest is read too; the event list rebuilt, the first

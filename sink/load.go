@@ -301,9 +301,9 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 // the latest one opened at or before after[i] (nil: all of it): what a
 // late event at after[i] may change, and one version before it, whose
 // resolved row is the fold's starting point (apply.go, repairKey); when
-// that one is marked deleted (deletes: new_record), from the last one
-// before it that is not. A key with fewer versions up to there is read
-// whole.
+// that one is marked deleted (deletes: new_record), from the one before
+// it. A key with fewer versions up to there (or, after retention, none
+// before it but one marked deleted) is read whole.
 //
 // With bounds (one per key; a zero one for none), a key's history is read
 // only up to its boundary version, when it has one (see bound).
@@ -327,16 +327,17 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		// (The start is never a version marked deleted: its opener, the
 		// delete, has no image, and the placeholders after it resolve
 		// against the last image before it, which the start's own row
-		// or side rows give. Two backward index scans that stop at
-		// their first row.)
-		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT h.scd_seq FROM %[1]s h WHERE %[2]s AND h.scd_op <> 'd'
-				AND h.scd_seq < (SELECT l.scd_seq FROM %[1]s l WHERE %[7]s AND l.scd_seq <= f.s ORDER BY l.scd_seq DESC LIMIT 1)
-				ORDER BY h.scd_seq DESC LIMIT 1),
+		// or side rows give. Two versions marked deleted are never
+		// adjacent (a delete opens one only while another version is
+		// live), so the start is the second or the third of the latest
+		// three: one backward index scan of three rows.)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT k.scd_ord, (SELECT x.s FROM (SELECT h.scd_seq AS s, h.scd_op AS op FROM %[1]s h WHERE %[2]s
+				AND h.scd_seq <= f.s ORDER BY h.scd_seq DESC OFFSET 1 LIMIT 2) x WHERE x.op <> 'd' ORDER BY x.s DESC LIMIT 1),
 				(SELECT b.s FROM (SELECT h.scd_seq AS s, h.scd_raw_t IS NULL AND coalesce(cardinality(h.scd_unavailable), 0) = 0
 					AND h.valid_from >= f.t AND h.scd_op <> 'd' AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
 					WHERE b.ok ORDER BY b.s LIMIT 1)
 			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
-			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3, t.keyJoin("l", "k")), append(args, from, lasts, latest)...)
+			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
 		if err != nil {
 			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.Hist.Sanitize(), err)
 		}

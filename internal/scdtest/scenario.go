@@ -136,8 +136,9 @@ func GenScenario(rng *rand.Rand, schema string) Scenario {
 					}
 				}
 				// A column back at the source, its value unchanged
-				// (TOASTed): the placeholder takes the previous image's
-				// value, NULL, as that image lacked the column.
+				// (TOASTed): the placeholder takes the key's previous
+				// image's value (NULL when that image came while the
+				// column was dropped).
 				for _, c := range slices.Sorted(maps.Keys(readded)) {
 					if readded[c] && ev.Op == change.OpUpdate && rng.IntN(2) == 0 {
 						ev.After[c] = change.Unavailable

@@ -223,7 +223,13 @@ func (t *Shape) Fold(st *State, evs []Event) Out {
 			case e.Resolved && e.Row != nil && st.Live == nil:
 				// A partial history starting at a version marked deleted
 				// (deletes: new_record): it is the state the fold starts in.
+				// Only retention leaves one to start from (a repair starts
+				// at the version before it otherwise), with the events
+				// before it gone: its row, the closed version's values, is
+				// what is left of the last image, as for the append path
+				// (Latest.PrevImage), so placeholders after it agree.
 				st.Live = t.openDeleted(st, e, e.Row, e.Absent, e.Complete, at, raw)
+				st.PrevRow = e.Row
 				out.Versions = append(out.Versions, st.Live)
 				continue
 			case t.Deletes == DeletesNewRecord && st.Live != nil && !st.Live.Deleted():
