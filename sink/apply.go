@@ -85,12 +85,9 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for j, i := range uncachedAt {
 		states[i] = &loaded[j]
 	}
-	if err := t.readPrevAbsent(ctx, tx, appendKeys, states, batchEvents); err != nil {
-		return res, nil, err
-	}
-	w := &writes{pre: ops.pre}
 	var repairFrom []change.Seq
 	partial := false
+	appending, appendStates := appendKeys[:0:0], states[:0:0]
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
 		if max := states[i].MaxSeq(); max != nil && evs[0].Seq.Compare(max) <= 0 {
@@ -102,7 +99,14 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			repairFrom, partial = append(repairFrom, evs[0].Seq), true
 			continue
 		}
-		ops.Set(t.cacheKey(kp.id), s.appendKey(t, kp, evs, states[i], truncs, w, &res))
+		appending, appendStates = append(appending, kp), append(appendStates, states[i])
+	}
+	if err := t.readPrevAbsent(ctx, tx, appending, appendStates, batchEvents); err != nil {
+		return res, nil, err
+	}
+	w := &writes{pre: ops.pre}
+	for i, kp := range appending {
+		ops.Set(t.cacheKey(kp.id), s.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res))
 	}
 	for _, kp := range forced {
 		repair = append(repair, kp)

@@ -457,8 +457,9 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.E
 }
 
 // readPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
-// from the table, of the append keys whose first new after image holds
-// placeholders (the later ones resolve against the batch's own images).
+// from the table, of the append path's keys (keys[i] has states[i]) whose
+// first new after image holds placeholders (the later ones resolve
+// against the batch's own images).
 // The key's last after image is its latest side row with one when that
 // comes after the last version with an image (the latest version, or for
 // one marked deleted the last version before it that is not): the
@@ -475,9 +476,6 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 		l := states[i]
 		if l.PrevKnown || l.V == nil {
 			continue
-		}
-		if max := l.MaxSeq(); max != nil && evs[kp][0].Seq.Compare(max) <= 0 {
-			continue // a repair: it reads the history itself
 		}
 		placeholders := false
 		for _, e := range evs[kp] {
