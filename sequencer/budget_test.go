@@ -19,7 +19,9 @@ func rawEv(off int64, key string, seq int64, size int) *change.Event {
 func TestByteBudget(t *testing.T) {
 	probe := rawEv(0, "x", 1, 1000)
 	probe.KeyID() // as Add computes it
-	one := probe.Size()
+	// What one event of its own key costs the budget: its size, its item
+	// and its key's buffer.
+	one := int64(probe.Size()) + itemOverhead + (&keyBuf{ref: keyRef{key: probe.KeyID()}}).size()
 	tests := []struct {
 		name      string
 		budget    int64
@@ -28,19 +30,19 @@ func TestByteBudget(t *testing.T) {
 		wantFirst []string        // released at once, with the clock inside every window
 		wantEarly int64
 	}{
-		{"under budget: nothing before the window", int64(3 * one),
+		{"under budget: nothing before the window", 3 * one,
 			[]*change.Event{rawEv(0, "a", 1, 1000), rawEv(1, "b", 1, 1000), rawEv(2, "c", 1, 1000)},
 			[]time.Duration{0, time.Millisecond, time.Millisecond}, nil, 0},
-		{"over budget: the keys due soonest, until under it", int64(2 * one),
+		{"over budget: the keys due soonest, until under it", 2 * one,
 			[]*change.Event{rawEv(0, "a", 1, 1000), rawEv(1, "b", 1, 1000), rawEv(2, "c", 1, 1000), rawEv(3, "d", 1, 1000)},
 			[]time.Duration{0, time.Millisecond, time.Millisecond, time.Millisecond}, []string{"a[1]", "b[1]"}, 2},
-		{"a key's later arrivals wait for their own deadline", int64(2 * one),
+		{"a key's later arrivals wait for their own deadline", 2 * one,
 			[]*change.Event{rawEv(0, "a", 1, 1000), rawEv(1, "b", 1, 1000), rawEv(2, "a", 2, 1000)},
 			[]time.Duration{0, time.Millisecond, time.Millisecond}, []string{"a[1]"}, 1},
-		{"a key's earlier sequences go with it", int64(2 * one),
+		{"a key's earlier sequences go with it", 2 * one,
 			[]*change.Event{rawEv(0, "a", 2, 1000), rawEv(1, "b", 1, 1000), rawEv(2, "a", 1, 1000)},
 			[]time.Duration{0, time.Millisecond, time.Millisecond}, []string{"a[1]", "a[2]"}, 2},
-		{"sorted within a key released early", int64(one),
+		{"sorted within a key released early", one,
 			[]*change.Event{rawEv(0, "a", 2, 1000), rawEv(1, "a", 1, 1000), rawEv(2, "b", 1, 1000)},
 			[]time.Duration{0, 0, time.Millisecond}, []string{"a[1]", "a[2]"}, 2},
 	}

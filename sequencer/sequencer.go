@@ -34,6 +34,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -108,6 +109,20 @@ type keyBuf struct {
 	gone      bool    // out of Sequencer.keys (for good): its heap entries are stale
 	first     [1]item // most keys wait with one event: no second allocation
 }
+
+// The buffer's own books, counted in its byte budget with the events'
+// sizes (TestBudgetCountsMemory checks the sum against the heap):
+//   - itemOverhead, per event: its item, its offset held for the commit
+//     point, and its share of the deadline heap and of slices' spare room;
+//   - per key, keyBuf.size: the key's buffer, its map slot and the copy of
+//     its identity.
+const (
+	itemOverhead   = int64(unsafe.Sizeof(item{})) + 24
+	keyBufOverhead = int64(unsafe.Sizeof(keyBuf{})) + 64
+)
+
+// size is what the key's buffer holds beyond its events.
+func (kb *keyBuf) size() int64 { return keyBufOverhead + int64(len(kb.ref.key)) }
 
 type partState struct {
 	offsets  []int64 // pending offsets in arrival order
@@ -211,6 +226,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 		kb = &keyBuf{ref: keyRef{ref.table, strings.Clone(ref.key)}}
 		kb.items = kb.first[:0]
 		s.keys[kb.ref] = kb
+		s.bytes += kb.size()
 	}
 	tag := seqTag(ev.Seq)
 	for _, it := range kb.items {
@@ -227,7 +243,7 @@ func (s *Sequencer) Add(ev *change.Event) {
 		return
 	}
 	dl := s.now().Add(s.cfg.ReorderWindow).UnixNano()
-	it := item{ev: ev, deadline: dl, size: int64(ev.Size()), seqTag: tag}
+	it := item{ev: ev, deadline: dl, size: int64(ev.Size()) + itemOverhead, seqTag: tag}
 	s.bytes += it.size
 	if ev.OldKey != nil && ev.Op == change.OpCreate {
 		it.gate = s.now().Add(s.cfg.KeyChangeWait).UnixNano()
@@ -470,7 +486,10 @@ func (s *Sequencer) releaseKey(kb *keyBuf, out *Output, take func(item) bool) {
 
 func (s *Sequencer) reschedule(ref keyRef, kb *keyBuf) {
 	if len(kb.items) == 0 {
-		delete(s.keys, ref)
+		if !kb.gone {
+			delete(s.keys, ref)
+			s.bytes -= kb.size()
+		}
 		kb.scheduled, kb.gone = 0, true
 		return
 	}

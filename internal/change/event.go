@@ -206,8 +206,11 @@ func valuesSize(vs []any, per int) int {
 	return n
 }
 
-// eventOverhead is an Event's struct and the allocations around it.
-const eventOverhead = 320
+// eventOverhead is an Event's struct and the allocations around it: the
+// struct itself, and the image's allocation rounded up to its size class
+// (about 32 bytes on average; sequencer.TestBudgetCountsMemory checks the
+// sum against the heap).
+const eventOverhead = int(unsafe.Sizeof(Event{})) + 32
 
 // KeyRoom returns n nil values for Key, held in the event itself when n
 // is small: no allocation of their own.
