@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"bytes"
+
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
@@ -18,18 +20,20 @@ type anchors struct {
 }
 
 type anchorState struct {
-	max   change.Seq
+	max   change.Seq   // the highest sequence seen: the last mark's, in arena
 	marks []anchorMark // where max grew, in offset order
-	// seqs holds copies of the marks' sequences, a slab at a time: a
-	// mark must not keep its event's memory alive (an event's sequence
-	// shares an allocation with its row image), and marks go in order.
-	seqs change.Boxes
+	// arena holds the marks' sequences, in order: a mark must not keep
+	// its event's memory alive (an event's sequence shares an allocation
+	// with its row image), and marks without pointers are not traced by
+	// the collector (a mark per event under a rising sequence).
+	arena []byte
 }
 
-// anchorMark: the highest sequence of the records below offset.
+// anchorMark: the highest sequence of the records below offset is
+// arena[at:at+n] (nil when n is -1).
 type anchorMark struct {
 	offset int64
-	max    change.Seq
+	at, n  int32
 }
 
 func newAnchors() *anchors { return &anchors{parts: map[change.Partition]*anchorState{}} }
@@ -47,12 +51,28 @@ func (a *anchors) state(p change.Partition) *anchorState {
 func (a *anchors) see(o change.Origin, seq change.Seq) {
 	st := a.state(o.Partition)
 	if st.max == nil || seq.Compare(st.max) > 0 {
-		st.max = seq
-		if len(seq) > 0 {
-			st.max = change.Seq(st.seqs.CopyBytes(seq))
-		}
-		st.marks = append(st.marks, anchorMark{offset: o.Offset + 1, max: st.max})
+		st.mark(o.Offset+1, seq)
 	}
+}
+
+// mark records seq as the highest below offset.
+func (st *anchorState) mark(offset int64, seq change.Seq) {
+	m := anchorMark{offset: offset, at: int32(len(st.arena)), n: -1}
+	if seq != nil {
+		st.arena = append(st.arena, seq...)
+		m.n = int32(len(seq))
+	}
+	st.marks = append(st.marks, m)
+	st.max = st.seq(m)
+}
+
+// seq returns a mark's sequence, a view of the arena.
+func (st *anchorState) seq(m anchorMark) change.Seq {
+	if m.n < 0 {
+		return nil
+	}
+	end := int(m.at) + int(m.n)
+	return change.Seq(st.arena[m.at:end:end])
 }
 
 // anchor returns the sequence of a read without one at o.
@@ -69,7 +89,9 @@ func (a *anchors) anchor(o change.Origin) change.Seq {
 
 // resume seeds a partition resumed at offset with its recorded anchor.
 func (a *anchors) resume(p change.Partition, offset int64, seq change.Seq) {
-	a.parts[p] = &anchorState{max: seq, marks: []anchorMark{{offset: offset, max: seq}}}
+	st := &anchorState{}
+	st.mark(offset, seq)
+	a.parts[p] = st
 }
 
 // at returns the anchors of the commit points: per partition, the highest
@@ -89,11 +111,26 @@ func (a *anchors) at(offsets map[change.Partition]int64) map[change.Partition]ch
 			}
 		}
 		if i >= 0 {
-			out[p] = st.marks[i].max
-			st.marks = st.marks[i:]
+			out[p] = bytes.Clone(st.seq(st.marks[i])) // the arena is compacted in place
+			st.forget(i)
 		}
 	}
 	return out
+}
+
+// forget drops the marks before marks[i], compacting the marks and, once
+// they hold less than half of it, the arena.
+func (st *anchorState) forget(i int) {
+	st.marks = append(st.marks[:0], st.marks[i:]...)
+	base := st.marks[0].at
+	if int(base) < len(st.arena)/2 {
+		return
+	}
+	st.arena = append(st.arena[:0], st.arena[base:]...)
+	for j := range st.marks {
+		st.marks[j].at -= base
+	}
+	st.max = st.seq(st.marks[len(st.marks)-1])
 }
 
 // drop forgets partitions given up.

@@ -283,8 +283,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.FetchMaxWait(250 * time.Millisecond),
 		kgo.FetchMaxBytes(fetchBudget), // bounds what franz-go buffers ahead of the sequencer
 		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
-		kgo.WithHooks(sizer), // and so does this, for compressed batches
-		kgo.WithPools(pool),  // compressed batches' records; take recycles them
+		kgo.WithHooks(sizer),                // and so does this, for compressed batches
+		kgo.WithPools(pool, &recordsPool{}), // compressed batches' bytes, every batch's records; take recycles them
 		kgo.MaxConcurrentFetches(1),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),

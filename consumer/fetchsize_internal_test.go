@@ -120,3 +120,28 @@ func TestDecompressPoolClasses(t *testing.T) {
 		t.Errorf("%d of %d batches did not fit their buffer", grown, gets)
 	}
 }
+
+func TestRecordsPool(t *testing.T) {
+	p := &recordsPool{}
+	for _, n := range []int{0, 1, 2, 3, 100, 128, 129, 32_768, 32_769, 100_000} {
+		rs := p.GetRecords(n)
+		if len(rs) != 0 || cap(rs) < n {
+			t.Fatalf("GetRecords(%d): len %d cap %d", n, len(rs), cap(rs))
+		}
+		if n > 0 && n <= 1<<(recordClasses-1) && cap(rs) >= 2*n && cap(rs) > 1 {
+			t.Fatalf("GetRecords(%d): cap %d, more than twice what was asked", n, cap(rs))
+		}
+		p.PutRecords(rs[:n])
+	}
+	// A slice given back serves any request its class holds: never one
+	// larger than its capacity.
+	p.PutRecords(make([]kgo.Record, 5, 100)) // class 64 (6): 100 fills 64
+	for range 10 {
+		if rs := p.GetRecords(64); cap(rs) < 64 {
+			t.Fatalf("GetRecords(64) gave cap %d", cap(rs))
+		}
+		if rs := p.GetRecords(65); cap(rs) < 65 {
+			t.Fatalf("GetRecords(65) gave cap %d", cap(rs))
+		}
+	}
+}

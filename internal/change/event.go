@@ -83,14 +83,10 @@ type Event struct {
 	// OldKey is the previous key of a create that Debezium emits for a
 	// primary-key change (header __debezium.oldkey), in Key's order: its
 	// unavailable-value placeholders take the old key's values.
-	OldKey []any
-	// KeyChanged marks the delete of a primary-key change (header
-	// __debezium.newkey): the row lives on under another key.
-	KeyChanged bool
-	Seq        Seq
-	Op         Op
-	ValidFrom  time.Time
-	After      map[string]any
+	OldKey    []any
+	Seq       Seq
+	ValidFrom time.Time
+	After     map[string]any
 	// AfterJSON is the row image as a JSON object, kept instead of After by
 	// the Kafka decoder to hold buffered events compactly; the sink decodes
 	// it (numbers as json.Number). Set at most one of After and AfterJSON.
@@ -101,14 +97,38 @@ type Event struct {
 	// source columns with their PostgreSQL types (events decoded with a
 	// schema); without it AfterJSON is decoded as schemaless JSON.
 	Row RowDecoder
-	// AfterValid: AfterJSON was cut from a message the decoder validated
-	// as JSON, and is not validated again.
-	AfterValid bool
 	// AfterValues is the row image as typed values in the order of
 	// Row.Columns(), kept instead of After by a decoder that decodes at
 	// once (Avro): a slice, not a map per image. Set at most one of
 	// After, AfterJSON and AfterValues.
 	AfterValues []any
+	Origin      Origin
+	// Received is when the consumer fetched the event (unix nanoseconds;
+	// 0 if unknown): a batch's age counts from its oldest event's.
+	Received int64
+	// Source names the connector's stream that wrote the event (Debezium's
+	// source.name, its topic.prefix, and source.db: "name/db"; "" if the
+	// envelope has no name).
+	Source string
+
+	keyID string
+	// keyRoom holds a one-column Key in the event itself (KeyRoom); a
+	// second column would take the struct to the next size class.
+	keyRoom [1]any
+	// afterPacked is AfterValues packed (PackAfterValues) while the event
+	// waits in the buffer; AfterValues is then nil.
+	afterPacked []byte
+	hash        [16]byte
+
+	// The one-byte fields, together: no padding between them.
+
+	Op Op
+	// KeyChanged marks the delete of a primary-key change (header
+	// __debezium.newkey): the row lives on under another key.
+	KeyChanged bool
+	// AfterValid: AfterJSON was cut from a message the decoder validated
+	// as JSON, and is not validated again.
+	AfterValid bool
 	// Complete says the image is the whole row: a column it lacks is null
 	// in it, not unknown (a MongoDB document, whose fields come and go).
 	// Without it a column missing from an image is absent (DESIGN.md
@@ -119,30 +139,14 @@ type Event struct {
 	// valid_from: after.<column>): coarser, and from another clock, so it
 	// takes no part in the sequence disagreements (sink.Result).
 	TimeStandIn bool
-	Origin      Origin
 	// SnapshotEnd marks the last read of a table's full snapshot
 	// (source.snapshot last or last_in_data_collection; never an
 	// incremental snapshot's): its Seq is the snapshot's sequence.
 	SnapshotEnd bool
-	// Received is when the consumer fetched the event (unix nanoseconds;
-	// 0 if unknown): a batch's age counts from its oldest event's.
-	Received int64
-	// Source names the connector's stream that wrote the event (Debezium's
-	// source.name, its topic.prefix, and source.db: "name/db"; "" if the
-	// envelope has no name).
-	Source string
-
-	keyID string
+	hashd       bool
 	// visitable caches jsonscan.Visitable(AfterJSON) for an image without a
 	// schema: 0 unknown, 1 yes, -1 no.
 	visitable int8
-	// keyRoom holds a short Key in the event itself (KeyRoom).
-	keyRoom [2]any
-	hash    [16]byte
-	hashd   bool
-	// afterPacked is AfterValues packed (PackAfterValues) while the event
-	// waits in the buffer; AfterValues is then nil.
-	afterPacked []byte
 }
 
 // PackAfterValues keeps AfterValues packed (AppendValues) until the row is
