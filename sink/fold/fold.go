@@ -35,15 +35,11 @@ const (
 // latter where clamping raised it (zero where it did not, or where the
 // table predates scd_raw_t). The fold starts from Raw where it is set.
 type Event struct {
-	Seq change.Seq
-	Op  change.Op
-	T   time.Time
-	Raw time.Time
-	// Resolved marks the first event of a partial history: it folds at
-	// its clamped time t, as the events before it (not read) gave it.
-	Resolved bool
-	Row      []any // typed after image; nil for deletes and truncates
-	Hash     []byte
+	Seq  change.Seq
+	T    time.Time
+	Raw  time.Time
+	Row  []any // typed after image; nil for deletes and truncates
+	Hash []byte
 	// Unavail names the columns that held Debezium's unavailable-value
 	// placeholder; a rebuilt event gets the placeholder back, so a re-fold
 	// resolves it against the right previous image.
@@ -51,28 +47,29 @@ type Event struct {
 	// Absent names the columns the event did not carry (dropped at the
 	// source, or not added yet): stored NULL, never compared.
 	Absent []string
+	Src    *change.Event // nil when rebuilt from the table
+	// OldKey: a create of a primary-key change, whose placeholders take
+	// the old key's values (typed, in key column order).
+	OldKey []any
+	Op     change.Op
+	// Resolved marks the first event of a partial history: it folds at
+	// its clamped time t, as the events before it (not read) gave it.
+	Resolved bool
 	// Complete: the image is the whole row (change.Event.Complete): a
 	// column added to the table later is null in it, not unknown; written
 	// with scd_attnum NULL, which says so.
 	Complete bool
-	Src      *change.Event // nil when rebuilt from the table
-	// OldKey: a create of a primary-key change, whose placeholders take
-	// the old key's values (typed, in key column order).
-	OldKey []any
 }
 
 // Version is one row of a history table.
 type Version struct {
 	Key      []any // typed key values
 	ID       int64 // scd_id when read from the table, else 0
-	Stored   bool  // the version is in the table (read or cached)
 	Seq      change.Seq
-	Op       change.Op
 	Hash     []byte
 	From     time.Time
 	Raw      time.Time // the opening event's own time, when clamping raised it to from
 	To       time.Time
-	Closed   bool
 	CloseSeq change.Seq
 	Row      []any
 	Opener   []any // the opening event's own image, before Type 1 overwrites
@@ -84,7 +81,12 @@ type Version struct {
 	// side table, as its image is no longer the version's row.
 	Absent     []string
 	OpenAbsent []string
-	Complete   bool // opened by a complete image (Event.Complete)
+	// The one-byte fields together, without padding between them: a
+	// batch folds a few versions per event.
+	Op       change.Op
+	Stored   bool // the version is in the table (read or cached)
+	Closed   bool
+	Complete bool // opened by a complete image (Event.Complete)
 }
 
 // Event returns the event that opened v, rebuilt from the table, with row

@@ -32,16 +32,30 @@ type Cache struct {
 }
 
 // Entry is a key's state, packed (pack.go) or, when a value has
-// no packed form, as it is.
+// no packed form, as it is. It is small and holds three pointers at most
+// (the map's key, mem, l): the collector traces every entry of the map on
+// every cycle.
 type Entry struct {
-	blob []byte
-	l    *fold.Latest
-	size int // estimated bytes
-	// key is the entry's own copy of its key's identity, which the map
-	// keeps: a batch's identities share its memory (tablePlan.intern),
-	// and a map assignment stores the key it is given, even over an
-	// existing entry.
-	key string
+	// mem holds the entry's own copy of its key's identity (kn bytes),
+	// which the map keeps: a batch's identities share its memory
+	// (tablePlan.intern), and a map assignment stores the key it is
+	// given, even over an existing entry. A packed state (bn bytes)
+	// follows it in the same allocation.
+	mem    *byte
+	kn, bn uint32
+	size   int32 // estimated bytes
+	l      *fold.Latest
+}
+
+// key returns the entry's own copy of its key's identity ("" if none yet).
+func (e Entry) key() string { return unsafe.String(e.mem, e.kn) }
+
+// blob returns the packed state (nil for an entry kept as it is).
+func (e Entry) blob() []byte {
+	if e.l != nil || e.mem == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e.mem), e.kn)), e.bn)
 }
 
 // State returns the entry's state: a fresh one for a packed entry; the
@@ -52,7 +66,7 @@ func (e Entry) State(boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
 	if e.l != nil {
 		return e.l, true
 	}
-	l, err := unpack(e.blob, boxes, mem)
+	l, err := unpack(e.blob(), boxes, mem)
 	return l, err == nil
 }
 
@@ -121,37 +135,37 @@ func newEntry(scratch []byte, k Key, l *fold.Latest) (Entry, []byte) {
 		// The key's own copy and the blob share one allocation: one
 		// object fewer for the collector per cached key.
 		mem := append(append(make([]byte, 0, len(k.ID)+len(b)), k.ID...), b...)
-		blob := mem[len(k.ID):len(mem):len(mem)]
-		return Entry{blob: blob, key: unsafe.String(unsafe.SliceData(mem), len(k.ID)), size: 96 + len(k.ID) + len(blob)}, b
+		return Entry{mem: unsafe.SliceData(mem), kn: uint32(len(k.ID)), bn: uint32(len(b)), size: int32(96 + len(mem))}, b
 	}
-	return Entry{l: detach(l), size: estimate(l, k)}, scratch
+	return Entry{l: detach(l), size: int32(estimate(l, k))}, scratch
 }
 
 func (c *Cache) store(k Key, e Entry) {
 	old, ok := c.m[k]
 	switch {
-	case e.key != "": // its own copy (a packed entry)
-		k.ID = e.key
-	case ok && old.blob == nil: // not in a packed entry's memory, which would stay alive
-		k.ID = old.key
+	case e.mem != nil: // its own copy (a packed entry)
+		k.ID = e.key()
+	case ok && old.l != nil: // not in a packed entry's memory, which would stay alive
+		k.ID = old.key()
+		e.mem, e.kn = old.mem, old.kn
 	default:
 		k.ID = strings.Clone(k.ID)
+		e.mem, e.kn = unsafe.StringData(k.ID), uint32(len(k.ID))
 	}
-	e.key = k.ID
 	if ok {
 		// Out of the map first, so that the eviction below can neither
 		// pick k nor count its size twice.
-		c.bytes -= old.size
+		c.bytes -= int(old.size)
 		delete(c.m, k)
 	}
-	if c.maxBytes > 0 && e.size > c.maxBytes {
+	if c.maxBytes > 0 && int(e.size) > c.maxBytes {
 		return // larger than the whole cache: forgetting every key would not make room
 	}
-	for len(c.m) > 0 && (len(c.m) >= c.limit || (c.maxBytes > 0 && c.bytes+e.size > c.maxBytes)) {
+	for len(c.m) > 0 && (len(c.m) >= c.limit || (c.maxBytes > 0 && c.bytes+int(e.size) > c.maxBytes)) {
 		c.evictOne()
 	}
 	c.m[k] = e
-	c.bytes += e.size
+	c.bytes += int(e.size)
 }
 
 // evictOne forgets one key, picked at random: the map's iteration starts
@@ -159,7 +173,7 @@ func (c *Cache) store(k Key, e Entry) {
 func (c *Cache) evictOne() {
 	for k, e := range c.m {
 		delete(c.m, k)
-		c.bytes -= e.size
+		c.bytes -= int(e.size)
 		return
 	}
 }
@@ -168,7 +182,7 @@ func (c *Cache) evictOne() {
 func (c *Cache) Drop(k Key) {
 	if e, ok := c.m[k]; ok {
 		delete(c.m, k)
-		c.bytes -= e.size
+		c.bytes -= int(e.size)
 	}
 }
 

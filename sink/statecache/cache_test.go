@@ -43,7 +43,7 @@ func TestStateCacheBounds(t *testing.T) {
 			}
 			sum := 0
 			for _, e := range c.m {
-				sum += e.size
+				sum += int(e.size)
 			}
 			if sum != c.bytes {
 				t.Fatalf("entries hold %d bytes, books say %d", sum, c.bytes)
@@ -75,10 +75,10 @@ func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for k, e := range c.m {
-			if unsafe.StringData(k.ID) != unsafe.StringData(e.key) {
+			if unsafe.StringData(k.ID) != unsafe.StringData(e.key()) {
 				t.Fatalf("%s: the map's key is not the entry's own copy", when)
 			}
-			if e.blob != nil && unsafe.Add(unsafe.Pointer(unsafe.StringData(e.key)), len(e.key)) != unsafe.Pointer(unsafe.SliceData(e.blob)) {
+			if e.blob() != nil && unsafe.Add(unsafe.Pointer(unsafe.StringData(e.key())), len(e.key())) != unsafe.Pointer(unsafe.SliceData(e.blob())) {
 				t.Fatalf("%s: a packed entry's key is not in its blob's allocation (an older entry's memory stays alive)", when)
 			}
 			for _, g := range given {
@@ -94,10 +94,10 @@ func TestStateCacheKeepsItsOwnKeys(t *testing.T) {
 	check("stored over an entry")
 	// A state that cannot be packed (an array) over a packed one: its
 	// key must not be the packed entry's, whose blob would stay alive.
-	packedKey := c.m[Key{tbl, "key-1"}].key
+	packedKey := c.m[Key{tbl, "key-1"}].key()
 	c.Put(batchKey(), &fold.Latest{V: &fold.Version{Key: []any{int64(1)}, Row: []any{[]any{"x"}}}})
-	if e := c.m[Key{tbl, "key-1"}]; e.blob != nil || unsafe.StringData(e.key) == unsafe.StringData(packedKey) {
-		t.Fatalf("an unpacked state kept the packed entry's key (packed: %v)", e.blob != nil)
+	if e := c.m[Key{tbl, "key-1"}]; e.blob() != nil || unsafe.StringData(e.key()) == unsafe.StringData(packedKey) {
+		t.Fatalf("an unpacked state kept the packed entry's key (packed: %v)", e.blob() != nil)
 	}
 	c.Put(batchKey(), l)
 	check("packed again")
@@ -162,7 +162,7 @@ func TestStateCacheOversized(t *testing.T) {
 	}
 	sum := 0
 	for _, e := range c.m {
-		sum += e.size
+		sum += int(e.size)
 	}
 	if sum != c.bytes {
 		t.Fatalf("entries hold %d bytes, books say %d", sum, c.bytes)
