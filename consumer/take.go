@@ -105,7 +105,7 @@ func (c *Consumer) fetchErrors(fetches kgo.Fetches) fetchFailures {
 func (c *Consumer) decodeAll(ctx context.Context, fetches kgo.Fetches) ([]decoded, map[change.Partition]heldBack) {
 	dctx, cancel := context.WithTimeout(ctx, decodeBudget)
 	defer cancel()
-	var items []decoded
+	items := make([]decoded, 0, fetches.NumRecords())
 	held := map[change.Partition]heldBack{}
 	var hdrs []debezium.Header
 	fetches.EachRecord(func(r *kgo.Record) {
