@@ -56,9 +56,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		}
 	}
 
-	var appendKeys, repair []*keyPlan
+	appendKeys := make([]*keyPlan, 0, len(p.order))
+	var repair []*keyPlan
 	var repairEvents [][]fold.Event
-	batchEvents := map[*keyPlan][]fold.Event{}
+	batchEvents := make(map[*keyPlan][]fold.Event, len(p.order))
 	for _, kp := range p.order {
 		evs, d, dups := dedupeBatch(kp.events)
 		dead = append(dead, d...)
@@ -87,7 +88,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 	var repairFrom []change.Seq
 	partial := false
-	appending, appendStates := appendKeys[:0:0], states[:0:0]
+	appending, appendStates := make([]*keyPlan, 0, len(appendKeys)), make([]*fold.Latest, 0, len(appendKeys))
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
 		if max := states[i].MaxSeq(); max != nil && evs[0].Seq.Compare(max) <= 0 {
@@ -105,6 +106,9 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		return res, nil, err
 	}
 	w := &writes{pre: ops.pre}
+	if !ops.Off {
+		ops.Puts = slices.Grow(ops.Puts, len(appending))
+	}
 	for i, kp := range appending {
 		ops.Set(t.cacheKey(kp.id), s.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res))
 	}
