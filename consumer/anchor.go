@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 )
@@ -121,12 +122,21 @@ func (a *anchors) at(offsets map[change.Partition]int64) map[change.Partition]ch
 // forget drops the marks before marks[i], compacting the marks and, once
 // they hold less than half of it, the arena.
 func (st *anchorState) forget(i int) {
-	st.marks = append(st.marks[:0], st.marks[i:]...)
+	if cap(st.marks) > 4096 && len(st.marks)-i < cap(st.marks)/8 {
+		st.marks = slices.Clone(st.marks[i:])
+	} else {
+		st.marks = append(st.marks[:0], st.marks[i:]...)
+	}
 	base := st.marks[0].at
 	if int(base) < len(st.arena)/2 {
 		return
 	}
-	st.arena = append(st.arena[:0], st.arena[base:]...)
+	live := st.arena[base:]
+	if cap(st.arena) > 64<<10 && len(live) < cap(st.arena)/8 {
+		st.arena = bytes.Clone(live) // a burst is over: give its room back
+	} else {
+		st.arena = append(st.arena[:0], live...)
+	}
 	for j := range st.marks {
 		st.marks[j].at -= base
 	}

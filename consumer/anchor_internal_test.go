@@ -11,7 +11,7 @@ import (
 // TestAnchorsMatchModel reads random partitions of rising and falling
 // sequences, takes commit points at random, and checks every anchor and
 // commit-point seed against a plain list of (offset, highest sequence),
-// across the arena's compactions.
+// across the arena's compactions and shrinks.
 func TestAnchorsMatchModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	p := change.Partition{Topic: "t"}
@@ -30,17 +30,26 @@ func TestAnchorsMatchModel(t *testing.T) {
 			model = append(model, mark{next, max})
 			committed = next
 		}
-		for range 300 + rng.IntN(700) {
-			switch r := rng.IntN(20); {
-			case r < 16:
+		n, commits := 300+rng.IntN(700), 20
+		if round%40 == 0 {
+			// Long stretches without a commit point: the arena and the
+			// marks grow past the sizes at which they shrink again.
+			n, commits = 60_000, 20_000
+		}
+		for range n {
+			switch r := rng.IntN(commits); {
+			case r < commits-4:
 				seq := change.MustSeq(rng.IntN(5000), rng.IntN(3))
+				if commits > 20 { // a rising sequence: a mark per record
+					seq = change.MustSeq(next, rng.IntN(3))
+				}
 				a.see(change.Origin{Partition: p, Offset: next}, seq)
 				if max == nil || seq.Compare(max) > 0 {
 					max = bytes.Clone(seq)
 					model = append(model, mark{next + 1, max})
 				}
 				next++
-			case r < 18:
+			case r < commits-2:
 				got := a.anchor(change.Origin{Partition: p, Offset: next})
 				want := change.AppendSeqNull(nil)
 				if max != nil {

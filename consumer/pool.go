@@ -127,8 +127,9 @@ func (p *decompressPool) PutDecompressBytes(b []byte) {
 // (kgo.PoolRecords), by power-of-two capacity: a slice comes back once
 // every record of its batch is recycled, which take does for all of them.
 // Without it every batch's records were a new slice (about 170 bytes a
-// record: 45 MB over BenchmarkPipeline's backlog). A slice over the
-// largest class is made to measure and not kept.
+// record: 45 MB over BenchmarkPipeline's backlog). A request over the
+// largest class gets a slice made to measure; a slice goes back to the
+// largest class it fills, and one of 65,536 records or more is not kept.
 type recordsPool struct {
 	classes [recordClasses]sync.Pool
 }

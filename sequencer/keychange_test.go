@@ -57,6 +57,30 @@ func TestKeyChangeWaitsForTheOldKey(t *testing.T) {
 			t.Fatalf("after the wait: %v", seqs(out.Events))
 		}
 	})
+	t.Run("over the byte budget the create still waits, and the rest makes room", func(t *testing.T) {
+		s, clk := newSeq(t, window, 0)
+		s.cfg.MaxBufferedBytes = 1 // every call is over budget
+		s.Add(create())
+		s.Add(ev(p1, 1, "new", 130, "after"))
+		s.Add(ev(p1, 2, "other", 5, "x"))
+		clk.advance(time.Millisecond) // inside every window
+		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"other[5]"}) {
+			t.Fatalf("released %v, want only the other key's event: the create waits for its old key's delete", seqs(out.Events))
+		}
+		for waited := gateStep; waited < s.cfg.KeyChangeWait-time.Millisecond; waited += gateStep {
+			clk.advance(gateStep)
+			if out := s.Release(); len(out.Events) != 0 {
+				t.Fatalf("released %v after %v, before KeyChangeWait %v", seqs(out.Events), waited, s.cfg.KeyChangeWait)
+			}
+		}
+		s.Add(del())
+		if out := s.Release(); !slices.Equal(seqs(out.Events), []string{"old[120]", "new[121]", "new[130]"}) {
+			t.Fatalf("release %v, want the delete and then the new key's events", seqs(out.Events))
+		}
+		if s.Bytes() != 0 || s.Len() != 0 {
+			t.Fatalf("%d bytes, %d events left", s.Bytes(), s.Len())
+		}
+	})
 	t.Run("the delete came first: no wait", func(t *testing.T) {
 		s, clk := newSeq(t, window, 0)
 		s.Add(del())

@@ -77,11 +77,11 @@ func testBudgetCountsMemory(t *testing.T, nKeys, nEvents int) {
 	if s.Len() != len(recs) {
 		t.Fatalf("%d events buffered, want %d", s.Len(), len(recs))
 	}
-	real := float64(after-before) / float64(s.Len())
+	onHeap := float64(after-before) / float64(s.Len())
 	counted := float64(s.Bytes()) / float64(s.Len())
-	t.Logf("%d events, %d keys: %.0f bytes per event on the heap, %.0f counted (%.2f)", s.Len(), len(s.keys), real, counted, counted/real)
-	if counted < 0.9*real || counted > 1.15*real {
-		t.Fatalf("the budget counts %.0f bytes per buffered event, the heap grew by %.0f: off by more than the allowed -10%%..+15%%", counted, real)
+	t.Logf("%d events, %d keys: %.0f bytes per event on the heap, %.0f counted (%.2f)", s.Len(), len(s.keys), onHeap, counted, counted/onHeap)
+	if counted < 0.9*onHeap || counted > 1.15*onHeap {
+		t.Fatalf("the budget counts %.0f bytes per buffered event, the heap grew by %.0f: off by more than the allowed -10%%..+15%%", counted, onHeap)
 	}
 	runtime.KeepAlive(s)
 }

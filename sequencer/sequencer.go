@@ -47,7 +47,9 @@ type Config struct {
 	// caller should pause fetching.
 	MaxBufferedEvents int
 	// MaxBufferedBytes bounds the estimated memory of the buffered events
-	// (change.Event.Size); 0 means no bound. See the package comment.
+	// (change.Event.Size, with the buffer's own books per event and per
+	// key: itemOverhead, keyBuf.size); 0 means no bound. See the package
+	// comment.
 	MaxBufferedBytes int64
 	// KeyChangeWait is how long the create of a primary-key change (an
 	// event with OldKey) waits, at most, for the delete of its old key to
@@ -295,11 +297,22 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 func (s *Sequencer) Release() Output {
 	clock := s.now().UnixNano()
 	out := s.takeReady()
+	// Over budget, a key whose primary-key create still waits for its
+	// old key is set aside for the rest of this call: the create's wait
+	// is counted on the real clock, never skipped to make room (it would
+	// take its placeholders from an old key whose delete is not applied
+	// yet), and the other keys make the room.
+	var waiting []dueEntry
+	var aside map[*keyBuf]bool
 	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
 		e := s.due.pop()
 		kb := e.kb
 		if kb.gone || kb.scheduled != e.at {
 			continue // stale entry
+		}
+		if aside[kb] {
+			waiting = append(waiting, e)
+			continue
 		}
 		now := max(clock, e.at) // over budget: as if the clock were at the key's deadline
 		var upto change.Seq
@@ -311,14 +324,20 @@ func (s *Sequencer) Release() Output {
 				upto = it.ev.Seq
 			}
 		}
-		held := s.gated(kb, upto, now)
-		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out, now, 0) {
-			held = s.gated(kb, upto, now)
+		held := s.gated(kb, upto, clock)
+		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out, clock, 0) {
+			held = s.gated(kb, upto, clock)
 		}
 		if held != nil {
 			upto = held.before
-			s.postpone(kb, held, now)
+			s.postpone(kb, held, clock)
 			kb.scheduled = 0 // the entry just taken is gone: schedule anew
+			if e.at > clock {
+				if aside == nil {
+					aside = map[*keyBuf]bool{}
+				}
+				aside[kb] = true
+			}
 			if upto == nil {
 				s.reschedule(kb.ref, kb)
 				continue
@@ -331,6 +350,9 @@ func (s *Sequencer) Release() Output {
 			}
 			return take
 		})
+	}
+	for _, e := range waiting {
+		s.due.push(e)
 	}
 	return out
 }
