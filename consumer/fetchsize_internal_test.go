@@ -15,7 +15,7 @@ func TestFetchSize(t *testing.T) {
 		ratio float64
 		want  int32
 	}{
-		{0, 4 << 20}, {1, 4 << 20}, {2, 2 << 20}, {16, 256 << 10}, {64, 64 << 10}, {1000, 64 << 10},
+		{0, fetchBudget}, {1, fetchBudget}, {2, fetchBudget / 2}, {8, fetchBudget / 8}, {fetchBudget / fetchFloor * 4, fetchFloor}, {1000, fetchFloor},
 	} {
 		if got := fetchSize(tc.ratio); got != tc.want {
 			t.Errorf("fetchSize(%v) = %d, want %d", tc.ratio, got, tc.want)
@@ -37,24 +37,28 @@ func TestFetchSizerWindows(t *testing.T) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
 	f := newFetchSizer(g, nil)
 	f.client.Store(cl)
+	// The steps were written for a budget of 4 MiB; sizes scale with it.
+	q := func(n int) int { return n * fetchBudget / (4 << 20) }
 	batch := func(uncompressed, compressed int) {
-		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{UncompressedBytes: uncompressed, CompressedBytes: compressed})
+		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{UncompressedBytes: q(uncompressed), CompressedBytes: q(compressed)})
 	}
+	const b = fetchBudget
 	steps := []struct {
 		name  string
 		feed  func()
 		wantG float64
 	}{
-		{"at first", func() {}, 4 << 20},
-		{"half a window, compressed 8 times", func() { batch(2<<20, 256<<10) }, 4 << 20},
+		{"at first", func() {}, b},
+		{"half a window, compressed 8 times", func() { batch(2<<20, 256<<10) }, b},
 		// 832 KiB on the wire; the batches compressed 16 times are less
 		// than a tenth of it, with those compressed 8 times more: 3 MiB
 		// over 320 KiB.
-		{"a window: the most compressed tenth", func() { batch(1<<20, 64<<10); batch(1<<20, 512<<10) }, 436906},
-		{"compressed 10 times: within an eighth, unchanged", func() { batch(4<<20, 4<<20/10) }, 436906},
-		{"uncompressed again", func() { batch(4<<20, 4<<20) }, 4 << 20},
-		{"one very compressed batch among uncompressed ones", func() { batch(4<<20-100<<10, 4<<20-100<<10); batch(100<<10, 1<<10) }, 4 << 20},
-		{"a sixth of the wire bytes compressed 10 times", func() { batch(3<<20, 3<<20/10); batch(3<<19, 3<<19) }, 419429},
+		{"a window: the most compressed tenth", func() { batch(1<<20, 64<<10); batch(1<<20, 512<<10) }, float64(fetchSize(9.6))},
+		{"compressed 10 times: within an eighth, unchanged", func() { batch(4<<20, 4<<20/10) }, float64(fetchSize(9.6))},
+		{"uncompressed again", func() { batch(4<<20, 4<<20) }, b},
+		{"one very compressed batch among uncompressed ones", func() { batch(4<<20-100<<10, 4<<20-100<<10); batch(100<<10, 1<<10) }, b},
+		{"a sixth of the wire bytes compressed 10 times", func() { batch(3<<20, 3<<20/10); batch(3<<19, 3<<19) },
+			float64(fetchSize(float64(q(3<<20)) / float64(q(3<<20/10))))},
 	}
 	for _, s := range steps {
 		s.feed()

@@ -125,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		TopicsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_topics_skipped_total",
 			Help: "Topics matched by a subscription that cannot be applied (two patterns match, or their target is another topic's): paused."}, []string{"topic"}),
 		FetchMaxBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_max_bytes",
-			Help: "The fetch size asked of Kafka: 4 MiB, less when batches are compressed, so that a fetch holds about 4 MiB of records once decompressed."}),
+			Help: "The fetch size asked of Kafka: 1 MiB, less when batches are compressed, so that a fetch holds about 1 MiB of records once decompressed."}),
 		TargetBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_target_blocked",
 			Help: "1 while a target is parked: one table's trouble (a lock or statement timeout, a table changed by hand, a missing privilege) pauses only its partitions."},
 			[]string{"target"}),
