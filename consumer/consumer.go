@@ -285,7 +285,11 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
 		kgo.WithHooks(sizer),                // and so does this, for compressed batches
 		kgo.WithPools(pool, &recordsPool{}), // compressed batches' bytes, every batch's records; take recycles them
-		kgo.MaxConcurrentFetches(1),
+		// A fetch per broker, up to four: a broker with nothing to send
+		// holds its fetch for FetchMaxWait, which must not hold back the
+		// others (TestIdleBrokersDoNotStallFetching). Four fetches of
+		// fetchBudget are what a single fetch of 4 MiB held before.
+		kgo.MaxConcurrentFetches(maxConcurrentFetches),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),

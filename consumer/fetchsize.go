@@ -19,6 +19,11 @@ import (
 // too).
 const fetchBudget = 1 << 20
 
+// maxConcurrentFetches is how many fetches franz-go may have in flight or
+// buffered at once, each to its own broker: franz-go holds at most that
+// many fetchBudgets ahead of the reorder buffer.
+const maxConcurrentFetches = 4
+
 // fetchFloor is the least a fetch asks for. A broker returns at least one
 // record batch of a partition even when it is larger (KIP-74), so a small
 // floor never stops progress; it only keeps fetches from becoming tiny.

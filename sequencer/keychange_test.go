@@ -81,6 +81,51 @@ func TestKeyChangeWaitsForTheOldKey(t *testing.T) {
 			t.Fatalf("%d bytes, %d events left", s.Bytes(), s.Len())
 		}
 	})
+	// With a window shorter than gateStep, a postponed event can be due
+	// after one that came later: every due event counts, not only those
+	// before the first that is not, or the key is left with none due and
+	// no deadline to wake it.
+	t.Run("a short window: events postponed behind later ones are not stranded", func(t *testing.T) {
+		s, clk := newSeq(t, 10*time.Millisecond, 0)
+		mk := func(key string, seq int64, op change.Op, oldKey string, keyChanged bool) *change.Event {
+			e := ev(p0, int64(s.Len()), key, seq, key)
+			e.Op, e.KeyChanged = op, keyChanged
+			if oldKey != "" {
+				e.OldKey = []any{oldKey}
+			}
+			if op == change.OpDelete {
+				e.After = nil
+			}
+			return e
+		}
+		s.Add(mk("new", 121, change.OpCreate, "o", false)) // waits for o's delete
+		clk.advance(time.Millisecond)
+		s.Add(mk("new", 125, change.OpDelete, "", true)) // new becomes z
+		clk.advance(time.Millisecond)
+		s.Add(mk("new", 150, change.OpUpdate, "", false))
+		clk.advance(8 * time.Millisecond)
+		if out := s.Release(); len(out.Events) != 0 {
+			t.Fatalf("released %v while the create waits", seqs(out.Events))
+		}
+		clk.advance(10 * time.Millisecond)
+		s.Add(mk("new", 160, change.OpUpdate, "", false))
+		s.Add(mk("z", 125, change.OpCreate, "new", false))
+		clk.advance(time.Millisecond)
+		s.Add(mk("o", 120, change.OpDelete, "", true))
+		clk.advance(9 * time.Millisecond)
+		out := s.Release()
+		clk.advance(100 * time.Millisecond)
+		out.Events = append(out.Events, s.Release().Events...)
+		got := seqs(out.Events)
+		for _, want := range []string{"o[120]", "new[121]", "new[125]", "z[125]", "new[150]", "new[160]"} {
+			if !slices.Contains(got, want) {
+				t.Fatalf("released %v, missing %s: stranded in the buffer", got, want)
+			}
+		}
+		if s.Len() != 0 || s.Bytes() != 0 {
+			t.Fatalf("%d events, %d bytes left", s.Len(), s.Bytes())
+		}
+	})
 	t.Run("the delete came first: no wait", func(t *testing.T) {
 		s, clk := newSeq(t, window, 0)
 		s.Add(del())

@@ -22,7 +22,10 @@
 // what the budget holds instead of the buffer growing to rate × window.
 // History stays exact: an event of such a key that arrives later with a
 // lower sequence is repaired by the sink, like any late event; only its
-// cost differs.
+// cost differs. The create of a primary-key change is the exception: it
+// waits for its old key's delete on the real clock (keychange.go), budget
+// or not, and with it its key's later events; the bound is then exceeded
+// by those for at most KeyChangeWait.
 //
 // A Sequencer is not safe for concurrent use; one goroutine owns it.
 package sequencer
@@ -317,13 +320,14 @@ func (s *Sequencer) Release() Output {
 		now := max(clock, e.at) // over budget: as if the clock were at the key's deadline
 		var upto change.Seq
 		for _, it := range kb.items {
-			if it.deadline > now {
-				break
-			}
-			if upto == nil || it.ev.Seq.Compare(upto) > 0 {
+			// Every due event counts, not only those before the first
+			// that is not: a postponed event (a waiting create, the events
+			// after it) can be due after one that came later.
+			if it.deadline <= now && (upto == nil || it.ev.Seq.Compare(upto) > 0) {
 				upto = it.ev.Seq
 			}
 		}
+		kb.scheduled = 0 // the entry just taken is gone: whatever stays is scheduled anew
 		held := s.gated(kb, upto, clock)
 		if held != nil && s.releaseOldKey(kb.ref.table, held.it.ev, &out, clock, 0) {
 			held = s.gated(kb, upto, clock)
@@ -331,7 +335,6 @@ func (s *Sequencer) Release() Output {
 		if held != nil {
 			upto = held.before
 			s.postpone(kb, held, clock)
-			kb.scheduled = 0 // the entry just taken is gone: schedule anew
 			if e.at > clock {
 				if aside == nil {
 					aside = map[*keyBuf]bool{}
