@@ -26,14 +26,8 @@ import (
 // 1 MiB they ask for uncompressed, and everything must still be applied,
 // to the same history.
 func TestFetchSizeFollowsCompression(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t)
 	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), 1_000, 3_000) // about 13 MiB of records
-	srcs := []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()}
 	histories := map[string]string{}
 	for _, tc := range []struct {
 		name        string
@@ -46,16 +40,7 @@ func TestFetchSizeFollowsCompression(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			schema := "fetch_" + tc.name
-			var topics []string
-			var specs []sink.TableSpec
-			var rules []debezium.Rule
-			for _, src := range srcs {
-				topics = append(topics, src.Topic())
-				specs = append(specs, sink.TableSpec{Target: src.Table + "_history", Schema: schema, Keys: []string{"id"},
-					TrackHistory: scdtest.BenchTracked[src.Table]})
-				rules = append(rules, debezium.Rule{Topic: src.Topic(), Target: src.Table + "_history", Keys: []string{"id"},
-					SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"})
-			}
+			topics, specs, rules := benchTables(schema)
 			kafka := newKafka(t, 3, topics...)
 			var smallest atomic.Int32
 			smallest.Store(math.MaxInt32)
@@ -67,24 +52,7 @@ func TestFetchSizeFollowsCompression(t *testing.T) {
 				}
 				return nil, nil, false
 			})
-			cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.ProducerBatchCompression(tc.codec),
-				kgo.ProducerBatchMaxBytes(1<<20))
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := map[string]int64{}
-			for _, w := range work {
-				k, v := w.Src.Envelope(w.Change)
-				if w.Tombstone {
-					v = nil
-				}
-				cl.Produce(context.Background(), &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}, nil)
-				want[w.Src.Topic()]++
-			}
-			if err := cl.Flush(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			cl.Close()
+			want := produceWork(t, kafka.ListenAddrs(), work, kgo.ProducerBatchCompression(tc.codec), kgo.ProducerBatchMaxBytes(1<<20))
 			r := startWith(t, kafka.ListenAddrs(), pool, schema, specs, 50*time.Millisecond, func(c *consumer.Config) {
 				c.Rules, c.MaxBufferedEvents, c.BatchMaxEvents = rules, 100_000, 2_000
 			})
@@ -118,49 +86,18 @@ func TestFetchSizeFollowsCompression(t *testing.T) {
 // of fetches waited for the idle brokers, and the backlog came at about one
 // fetch (1 MiB) per round. Each broker has a fetch of its own now.
 func TestIdleBrokersDoNotStallFetching(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t)
 	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(5, 6)), 2_000, 6_000) // about 26 MiB of records
-	srcs := []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()}
 	const schema = "idle_brokers"
-	var topics []string
-	var specs []sink.TableSpec
-	var rules []debezium.Rule
-	for _, src := range srcs {
-		topics = append(topics, src.Topic())
-		specs = append(specs, sink.TableSpec{Target: src.Table + "_history", Schema: schema, Keys: []string{"id"},
-			TrackHistory: scdtest.BenchTracked[src.Table]})
-		rules = append(rules, debezium.Rule{Topic: src.Topic(), Target: src.Table + "_history", Keys: []string{"id"},
-			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"})
-	}
+	topics, specs, rules := benchTables(schema)
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(3, topics...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kafka.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]int64{}
-	for _, w := range work {
-		k, v := w.Src.Envelope(w.Change)
-		if w.Tombstone {
-			v = nil
-		}
-		// Everything in partition 0: partitions 1 and 2, led by the
-		// other brokers, stay idle.
-		cl.Produce(context.Background(), &kgo.Record{Topic: w.Src.Topic(), Partition: 0, Key: k, Value: v}, nil)
-		want[w.Src.Topic()]++
-	}
-	if err := cl.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	cl.Close()
+	// Everything in partition 0: partitions 1 and 2, led by the other
+	// brokers, stay idle.
+	want := produceWork(t, kafka.ListenAddrs(), work, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	began := time.Now()
 	r := startWith(t, kafka.ListenAddrs(), pool, schema, specs, 50*time.Millisecond, func(c *consumer.Config) {
 		c.Rules = rules
@@ -174,4 +111,53 @@ func TestIdleBrokersDoNotStallFetching(t *testing.T) {
 	if took > 4*time.Second {
 		t.Fatalf("the backlog took %v: the idle brokers' fetches held it back", took)
 	}
+}
+
+// benchTables returns the benchmark workload's two tables in schema: their
+// topics, table specs and decoding rules.
+func benchTables(schema string) (topics []string, specs []sink.TableSpec, rules []debezium.Rule) {
+	for _, src := range []*scdtest.Source{scdtest.BenchCustomers(), scdtest.BenchAccounts()} {
+		topics = append(topics, src.Topic())
+		specs = append(specs, sink.TableSpec{Target: src.Table + "_history", Schema: schema, Keys: []string{"id"},
+			TrackHistory: scdtest.BenchTracked[src.Table]})
+		rules = append(rules, debezium.Rule{Topic: src.Topic(), Target: src.Table + "_history", Keys: []string{"id"},
+			SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"})
+	}
+	return topics, specs, rules
+}
+
+// newPool opens a pool on a fresh test database.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// produceWork produces the workload's records with the client options
+// given (to partition 0 under a manual partitioner) and returns how many
+// went to each topic.
+func produceWork(t *testing.T, addrs []string, work []scdtest.BenchRecord, opts ...kgo.Opt) map[string]int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	want := map[string]int64{}
+	for _, w := range work {
+		k, v := w.Src.Envelope(w.Change)
+		if w.Tombstone {
+			v = nil
+		}
+		cl.Produce(context.Background(), &kgo.Record{Topic: w.Src.Topic(), Partition: 0, Key: k, Value: v}, nil)
+		want[w.Src.Topic()]++
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return want
 }
