@@ -38,6 +38,12 @@ type storedValue struct{ v any }
 // MarshalJSON writes the value as a dead letter's key shows it.
 func (s storedValue) MarshalJSON() ([]byte, error) { return json.Marshal(s.v) }
 
+// Stored marks v as read back from a history table's column by pgx, with
+// the sink's types registered (pgcodec.Register) and the column's type:
+// the sink takes it as it is, without converting it again. Carried
+// versions (package carry) and reconciliation's keys come this way.
+func Stored(v any) any { return storedValue{v} }
+
 func (c converter) convert(col *catalog.ColumnInfo, v any) (any, error) {
 	if v == nil {
 		return nil, nil

@@ -44,9 +44,11 @@ const usage = `usage:
                                     consume continuously until SIGINT/SIGTERM; with
                                     --leave-group a static member (kafka.instance_id) also
                                     leaves the group when it stops (a scale-down)
-  scd2sink rebuild  --config FILE [--follow]
+  scd2sink rebuild  --config FILE [--follow] [--from-scratch]
                                     replay every topic from the earliest offset into fresh tables,
-                                    swap them in when caught up; with --follow carry on as run
+                                    carry over the live versions whose events Kafka no longer
+                                    holds, swap them in when caught up; with --follow carry on
+                                    as run; with --from-scratch keep only what Kafka holds
   scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
   scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
                                     print a key's versions (T: a target or topic; V: the key
@@ -117,12 +119,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file")
-	follow, leave, confirm := false, false, false
+	follow, leave, confirm, scratch := false, false, false, false
 	if cmd == "run" {
 		fs.BoolVar(&leave, "leave-group", false, "a static member leaves the group when it stops")
 	}
 	if cmd == "rebuild" {
 		fs.BoolVar(&follow, "follow", false, "carry on as run after the swap")
+		fs.BoolVar(&scratch, "from-scratch", false, "keep only what Kafka holds: carry none of the live tables' versions over")
 	}
 	var hq app.HistoryQuery
 	var keyList string
@@ -308,7 +311,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
 	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log, LeaveGroup: leave}) }
 	if cmd == "rebuild" {
-		run = func() error { return app.Rebuild(ctx, cfg, app.Options{Logger: log}, follow) }
+		run = func() error { return app.Rebuild(ctx, cfg, app.Options{Logger: log}, app.RebuildMode{Follow: follow, FromScratch: scratch}) }
 	}
 	if err := run(); err != nil {
 		log.Error("stopped", zap.Error(err))

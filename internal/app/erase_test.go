@@ -183,7 +183,7 @@ tables:
 	if n := traces("after run"); n != 0 {
 		t.Fatalf("%d traces of the erased keys after their later events", n)
 	}
-	if err := Rebuild(ctx, cfg, Options{}, false); err != nil {
+	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := traces("after rebuild"); n != 0 {

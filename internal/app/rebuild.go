@@ -21,6 +21,16 @@ import (
 	"go.uber.org/zap"
 )
 
+// RebuildMode says what a rebuild does besides replaying Kafka.
+type RebuildMode struct {
+	// Follow carries on as Run after the swap.
+	Follow bool
+	// FromScratch keeps only what Kafka holds: the live tables' versions
+	// whose events Kafka no longer holds are not carried over (counted
+	// and logged before the swap).
+	FromScratch bool
+}
+
 // RebuildSuffix names the tables a rebuild fills next to the live ones.
 const RebuildSuffix = "__rebuild"
 
@@ -104,9 +114,11 @@ func (o Options) kafkaClient(cfg *config.Config, extra ...kgo.Opt) (*kgo.Client,
 // watermarks taken at the start; when caught up it swaps the fresh tables in
 // with one transaction (queries see the old or the new table, never
 // neither), moves the offsets over and sets the live group's Kafka offsets.
-// With follow it then carries on as Run. The live group must have no
+// Before the swap it carries into the fresh tables every event of the live
+// ones that the replay did not see (carryOver), unless mode.FromScratch.
+// With mode.Follow it then carries on as Run. The live group must have no
 // members (stop `scd2sink run` first).
-func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool) error {
+func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode RebuildMode) error {
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -184,6 +196,9 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 	if err := <-done; err != nil {
 		return fmt.Errorf("rebuild: %w", err)
 	}
+	if err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log); err != nil {
+		return fmt.Errorf("rebuild caught up, but %w (nothing was swapped in)", err)
+	}
 	// The swap locks the live tables, waiting at most lock_timeout behind
 	// a reader each try: it is tried again until it gets them (the replay
 	// is done; a failed rebuild run again would start it over).
@@ -219,7 +234,7 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, follow bool)
 		}
 	}
 	log.Info("rebuild swapped in", zap.Int64("events", total), zap.Duration("took", time.Since(start).Round(time.Millisecond)))
-	if follow {
+	if mode.Follow {
 		return Run(ctx, live, opts)
 	}
 	return nil

@@ -86,7 +86,7 @@ tables:
 	}
 	closed := `SELECT count(*) FROM customers_history WHERE valid_to IS NOT NULL`
 	heldLive := `SELECT count(*) FROM scd2sink_snapshots WHERE consumer_group = 'live' AND target = 'customers_history' AND held_at IS NOT NULL AND done_at IS NULL`
-	if err := Rebuild(ctx, cfg, Options{}, false); err != nil {
+	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{}); err != nil {
 		t.Fatal(err)
 	}
 	if n, h := query(closed), query(heldLive); n != 0 || h != 1 {
@@ -98,7 +98,7 @@ tables:
 	if n := query(closed); n != 4 {
 		t.Fatalf("confirmed: %d versions closed, want 4", n)
 	}
-	if err := Rebuild(ctx, cfg, Options{}, false); err != nil {
+	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{}); err != nil {
 		t.Fatal(err)
 	}
 	if n, h := query(closed), query(heldLive); n != 4 || h != 0 {

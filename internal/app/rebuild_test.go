@@ -172,7 +172,7 @@ tables:
 			}
 		}
 	}()
-	if err := Rebuild(ctx, cfg, Options{}, false); err != nil {
+	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)

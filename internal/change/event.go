@@ -258,6 +258,18 @@ func (e *Event) Hash() [16]byte {
 	return e.hash
 }
 
+// SetHash gives the event the digest h instead of one taken from its
+// content: an event read back from a history table (a carried version,
+// package carry) keeps the digest of the event that wrote it (scd_hash),
+// so that the original, delivered again, is a duplicate of it. A digest
+// of another length is ignored.
+func (e *Event) SetHash(h []byte) {
+	if len(h) == len(e.hash) {
+		copy(e.hash[:], h)
+		e.hashd = true
+	}
+}
+
 // KeyID canonically encodes key values.
 func KeyID(key []any) string {
 	var buf [96]byte // most keys: one allocation, the string
