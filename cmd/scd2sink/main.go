@@ -311,7 +311,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
 	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log, LeaveGroup: leave}) }
 	if cmd == "rebuild" {
-		run = func() error { return app.Rebuild(ctx, cfg, app.Options{Logger: log}, app.RebuildMode{Follow: follow, FromScratch: scratch}) }
+		run = func() error {
+			return app.Rebuild(ctx, cfg, app.Options{Logger: log}, app.RebuildMode{Follow: follow, FromScratch: scratch})
+		}
 	}
 	if err := run(); err != nil {
 		log.Error("stopped", zap.Error(err))
