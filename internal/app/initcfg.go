@@ -40,6 +40,10 @@ type initTopic struct {
 // tables entry per topic, or one topic_pattern entry for topics of one
 // prefix, connector, format and key. The result passes run's validation.
 func Init(ctx context.Context, o InitOptions, out io.Writer) error {
+	hadPassword, err := initSecrets(&o)
+	if err != nil {
+		return err
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...))
 	if err != nil {
 		return &config.Error{Key: "--brokers", Msg: err.Error()}
@@ -112,7 +116,7 @@ func Init(ctx context.Context, o InitOptions, out io.Writer) error {
 	if len(data) == 0 {
 		return fmt.Errorf("no Debezium data topic found (%s)", strings.Join(skipped, "; "))
 	}
-	text := renderInit(o, cfg.SchemaRegistry, data, skipped)
+	text := renderInit(o, hadPassword, cfg.SchemaRegistry, data, skipped)
 	parsed, err := config.Parse([]byte(text), func(string) (string, bool) { return "", false })
 	if err == nil {
 		err = config.NewRouter(parsed).Check(names) // what run checks at start
@@ -169,7 +173,7 @@ func quoteAll(names []string) string {
 }
 
 // renderInit writes the configuration.
-func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skipped []string) string {
+func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data []initTopic, skipped []string) string {
 	var b strings.Builder
 	quoted := make([]string, len(o.Brokers))
 	for i, br := range o.Brokers {
@@ -182,8 +186,11 @@ func renderInit(o InitOptions, reg config.SchemaRegistry, data []initTopic, skip
 	}
 	fmt.Fprintf(&b, "kafka:\n  brokers: [%s]\n", strings.Join(quoted, ", "))
 	dsn, note := o.DSN, ""
-	if dsn == "" {
+	switch {
+	case dsn == "":
 		dsn, note = "postgres://scd2sink@127.0.0.1:5432/warehouse", "   # edit: the warehouse (or SCD2SINK_POSTGRES_DSN)"
+	case hadPassword:
+		note = "   # its password is left out: set SCD2SINK_POSTGRES_DSN to the whole DSN, or replace dsn with dsn_file: FILE (or use PGPASSWORD, ~/.pgpass)"
 	}
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q%s\n", dsn, note)
 	avro := false
