@@ -108,11 +108,12 @@ func describeJSON(key, value []byte) (Description, error) {
 		row = gjson.Parse(row.Str)
 	}
 	row.ForEach(func(k, _ gjson.Result) bool {
-		if !flat || !flatAdded(k.Str) {
-			out.Columns = append(out.Columns, k.Str)
-		}
+		out.Columns = append(out.Columns, k.Str)
 		return true
 	})
+	if flat {
+		out.Columns = flatRowNames(out.Columns)
+	}
 	out.Keys = jsonKeyNames(key)
 	return out, nil
 }

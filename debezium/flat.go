@@ -18,13 +18,21 @@ import (
 // flattened when it has __op or __deleted and no source block; it must
 // carry __op (add.fields=op,…): a create, a snapshot read and an update
 // are told apart by nothing else. Its operation is __op (a delete when
-// __deleted), its image the payload without the fields the transform added
-// (flatAdded; a row's own __v stays), and an envelope path the
+// __deleted), its image the payload without the fields the transform added,
+// and an envelope path the
 // configuration names (sequence_by, valid_from) is looked up as the field
 // add.fields made of it. after.<column> is the row's column (before.<column>
 // a deleted row's). A plain tombstone, which the transform's default delete
 // mode writes, carries no sequence: it is skipped as tombstones are, so
 // such deletes do not reach the history — set the rewrite mode.
+//
+// Which fields the transform added: it builds the new value from the row's
+// fields, then appends add.fields' and __deleted (in schema order, which
+// the JsonConverter keeps with and without schemas). So the added fields
+// are the trailing run of fields named as the transform names them
+// (flatAdded): a row's own column of such a name (__version, __table) is
+// the row's when a column of the row follows it. Only a row whose last
+// columns are named like the transform's fields loses them.
 
 // looksFlat says whether a payload is a flattened record's; its schema,
 // when there is one, has said so already.
@@ -45,12 +53,11 @@ func flatRowSchema(s *Schema) *Schema {
 		return nil // an envelope with a column of that name
 	}
 	row := *s
-	row.Fields = nil
-	for _, f := range s.Fields {
-		if !flatAdded(f.Field) {
-			row.Fields = append(row.Fields, f)
-		}
+	n := len(s.Fields)
+	for n > 0 && flatAdded(s.Fields[n-1].Field) {
+		n--
 	}
+	row.Fields = s.Fields[:n:n]
 	return &row
 }
 
@@ -131,30 +138,49 @@ func (e *jsonEnvelope) flatGet(path []string) gjson.Result {
 }
 
 // flatAfter is a flattened record's row: the payload without the fields
-// the transform added.
-func flatAfter(p gjson.Result) (string, error) {
+// the transform added, added when its schema has named them, else the
+// trailing run of fields flatAdded accepts.
+func flatAfter(p gjson.Result, added map[string]bool) (string, error) {
 	if !p.IsObject() {
 		return "", errors.New("flattened record is not a JSON object")
 	}
-	var b strings.Builder
-	b.Grow(len(p.Raw))
-	b.WriteByte('{')
-	n := 0
+	b := make([]byte, 0, len(p.Raw)+1)
+	b = append(b, '{')
+	run := -1 // where the trailing run of added-looking fields starts in b
 	p.ForEach(func(k, v gjson.Result) bool {
-		if flatAdded(k.Str) {
-			return true
+		if added != nil {
+			if added[k.Str] {
+				return true
+			}
+		} else if flatAdded(k.Str) {
+			if run < 0 {
+				run = len(b)
+			}
+		} else {
+			run = -1
 		}
-		if n > 0 {
-			b.WriteByte(',')
+		if len(b) > 1 {
+			b = append(b, ',')
 		}
-		b.WriteString(k.Raw)
-		b.WriteByte(':')
-		b.WriteString(v.Raw)
-		n++
+		b = append(b, k.Raw...)
+		b = append(b, ':')
+		b = append(b, v.Raw...)
 		return true
 	})
-	b.WriteByte('}')
-	return b.String(), nil
+	if run >= 0 {
+		b = b[:run]
+	}
+	return string(append(b, '}')), nil
+}
+
+// flatRowNames are the names of a flattened row's fields, in order,
+// without the transform's trailing run.
+func flatRowNames(names []string) []string {
+	n := len(names)
+	for n > 0 && flatAdded(names[n-1]) {
+		n--
+	}
+	return names[:n]
 }
 
 // flatDocumentKey is the _id of a flattened MongoDB record, as text (as

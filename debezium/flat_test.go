@@ -12,6 +12,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/tidwall/gjson"
 )
 
 // Records flattened by Debezium's ExtractNewRecordState (add.fields
@@ -30,12 +31,17 @@ func TestFlattenedRecords(t *testing.T) {
 		// Columns of the row named like envelope fields, and a Mongoose-style
 		// __v: the row's, not the transform's.
 		{Name: "op", Schema: `{"type":"string","optional":true}`},
+		// Columns named like the transform's own fields (__version,
+		// __table, __id): the row's, as a row column follows them.
+		{Name: "__version", Schema: `{"type":"int32","optional":true}`},
+		{Name: "__table", Schema: `{"type":"string","optional":true}`},
+		{Name: "__id", Schema: `{"type":"string","optional":true}`},
 		{Name: "__v", Schema: `{"type":"int32","optional":true}`},
 	}}
 	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	row := func(id int, plan string, qty int, sec int) scdtest.Row {
 		return scdtest.Row{"id": id, "plan": plan, "qty": qty, "changed": at.Add(time.Duration(sec)*time.Second + 250*time.Millisecond).UnixMicro(),
-			"op": "x", "__v": sec}
+			"op": "x", "__version": 10 + sec, "__table": "t" + strconv.Itoa(sec), "__id": strconv.Itoa(id), "__v": sec}
 	}
 	changes := []scdtest.Change{
 		{Op: "r", After: row(3, "basic", 1, 0), LSN: 100, Commit: at, Snapshot: "last"},
@@ -62,7 +68,7 @@ func TestFlattenedRecords(t *testing.T) {
 		if _, err := s.Apply(ctx, sink.Batch{Events: decodeAll(t, d, src.Topic(), recs)}); err != nil {
 			t.Fatal(err)
 		}
-		return scdtest.HistoryLines(t, pool, spec, []string{"plan", "qty", "changed", "op", "__v"})
+		return scdtest.HistoryLines(t, pool, spec, []string{"plan", "qty", "changed", "op", "__version", "__table", "__id", "__v"})
 	}
 	for _, vf := range []string{"source.ts_ms", "after.changed"} {
 		t.Run(vf, func(t *testing.T) {
@@ -78,6 +84,32 @@ func TestFlattenedRecords(t *testing.T) {
 		})
 	}
 
+	// Without the schema (JsonConverter schemas.enable=false) the payload's
+	// order tells: the transform's fields are its trailing run.
+	t.Run("schemaless", func(t *testing.T) {
+		d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "x", SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
+		k, v := src.Envelope(changes[3])
+		flat := scdtest.Flatten(v, "op", "source.lsn", "source.ts_ms", "source.version", "source.table")
+		payload := []byte(gjson.GetBytes(flat, "payload").Raw)
+		ev, err := d.Decode(ctx, change.Origin{Partition: change.Partition{Topic: src.Topic()}}, k, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img := string(ev.AfterJSON)
+		for _, c := range []string{`"__version":12`, `"__table":"t2"`, `"__id":"1"`, `"__v":2`} {
+			if !strings.Contains(img, c) {
+				t.Errorf("the row lacks its column %s: %s", c, img)
+			}
+		}
+		for _, c := range []string{"__op", "__source_lsn", "__source_version", "__source_table", "__deleted"} {
+			if strings.Contains(img, c) {
+				t.Errorf("the row holds the transform's %s: %s", c, img)
+			}
+		}
+		if ev.Op != change.OpUpdate || ev.Seq.String() != "[300]" {
+			t.Errorf("op %s, sequence %s: want u, [300]", ev.Op, ev.Seq)
+		}
+	})
 	t.Run("misconfigured transforms", func(t *testing.T) {
 		d := debezium.New([]debezium.Rule{{Topic: src.Topic(), Target: "x", SequenceBy: []string{"source.lsn"}, ValidFrom: "source.ts_ms"}}, nil, nil)
 		k, v := src.Envelope(changes[1])

@@ -18,6 +18,9 @@ import (
 type envelopeSchema struct {
 	row  *rowSchema // the before/after struct; nil when the schema has none
 	flat bool       // a flattened record's schema (flat.go): row is the record's
+	// added are the fields a flattened record's transform added (flat.go):
+	// the trailing run of its schema's fields named as it names them.
+	added map[string]bool
 }
 
 // flatKind says how a payload is read: an envelope, or a flattened record
@@ -266,6 +269,12 @@ func parseEnvelopeSchema(raw string) *cached {
 	env := &envelopeSchema{}
 	rs := flatRowSchema(s) // a flattened record's (flat.go), or nil
 	env.flat = rs != nil
+	if env.flat {
+		env.added = map[string]bool{}
+		for _, f := range s.Fields[len(rs.Fields):] {
+			env.added[f.Field] = true
+		}
+	}
 	if rs == nil {
 		if rs = s.field("after"); rs == nil {
 			rs = s.field("before")
@@ -401,7 +410,11 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		mongo = false // a flattened document is a row (flat.go)
 	}
 	if opv.HasAfter() && env.flat == flatRow {
-		if after, err = flatAfter(env.payload); err != nil {
+		var added map[string]bool
+		if env.schema != nil {
+			added = env.schema.added
+		}
+		if after, err = flatAfter(env.payload, added); err != nil {
 			return nil, fmt.Errorf("%s event: %w", op.Str, err)
 		}
 		ev.AfterValid = true

@@ -65,9 +65,28 @@ func Flatten(value []byte, fields ...string) []byte {
 	if img == "before" {
 		out["__deleted"] = "true"
 	}
+	// The payload in the schema's order, as the JsonConverter writes a
+	// Struct (the row's fields, then the transform's).
+	var payload bytes.Buffer
+	payload.WriteByte('{')
+	for i, f := range sfields {
+		name := f.(map[string]any)["field"].(string)
+		if i > 0 {
+			payload.WriteByte(',')
+		}
+		k, _ := json.Marshal(name)
+		v, err := json.Marshal(out[name])
+		if err != nil {
+			panic(err)
+		}
+		payload.Write(k)
+		payload.WriteByte(':')
+		payload.Write(v)
+	}
+	payload.WriteByte('}')
 	b, err := json.Marshal(map[string]any{
 		"schema":  map[string]any{"type": "struct", "fields": sfields, "optional": false, "name": rowSchema["name"]},
-		"payload": out,
+		"payload": json.RawMessage(payload.Bytes()),
 	})
 	if err != nil {
 		panic(err)
