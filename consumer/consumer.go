@@ -221,6 +221,9 @@ type Consumer struct {
 	deadLog deadLog
 	// disagreeLog logs sequence/time disagreements at the same rate.
 	disagreeLog deadLog
+	// expiredLog logs events dropped before the retention horizon at the
+	// same rate.
+	expiredLog deadLog
 	// park holds the parked targets (park.go).
 	park parking
 	// waitMu guards the partitions held back (waits.go).

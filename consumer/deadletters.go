@@ -81,3 +81,21 @@ func (d *deadLog) logDisagreements(l *zap.Logger, notes []sink.Disagreement) {
 		}
 	}
 }
+
+// logExpired logs events dropped because their whole effect lies before
+// the retention horizon (scd2sink_events_expired_total), at the same rate
+// as dead letters (and with their own window).
+func (d *deadLog) logExpired(l *zap.Logger, notes []sink.DeadNote) {
+	if len(notes) == 0 || l == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, n := range notes {
+		fields, ok := d.allow(zap.String("topic", n.Origin.Topic), zap.Int32("partition", n.Origin.Partition.Partition),
+			zap.Int64("offset", n.Origin.Offset), zap.String("target", n.Table), zap.String("why", n.Err))
+		if ok {
+			l.Info("event before the retention horizon dropped: what it would change is gone (counted in scd2sink_events_expired_total)", fields...)
+		}
+	}
+}

@@ -74,10 +74,10 @@ type Metrics struct {
 	// RetentionFailures counts retention passes over a target that failed
 	// (tried again at the next pass).
 	RetentionFailures *prometheus.CounterVec
-	// RetentionDropped counts late events older than what retention kept
-	// for their key, dead-lettered with reason expired (DESIGN.md
-	// section 12).
-	RetentionDropped prometheus.Counter
+	// Expired counts, per target, events whose whole effect lies before
+	// what retention kept of their key: dropped, never dead-lettered
+	// (DESIGN.md section 12).
+	Expired *prometheus.CounterVec
 	// Kafka is franz-go's own client metrics, when registered.
 	Kafka *kprom.Metrics
 }
@@ -150,15 +150,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time before which the last retention pass removed closed versions, by target."}, []string{"target"}),
 		RetentionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retention_failures_total",
 			Help: "Retention passes that failed and wait for the next pass, by target."}, []string{"target"}),
-		RetentionDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_retention_events_dropped_total",
-			Help: "Late events older than what retention kept of their key, dead-lettered (reason expired) instead of applied."}),
+		Expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_events_expired_total",
+			Help: "Events whose whole effect lies before what retention kept of their key (a redelivery of what it removed, a late event whose version it would remove): dropped, never dead-lettered, by target."}, []string{"target"}),
 		OffsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_offsets_lost_total",
 			Help: "Partitions whose next offset was no longer in the log (retention passed it, the topic was re-created, the broker lost data), by topic."}, []string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
 			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes,
-			m.Disagreements, m.Streams, m.ErasedDropped, m.RetentionRemoved, m.RetentionHorizon, m.RetentionFailures, m.RetentionDropped)
+			m.Disagreements, m.Streams, m.ErasedDropped, m.RetentionRemoved, m.RetentionHorizon, m.RetentionFailures, m.Expired)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}
 	return m
@@ -183,7 +183,9 @@ func (m *Metrics) record(r sink.Result) {
 	for t, n := range r.Erased {
 		m.ErasedDropped.WithLabelValues(t).Add(float64(n))
 	}
-	m.RetentionDropped.Add(float64(r.Expired))
+	for t, n := range r.Expired {
+		m.Expired.WithLabelValues(t).Add(float64(n))
+	}
 }
 
 // Health is what /readyz reports: Kafka reachable, group joined, PostgreSQL

@@ -36,6 +36,7 @@ func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn fu
 		c.m.record(res)
 		c.deadLog.log(c.log, res.Dead)
 		c.disagreeLog.logDisagreements(c.log, res.Disagree)
+		c.expiredLog.logExpired(c.log, res.ExpiredNotes)
 		return err
 	})
 }

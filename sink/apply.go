@@ -110,7 +110,14 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		ops.Puts = slices.Grow(ops.Puts, len(appending))
 	}
 	for i, kp := range appending {
-		ops.Set(t.cacheKey(kp.id), s.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res))
+		l := s.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res)
+		if t.Spec.Retention > 0 && (l == nil || l.V == nil || l.V.Closed) {
+			// Nothing current: a retention pass may remove what the
+			// state holds without telling the writers (retention.go).
+			ops.Drops = append(ops.Drops, t.cacheKey(kp.id))
+			continue
+		}
+		ops.Set(t.cacheKey(kp.id), l)
 	}
 	for _, kp := range forced {
 		repair = append(repair, kp)
@@ -154,10 +161,13 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		}
 		for _, l := range d {
 			if l.Reason == ReasonExpired {
-				res.Expired++
+				// Its whole effect lies before what retention kept:
+				// counted and logged, never stored (DESIGN.md section 12).
+				res.noteExpired(t.Spec.Target, l)
+				continue
 			}
+			dead = append(dead, l)
 		}
-		dead = append(dead, d...)
 	}
 	if err := w.exec(ctx, tx, t); err != nil {
 		return res, nil, err

@@ -38,6 +38,9 @@ type storedValue struct{ v any }
 // MarshalJSON writes the value as a dead letter's key shows it.
 func (s storedValue) MarshalJSON() ([]byte, error) { return json.Marshal(s.v) }
 
+// String writes the value as fmt writes what it holds.
+func (s storedValue) String() string { return fmt.Sprint(s.v) }
+
 // Stored marks v as read back from a history table's column by pgx, with
 // the sink's types registered (pgcodec.Register) and the column's type:
 // the sink takes it as it is, without converting it again. Carried

@@ -59,12 +59,17 @@ func (s *Sink) PartitionsAhead(ctx context.Context, now time.Time) error {
 // at or before horizon and that hold no row any more, each in a fenced
 // transaction of its own; it returns how many it dropped. Detaching takes
 // ACCESS EXCLUSIVE on _pold for a moment, waited for at most lock_timeout.
-func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *catalog.Partitions, horizon time.Time) (int, error) {
+//
+// A partition whose lock is not to be had within the lock timeout (an
+// analyst's long query on _pold or on the partition) is left attached and
+// counted in waiting: the next pass tries it again. It fails neither the
+// pass nor readiness, since nothing is wrong: the history is the same
+// with the empty partition attached.
+func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *catalog.Partitions, horizon time.Time) (dropped, waiting int, err error) {
 	rs, err := catalog.ReadPartitions(ctx, s.pool, p.Old())
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	dropped := 0
 	for _, r := range rs {
 		if r.Hi.After(horizon) {
 			continue
@@ -100,8 +105,14 @@ func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *catalog.P
 				return s.countOutsideWrite(ctx, tx)
 			})
 		}()
+		if SQLState(err) == "55P03" {
+			waiting++
+			s.log.Warn("retention: an emptied partition waits for the next pass: its lock is held (a long query on it or on the closed versions)",
+				zap.String("target", spec.Target), zap.String("partition", name.Sanitize()), zap.Error(err))
+			continue
+		}
 		if err != nil {
-			return dropped, err
+			return dropped, waiting, err
 		}
 		if gone {
 			dropped++
@@ -109,10 +120,10 @@ func (s *Sink) dropEmptyBefore(ctx context.Context, spec TableSpec, p *catalog.P
 	}
 	if dropped > 0 {
 		if err := p.Reload(ctx, s.pool); err != nil {
-			return dropped, err
+			return dropped, waiting, err
 		}
 	}
-	return dropped, nil
+	return dropped, waiting, nil
 }
 
 // warnPlain logs, once per table, that a table configured with

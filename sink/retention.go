@@ -11,6 +11,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"go.uber.org/zap"
 )
 
 // Retention (DESIGN.md section 12) removes, per key, the versions closed
@@ -24,8 +25,8 @@ import (
 //
 // A re-fold of such a key starts at the first event left, taken as
 // resolved (its stored time and row are the state the removed events
-// left), and dead-letters the late events before it (ReasonExpired,
-// counted in Result.Expired): what they could change is gone. The horizon
+// left), and drops the late events before it, counted per target in
+// Result.Expired and never dead-lettered: what they could change is gone. The horizon
 // row's sequence is the highest removed, a truncate's closing one too, so
 // that such an event never takes the append path either. A current version is never removed;
 // a key whose every version was closed before the horizon keeps only its
@@ -48,8 +49,10 @@ type RetainResult struct {
 	Keys     int64
 	Chunks   int
 	// Partitions is how many emptied partitions of a partitioned table
-	// wholly before the horizon were dropped.
-	Partitions int
+	// wholly before the horizon were dropped; PartitionsWaiting how many
+	// such partitions could not get their lock and wait for the next pass.
+	Partitions        int
+	PartitionsWaiting int
 }
 
 // afterHorizon reports whether an event at seq comes after what
@@ -63,8 +66,9 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 }
 
 // afterHorizon returns the events of evs after the horizon, and the
-// others as dead letters (ReasonExpired): what they would change is gone,
-// and a dead letter keeps them visible (a replayed one stays unreplayed).
+// others described as dead letters of reason ReasonExpired, for
+// applyTable to count (Result.Expired) and log, never to store: what
+// they would change is gone.
 func (t *table) afterHorizon(evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []DeadLetter) {
 	var out []fold.Event
 	var dead []DeadLetter
@@ -129,6 +133,20 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 	}
 	chunk := t.retentionSQL()
 	nk := len(t.KeyIdx)
+	// Every writer fences (DESIGN.md section 6): once per pass that
+	// removed anything, whether it ends or fails midway, not once per
+	// chunk (each would empty every member's whole state cache).
+	defer func() {
+		if res.Keys == 0 {
+			return
+		}
+		if _, err := s.withRetry(ctx, "retention", "fencing the writers of "+target, func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.countOutsideWrite(ctx, tx) })
+		}); err != nil {
+			s.log.Warn("retention: fencing the writers after a pass failed (what they keep of the keys is still valid)",
+				zap.String("target", target), zap.Error(err))
+		}
+	}()
 	for _, phase := range []struct{ name, pick, remove string }{{"versions", chunk.pickHist, chunk.fromHist}, {"side", chunk.pickSide, chunk.fromSide}} {
 		var last []string
 		for {
@@ -170,8 +188,9 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 		}
 	}
 	if t.Parts != nil {
-		n, err := s.dropEmptyBefore(ctx, spec, t.Parts, res.Horizon)
+		n, waiting, err := s.dropEmptyBefore(ctx, spec, t.Parts, res.Horizon)
 		res.Partitions += n
+		res.PartitionsWaiting += waiting
 		if err != nil {
 			return res, err
 		}
@@ -254,9 +273,11 @@ func (s *Sink) retainChunk(ctx context.Context, spec TableSpec, t *table, mark, 
 			if _, err := tx.Exec(ctx, mark, args...); err != nil {
 				return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
 			}
-			// A writer's cache may hold a version removed (the latest
-			// of a key with nothing current): it reads the key again.
-			return s.countOutsideWrite(ctx, tx)
+			// No writer keeps the state of a key with nothing current
+			// while its table has retention (applyTable), and nothing a
+			// kept state holds of a key with a current version is
+			// removed: the pass fences once, at its end (Retain).
+			return nil
 		})
 	})
 	return n, v, sr, err

@@ -66,6 +66,12 @@ func TestRetention(t *testing.T) {
 			if err := s.Watermark(ctx, map[change.Partition]sink.Look{{Topic: "cust", Partition: 0}: {Target: spec.Target, At: &now}}); err != nil {
 				t.Fatal(err)
 			}
+			fences := func() (n int64) {
+				t.Helper()
+				_ = pool.QueryRow(ctx, "SELECT coalesce(sum(n), 0) FROM "+schema+".scd2sink_outside_writes").Scan(&n)
+				return n
+			}
+			before := fences()
 			res, err := s.Retain(ctx, spec.Target, now, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -73,6 +79,11 @@ func TestRetention(t *testing.T) {
 			horizon := now.Add(-spec.Retention)
 			if !res.Horizon.Equal(horizon) || res.Versions == 0 || res.Chunks < 3 {
 				t.Errorf("pass: %+v", res)
+			}
+			// One fence for the pass, not one per chunk: each empties
+			// every writer's whole state cache.
+			if n := fences() - before; n != 1 {
+				t.Errorf("a pass of %d chunks fenced the writers %d times, want once", res.Chunks, n)
 			}
 			want := func(evs []*change.Event) []string {
 				return scdtest.ModelLines(spec, custCols, scdtest.Retained(scdtest.Fold(spec, custCols, evs), horizon))
@@ -97,20 +108,23 @@ func TestRetention(t *testing.T) {
 			}
 
 			// A replay of everything, by a sink that remembers nothing
-			// and by the one that does: nothing removed comes back.
+			// and by the one that does: nothing removed comes back, and
+			// nothing is dead-lettered — every event is a duplicate of
+			// one kept or counted as expired (DESIGN.md section 12).
 			for _, w := range []*sink.Sink{newSink(t, pool, schema, spec), s} {
 				r, err := w.Apply(ctx, sink.Batch{Events: evs})
 				if err != nil {
 					t.Fatal(err)
 				}
-				expired := 0
-				for _, d := range r.Dead {
-					if d.Reason == sink.ReasonExpired {
-						expired++
-					}
+				if r.DeadLetters != 0 || len(r.Dead) != 0 {
+					t.Errorf("the replay dead-lettered %d events: %+v", r.DeadLetters, r.Dead)
 				}
-				if r.Expired == 0 || expired != r.Expired {
-					t.Errorf("the replay dead-lettered %d events before the horizon, counted %d: %+v", expired, r.Expired, r)
+				if n := r.Expired[spec.Target]; n == 0 || n+r.Duplicates != len(evs) || len(r.ExpiredNotes) == 0 {
+					t.Errorf("the replay of %d events: %d expired, %d duplicates (%d notes); want every event one or the other", len(evs), n, r.Duplicates, len(r.ExpiredNotes))
+				}
+				var letters int
+				if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".scd2sink_dead_letters").Scan(&letters); err != nil || letters != 0 {
+					t.Errorf("%d dead letters stored (%v)", letters, err)
 				}
 				check("after a replay", evs)
 			}

@@ -195,6 +195,11 @@ type Batch struct {
 	// Lock names partitions whose writers the batch excludes without
 	// recording offsets for them (reconciliation's deletes, replays).
 	Lock []change.Partition
+	// LockTargets names targets whose every writer the batch excludes,
+	// as erase and retention do (every group that recorded progress on
+	// their topics, every partition): an import writes keys that run may
+	// be writing. Each lock waits at most lock_timeout.
+	LockTargets []string
 	// Replay, for a replay of dead letters (replay.go), names the
 	// dead-letter rows of each event's origin: marked replayed in the
 	// batch's transaction, or given the new error if rejected again.
@@ -248,10 +253,23 @@ type Result struct {
 	// Erased counts, per target, the events and dead letters of erased
 	// keys dropped (erasure.go).
 	Erased map[string]int
-	// Expired counts the events dead-lettered (ReasonExpired) because
-	// they come before what retention left of their key's history
-	// (retention.go).
-	Expired int
+	// Expired counts, per target, the events whose whole effect lies
+	// before what retention left of their key's history (retention.go):
+	// dropped and counted, never dead-lettered; ExpiredNotes holds the
+	// first maxDisagreeNotes of them, for a log at a bounded rate.
+	Expired      map[string]int
+	ExpiredNotes []DeadNote
+}
+
+// noteExpired counts an event of target dropped as expired (l describes it).
+func (r *Result) noteExpired(target string, l DeadLetter) {
+	if r.Expired == nil {
+		r.Expired = map[string]int{}
+	}
+	r.Expired[target]++
+	if len(r.ExpiredNotes) < maxDisagreeNotes {
+		r.ExpiredNotes = append(r.ExpiredNotes, DeadNote{Origin: l.Origin, Table: target, Reason: ReasonExpired, Err: l.Err})
+	}
 }
 
 // Disagreement is a pair of a key's events that its sequence and their
@@ -328,7 +346,15 @@ func (r *Result) add(o Result) {
 	r.RepairSideRowsRead += o.RepairSideRowsRead
 	r.TypeMismatches += o.TypeMismatches
 	r.Rejected += o.Rejected
-	r.Expired += o.Expired
+	for t, n := range o.Expired {
+		if r.Expired == nil {
+			r.Expired = map[string]int{}
+		}
+		r.Expired[t] += n
+	}
+	if n := maxDisagreeNotes - len(r.ExpiredNotes); n > 0 {
+		r.ExpiredNotes = append(r.ExpiredNotes, o.ExpiredNotes[:min(n, len(o.ExpiredNotes))]...)
+	}
 	r.Dead = append(r.Dead, o.Dead...)
 	for t, n := range o.Erased {
 		if r.Erased == nil {

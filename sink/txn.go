@@ -47,8 +47,10 @@ type Prepared struct {
 	// without offsets (Batch.Snapshots, Batch.Lock).
 	snapshots []Snapshot
 	lock      []change.Partition
-	replay    map[change.Origin][]int64 // Batch.Replay
-	outside   bool                      // Batch.Outside
+	// lockTargets: Batch.LockTargets.
+	lockTargets []string
+	replay      map[change.Origin][]int64 // Batch.Replay
+	outside     bool                      // Batch.Outside
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
 	// parts are the batch's parts applied side by side (nil: applied
@@ -85,7 +87,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
 	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
-		snapshots: b.Snapshots, lock: b.Lock, replay: b.Replay, outside: b.Outside,
+		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -162,6 +164,15 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			pgcodec.Register(tx.Conn().TypeMap())
 			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
 				return err
+			}
+			for _, name := range p.lockTargets {
+				spec, ok := s.spec(name)
+				if !ok {
+					return fmt.Errorf("locking the writers of %s: no such table is configured", name)
+				}
+				if err := s.lockTargetWriters(ctx, tx, spec, []string{name}); err != nil {
+					return &TargetError{Target: name, Err: err}
+				}
 			}
 			s.amu.Lock()
 			seen = s.reconciled // what this transaction's fence saw

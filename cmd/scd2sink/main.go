@@ -49,6 +49,11 @@ const usage = `usage:
                                     carry over the live versions whose events Kafka no longer
                                     holds, swap them in when caught up; with --follow carry on
                                     as run; with --from-scratch keep only what Kafka holds
+  scd2sink import   --config FILE --table T --from SCHEMA.TABLE
+                    [--layout dbt | --valid-from COL --valid-to COL] [--dry-run]
+                                    seed T's history from an SCD2 table kept elsewhere (a dbt
+                                    snapshot, a MERGE's table); refuses a table with overlapping
+                                    or inverted versions (listed); idempotent; may run beside run
   scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
   scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
                                     print a key's versions (T: a target or topic; V: the key
@@ -167,6 +172,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&er.Reason, "reason", "", "why, recorded with the erasure (never put the key here)")
 		fs.BoolVar(&er.Lift, "lift", false, "allow the keys again instead of erasing them")
 	}
+	var iq app.ImportQuery
+	if cmd == "import" {
+		fs.StringVar(&iq.Table, "table", "", "the target whose history to seed (or its topic)")
+		fs.StringVar(&iq.From, "from", "", "SCHEMA.TABLE: the SCD2 table to import")
+		fs.StringVar(&iq.Layout, "layout", "", "dbt: a dbt snapshot (dbt_valid_from, dbt_valid_to, dbt_is_deleted)")
+		fs.StringVar(&iq.ValidFrom, "valid-from", "", "another layout: the column where a version starts")
+		fs.StringVar(&iq.ValidTo, "valid-to", "", "another layout: the column where a version ends (NULL while current)")
+		fs.BoolVar(&iq.DryRun, "dry-run", false, "print what would be written and every invalid version; write nothing")
+	}
 	var initOpts app.InitOptions
 	var brokers, topics string
 	if cmd == "init" {
@@ -210,7 +224,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return exitCode(stderr, app.Init(ctx, initOpts, stdout))
-	case "run", "verify", "rebuild", "history", "tables", "reconcile", "erase", "dead-letters list", "dead-letters replay":
+	case "run", "verify", "rebuild", "history", "tables", "reconcile", "erase", "import", "dead-letters list", "dead-letters replay":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -271,6 +285,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return exitCode(stderr, app.Erase(context.Background(), cfg, app.Options{Logger: log}, er, stdout))
+	}
+	if cmd == "import" {
+		if iq.Table == "" || iq.From == "" {
+			fmt.Fprintf(stderr, "scd2sink import: --table and --from are required\n%s", usage)
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return exitCode(stderr, app.Import(ctx, cfg, app.Options{Logger: log}, iq, stdout))
 	}
 	if cmd == "tables" {
 		return exitCode(stderr, app.Tables(context.Background(), cfg, app.Options{Logger: log}, stdout))

@@ -86,10 +86,10 @@ func (r *retainer) pass(ctx context.Context) (ok bool) {
 		if !res.Horizon.IsZero() {
 			r.metrics.RetentionHorizon.WithLabelValues(target).Set(float64(res.Horizon.UnixNano()) / 1e9)
 		}
-		if res.Keys > 0 || res.Partitions > 0 {
+		if res.Keys > 0 || res.Partitions > 0 || res.PartitionsWaiting > 0 {
 			r.log.Info("retention removed old versions", zap.String("target", target), zap.Time("horizon", res.Horizon),
 				zap.Int64("versions", res.Versions), zap.Int64("side_rows", res.SideRows), zap.Int64("keys", res.Keys), zap.Int("partitions", res.Partitions),
-				zap.Int("transactions", res.Chunks), zap.Duration("took", time.Since(start)))
+				zap.Int("partitions_waiting", res.PartitionsWaiting), zap.Int("transactions", res.Chunks), zap.Duration("took", time.Since(start)))
 		}
 	}
 	if ok {

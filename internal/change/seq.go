@@ -2,11 +2,13 @@ package change
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
 	"strings"
+	"time"
 )
 
 // Seq is an event's position in its key's history, built from the configured
@@ -17,10 +19,15 @@ import (
 type Seq []byte
 
 const (
-	tagNull = 0x08 // a null inside an array component (source.sequence's first LSN)
-	tagNeg  = 0x10
-	tagPos  = 0x20
-	tagStr  = 0x30
+	// tagImported starts the sequence of an event imported from another
+	// SCD2 table (ImportedSeq): before every tag a source's sequence
+	// starts with, so an imported history comes before the key's first
+	// Debezium event.
+	tagImported = 0x01
+	tagNull     = 0x08 // a null inside an array component (source.sequence's first LSN)
+	tagNeg      = 0x10
+	tagPos      = 0x20
+	tagStr      = 0x30
 )
 
 // Compare returns -1, 0 or +1 as s sorts before, equal to or after o.
@@ -204,11 +211,29 @@ func appendStr(out []byte, s string) []byte {
 	return append(out, 0)
 }
 
+// ImportedSeq is the sequence of an event imported from another SCD2 table
+// (scd2sink import) at time t: it orders by t, and before every sequence
+// a source gives (DESIGN.md section 13). Two events of one key at one
+// time have the same sequence: import rejects such a table.
+func ImportedSeq(t time.Time) Seq {
+	out := make([]byte, 9)
+	out[0] = tagImported
+	binary.BigEndian.PutUint64(out[1:], uint64(t.UnixMicro())^(1<<63))
+	return out
+}
+
 // Parts decodes the components of s (for logs and dead letters).
 func (s Seq) Parts() []string {
 	var parts []string
 	for i := 0; i < len(s); {
 		switch s[i] {
+		case tagImported:
+			if i+9 > len(s) {
+				return append(parts, "?")
+			}
+			us := int64(binary.BigEndian.Uint64(s[i+1:i+9]) ^ (1 << 63))
+			parts = append(parts, "imported "+time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
+			i += 9
 		case tagNull:
 			parts = append(parts, "null")
 			i++
