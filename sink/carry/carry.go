@@ -65,6 +65,18 @@ type column struct {
 }
 
 func columns(ctx context.Context, pool *pgxpool.Pool, rel string) ([]column, error) {
+	all, err := allColumns(ctx, pool, rel)
+	var out []column
+	for _, c := range all {
+		if !catalog.IsBookkeeping(c.name) && c.name != "scd_deleted" {
+			out = append(out, c)
+		}
+	}
+	return out, err
+}
+
+// allColumns are every column of rel, bookkeeping ones too.
+func allColumns(ctx context.Context, pool *pgxpool.Pool, rel string) ([]column, error) {
 	rows, err := pool.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod), attnum FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, rel)
 	if err != nil {
@@ -77,9 +89,7 @@ func columns(ctx context.Context, pool *pgxpool.Pool, rel string) ([]column, err
 		if err := rows.Scan(&c.name, &c.typ, &c.attnum); err != nil {
 			return nil, err
 		}
-		if !catalog.IsBookkeeping(c.name) && c.name != "scd_deleted" {
-			out = append(out, c)
-		}
+		out = append(out, c)
 	}
 	return out, rows.Err()
 }

@@ -92,7 +92,14 @@ func (f Foreign) plan(ctx context.Context, pool *pgxpool.Pool) (*importPlan, err
 	if !found {
 		return nil, fmt.Errorf("--from %s.%s: no such table", f.Schema, f.Table)
 	}
-	cols, err := columns(ctx, pool, p.from)
+	// The interval columns may bear the history's own names (valid_from);
+	// the row's columns never do (an is_current, an scd_id of the other
+	// layout's bookkeeping is not imported).
+	cols, err := allColumns(ctx, pool, p.from)
+	if err != nil {
+		return nil, err
+	}
+	rowCols, err := columns(ctx, pool, p.from)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +134,7 @@ func (f Foreign) plan(ctx context.Context, pool *pgxpool.Pool) (*importPlan, err
 		p.del = fmt.Sprintf("coalesce(%s::text IN ('True', 'true', 't', 'TRUE', '1'), false)", pgx.Identifier{f.Deleted}.Sanitize())
 	}
 	skip := append([]string{f.ValidFrom, f.ValidTo, f.Deleted}, f.Skip...)
-	for _, c := range cols {
+	for _, c := range rowCols {
 		if !slices.Contains(skip, c.name) && !slices.Contains(f.Ignore, c.name) {
 			p.cols = append(p.cols, c)
 		}
