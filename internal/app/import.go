@@ -14,6 +14,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/scd2sink/scd2sink/sink/carry"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 )
 
 // ImportQuery is what `scd2sink import` was asked.
@@ -28,7 +29,7 @@ type ImportQuery struct {
 }
 
 // importChunk bounds the events one import transaction applies.
-const importChunk = 5000
+const importChunk = 10000
 
 // ErrInvalidImport is returned when the table to import holds versions
 // import refuses (listed on the output).
@@ -133,18 +134,58 @@ func Import(ctx context.Context, cfg *config.Config, opts Options, q ImportQuery
 	}
 	start := time.Now()
 	var res sink.Result
-	c, err := carry.ReadImport(ctx, pool, f, importChunk, func(evs []*change.Event) error {
-		r, err := s.Apply(ctx, sink.Batch{Events: evs, Outside: true, LockTargets: []string{entry.Target}})
-		if err != nil {
-			return fmt.Errorf("importing into %s: %w", entry.Target, err)
-		}
-		res.Events += r.Events
-		res.Duplicates += r.Duplicates
-		res.DeadLetters += r.DeadLetters
-		res.VersionsOpened += r.VersionsOpened
-		return nil
+	// Three stages side by side: reading the table, preparing a chunk
+	// (conversion, plan) and applying the one before it in PostgreSQL.
+	g, gctx := errgroup.WithContext(ctx)
+	chunks := make(chan []*change.Event, 1)
+	var c carry.ImportCounts
+	g.Go(func() error {
+		defer close(chunks)
+		var err error
+		c, err = carry.ReadImport(gctx, pool, f, importChunk, func(evs []*change.Event) error {
+			select {
+			case chunks <- evs:
+				return nil
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		})
+		return err
 	})
-	if err != nil {
+	g.Go(func() error {
+		var applying chan error
+		wait := func() error {
+			if applying == nil {
+				return nil
+			}
+			err := <-applying
+			applying = nil
+			return err
+		}
+		for evs := range chunks {
+			p, err := s.Prepare(gctx, sink.Batch{Events: evs, Outside: true, LockTargets: []string{entry.Target}})
+			if err != nil {
+				return fmt.Errorf("importing into %s: %w", entry.Target, err)
+			}
+			if err := wait(); err != nil {
+				return err
+			}
+			applying = make(chan error, 1)
+			go func() {
+				r, err := s.ApplyPrepared(gctx, p)
+				if err != nil {
+					err = fmt.Errorf("importing into %s: %w", entry.Target, err)
+				}
+				res.Events += r.Events
+				res.Duplicates += r.Duplicates
+				res.DeadLetters += r.DeadLetters
+				res.VersionsOpened += r.VersionsOpened
+				applying <- err
+			}()
+		}
+		return wait()
+	})
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	took := time.Since(start)
