@@ -286,6 +286,50 @@ const OldKeyHeader = "__debezium.oldkey"
 // change: the row's new key.
 const NewKeyHeader = "__debezium.newkey"
 
+// DecodeKey reads a record's message key as Decode reads it for an event:
+// its fields in order, typed by the key's schema (JSON with a schema, or
+// Avro through the registry), and their names. Erasure reads the keys of
+// records that could not be decoded, and of the key-change headers, with
+// it (a header's value is the key as JSON).
+func (d *Decoder) DecodeKey(ctx context.Context, topic string, key []byte, headers []Header) ([]any, []string, error) {
+	r := d.rule(topic)
+	if r == nil {
+		r = &rule{}
+	}
+	if len(key) > 0 && key[0] != '{' && key[0] != '[' {
+		if ks, krec, _, isAvro, err := d.decodeRecord(ctx, key, headers, true, true); isAvro {
+			if err != nil {
+				return nil, nil, err
+			}
+			if ks.row == nil {
+				return nil, nil, errors.New("key is not an Avro record")
+			}
+			vals := make([]any, 0, len(ks.row.cols))
+			for _, c := range ks.row.cols {
+				v, err := c.native(krec[c.name])
+				if err != nil {
+					return nil, nil, fmt.Errorf("message key: column %s: %w", c.name, err)
+				}
+				vals = append(vals, v)
+			}
+			return vals, ks.row.names, nil
+		}
+	}
+	fields, ks, err := d.keyFields(nil, key, &r.lastKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	vals, names := make([]any, len(fields)), make([]string, len(fields))
+	for i, f := range fields {
+		v, err := typed(ks, f.name, f.v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("message key: %w", err)
+		}
+		vals[i], names[i] = v, strings.Clone(f.name)
+	}
+	return vals, names, nil
+}
+
 // oldKey decodes the old key in the order of ev.Key.
 func (d *Decoder) oldKey(ev *change.Event, raw []byte) ([]any, error) {
 	fields, ks, err := d.keyFields(nil, raw, &d.rule(ev.Origin.Topic).lastHeader)

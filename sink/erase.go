@@ -49,6 +49,10 @@ type EraseResult struct {
 	// not be read (a record that was never decoded, a binary key): they
 	// may belong to an erased key and are left for the operator.
 	UnreadDeadLetters []int64
+	// Headers counts the key-change headers (__debezium.oldkey, newkey)
+	// naming an erased key that were taken out of other keys' dead
+	// letters.
+	Headers int64
 }
 
 // Add counts what a second Erase of the same keys did (the tables a
@@ -64,6 +68,7 @@ func (res *EraseResult) Add(more EraseResult) {
 			}
 		}
 	}
+	res.Headers += more.Headers
 	seen := map[int64]bool{}
 	for _, id := range res.UnreadDeadLetters {
 		seen[id] = true
@@ -107,15 +112,33 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 	if len(dlTables) == 0 {
 		dlTables = []string{s.cfg.DeadLetterTable}
 	}
+	// The key columns' types, for reading the keys' forms back: the
+	// table as it exists.
+	s.mu.Lock()
+	t := s.tables[spec.Target]
+	s.mu.Unlock()
+	if t == nil {
+		var err error
+		if t, err = ensureTable(ctx, s.pool, spec, nil); err != nil {
+			return res, err
+		}
+	}
+	s.mu.Lock()
+	kc := t.keyColumns()
+	s.mu.Unlock()
+	targets := append([]string{spec.Target}, req.Also...)
 	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
 		res = EraseResult{}
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// READ COMMITTED whatever the database's default: each statement
+		// sees what the writers it waited for committed (under REPEATABLE
+		// READ the snapshot taken before the lock would miss their rows).
+		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
 			types, err := columnTypes(ctx, tx, spec.Schema, spec.Target, spec.Keys)
 			if err != nil {
 				return err
 			}
-			if err := s.lockTargetWriters(ctx, tx, spec, append([]string{spec.Target}, req.Also...)); err != nil {
+			if err := s.lockTargetWriters(ctx, tx, spec, targets); err != nil {
 				return err
 			}
 			topic := spec.Topic
@@ -124,53 +147,45 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
 			}
 			casts := make([]string, len(types))
+			textCasts := make([]string, len(types))
 			for i, typ := range types {
 				casts[i] = fmt.Sprintf("$%d::%s", i+1, typ)
+				textCasts[i] = "(" + casts[i] + ")::text"
 			}
-			for _, k := range req.Keys {
+			keys := make([]erasing, len(req.Keys))
+			for n, k := range req.Keys {
 				args := make([]any, len(k))
 				for i, v := range k {
 					args[i] = v
 				}
 				typed := make([]any, len(k))
-				ptrs := make([]any, len(k))
 				texts := make([]string, len(k))
+				ptrs := make([]any, 2*len(k))
 				for i := range typed {
-					ptrs[i] = &typed[i]
+					ptrs[i], ptrs[len(k)+i] = &typed[i], &texts[i]
 				}
-				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", "), args...).Scan(ptrs...); err != nil {
+				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", ")+", "+strings.Join(textCasts, ", "), args...).Scan(ptrs...); err != nil {
 					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
 				}
-				textCasts := make([]string, len(casts))
-				for i, c := range casts {
-					textCasts[i] = "(" + c + ")::text"
-				}
-				tptrs := make([]any, len(k))
-				for i := range texts {
-					tptrs[i] = &texts[i]
-				}
-				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(textCasts, ", "), args...).Scan(tptrs...); err != nil {
-					return fmt.Errorf("reading key %v as text: %w", k, err)
-				}
-				e := Erased{Hash: keyHash(s.cfg.ErasureSecret, keyID(typed))}
-				if !req.Lift {
-					if err := s.eraseKey(ctx, tx, spec, append([]string{spec.Target}, req.Also...), casts, args, &e); err != nil {
+				keys[n] = erasing{args: args, id: keyID(typed), texts: texts, e: Erased{Hash: keyHash(s.cfg.ErasureSecret, keyID(typed))}}
+			}
+			if !req.Lift {
+				for n := range keys {
+					if err := s.eraseKey(ctx, tx, spec, targets, casts, keys[n].args, &keys[n].e); err != nil {
 						return err
 					}
-					ids, unread, err := s.keyDeadLetters(ctx, tx, dlTables, append([]string{spec.Target}, req.Also...), topic, spec.Keys, texts)
-					if err != nil {
-						return err
-					}
-					res.UnreadDeadLetters = unread
-					for dl, list := range ids {
-						tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE id = ANY($1)`,
-							pgx.Identifier{s.cfg.Schema}.Sanitize(), pgx.Identifier{dl}.Sanitize()), list)
-						if err != nil {
-							return fmt.Errorf("erasing dead letters from %s: %w", dl, err)
-						}
-						e.DeadLetters += tag.RowsAffected()
-					}
 				}
+				// Every dead-letter table is read once, whatever the
+				// number of keys.
+				unread, headers, err := s.eraseDeadLetters(ctx, tx, kc, dlTables, targets, topic, spec.Keys, keys)
+				if err != nil {
+					return err
+				}
+				res.UnreadDeadLetters, res.Headers = unread, headers
+			}
+			for _, k := range keys {
+				e := k.e
+				texts := k.texts
 				action := "erase"
 				if req.Lift {
 					action = "lift"
@@ -306,51 +321,111 @@ func anys(ss []string) []any {
 	return out
 }
 
-// keyDeadLetters finds, in the dead-letter tables, the dead letters of the
-// key whose values as text are texts: by their decoded key (a JSON array
-// of the key's values) or the record's JSON key (Debezium's key struct,
-// with or without a schema). It returns their ids per table, and the ids
-// of the target's dead letters whose key could not be read.
-func (s *Sink) keyDeadLetters(ctx context.Context, tx pgx.Tx, dlTables, targets []string, topic string, keys, texts []string) (map[string][]int64, []int64, error) {
-	out := map[string][]int64{}
+// erasing is one key of an Erase.
+type erasing struct {
+	args  []any    // its values as given (text)
+	id    string   // its identity (keyID of the typed values)
+	texts []string // its values as PostgreSQL's text
+	e     Erased
+}
+
+// eraseDeadLetters reads each dead-letter table once and deletes the dead
+// letters of the keys (counted in their Erased), whatever form a key took
+// in them (letterKeyIDs; the values as text for a form it cannot read),
+// and takes out of the others the key-change headers that name one of
+// the keys. It returns the ids of the targets' dead letters whose key
+// could not be read at all, and how many headers it took out.
+func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.ColumnInfo, dlTables, targets []string, topic string, keyNames []string, keys []erasing) ([]int64, int64, error) {
+	byID := make(map[string]int, len(keys))
+	for i, k := range keys {
+		byID[k.id] = i
+	}
+	match := func(ids []string) int {
+		for _, id := range ids {
+			if i, ok := byID[id]; ok {
+				return i
+			}
+		}
+		return -1
+	}
 	var unread []int64
+	var headers int64
 	for _, dl := range dlTables {
 		var exists bool
-		id := pgx.Identifier{s.cfg.Schema, dl}.Sanitize()
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, id).Scan(&exists); err != nil {
-			return nil, nil, err
+		name := pgx.Identifier{s.cfg.Schema, dl}.Sanitize()
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+			return nil, 0, err
 		}
 		if !exists {
 			continue
 		}
-		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT id, key, coalesce(decoded, false) FROM %s
-			WHERE target = ANY($1) OR ($2 <> '' AND topic = $2) FOR UPDATE`, id), targets, topic)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT id, topic, key, coalesce(decoded, false), headers FROM %s
+			WHERE target = ANY($1) OR ($2 <> '' AND topic = $2) FOR UPDATE`, name), targets, topic)
 		if err != nil {
-			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+			return nil, 0, fmt.Errorf("reading %s: %w", dl, err)
 		}
+		type letter struct {
+			id int64
+			d  DeadLetter
+		}
+		var letters []letter
 		for rows.Next() {
-			var n int64
-			var key []byte
-			var decoded bool
-			if err := rows.Scan(&n, &key, &decoded); err != nil {
+			var l letter
+			var hdrs []byte
+			if err := rows.Scan(&l.id, &l.d.Origin.Topic, &l.d.Key, &l.d.Decoded, &hdrs); err != nil {
 				rows.Close()
-				return nil, nil, err
+				return nil, 0, err
 			}
-			vals, ok := deadLetterKey(key, decoded, keys)
-			switch {
-			case !ok:
-				unread = append(unread, n)
-			case slices.Equal(vals, texts):
-				out[dl] = append(out[dl], n)
+			if len(hdrs) > 0 {
+				_ = json.Unmarshal(hdrs, &l.d.Headers) // unreadable headers name no key
 			}
+			letters = append(letters, l)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, nil, fmt.Errorf("reading %s: %w", dl, err)
+			return nil, 0, fmt.Errorf("reading %s: %w", dl, err)
+		}
+		var gone, changed []int64
+		var newHeaders [][]byte
+		for _, l := range letters {
+			i := -1
+			ids, ok := s.letterKeyIDs(ctx, kc, &l.d)
+			if ok {
+				i = match(ids)
+			} else if vals, ok := deadLetterKey(l.d.Key, l.d.Decoded, keyNames); ok {
+				for n, k := range keys { // a form only its text reads
+					if slices.Equal(vals, k.texts) {
+						i = n
+					}
+				}
+			} else {
+				unread = append(unread, l.id)
+			}
+			if i >= 0 {
+				gone = append(gone, l.id)
+				keys[i].e.DeadLetters++
+				continue
+			}
+			if hs, n := s.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(ids []string) bool { return match(ids) >= 0 }); n > 0 {
+				b, _ := json.Marshal(hs)
+				changed, newHeaders = append(changed, l.id), append(newHeaders, b)
+				headers += int64(n)
+			}
+		}
+		if len(gone) > 0 {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE id = ANY($1)`, name), gone); err != nil {
+				return nil, 0, fmt.Errorf("erasing dead letters from %s: %w", dl, err)
+			}
+		}
+		if len(changed) > 0 {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s d SET headers = x.h FROM unnest($1::bigint[], $2::jsonb[]) AS x(id, h) WHERE d.id = x.id`, name),
+				changed, newHeaders); err != nil {
+				return nil, 0, fmt.Errorf("erasing key-change headers from %s: %w", dl, err)
+			}
 		}
 	}
 	sort.Slice(unread, func(i, j int) bool { return unread[i] < unread[j] })
-	return out, unread, nil
+	return unread, headers, nil
 }
 
 // deadLetterKey reads a dead letter's key values as text, in key order.

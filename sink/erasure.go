@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"go.uber.org/zap"
 )
 
 // Erasure (DESIGN.md section 12). Erase removes every trace of a key —
@@ -170,9 +171,15 @@ func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []De
 	}
 	var keptDead []DeadLetter
 	for _, d := range dead {
-		if set := s.erased[d.Table]; len(set) > 0 && s.erasedDeadLetter(set, d) {
+		set := s.erased[d.Table]
+		if len(set) > 0 && s.erasedDeadLetter(ctx, set, &d) {
 			count(d.Table, 1)
 			continue
+		}
+		if len(set) > 0 && d.keyCols != nil && len(d.Headers) > 0 {
+			// Another key's dead letter keeps no header naming an
+			// erased key (a primary-key change's).
+			d.Headers, _ = s.erasedHeaders(ctx, d.keyCols, d.Origin.Topic, d.Headers, func(ids []string) bool { return s.anyErased(set, ids) })
 		}
 		keptDead = append(keptDead, d)
 	}
@@ -180,10 +187,16 @@ func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []De
 }
 
 // erasedDeadLetter reports whether d is a dead letter of a key in set: by
-// its key's identity when it converted, else by its key's values as text.
-func (s *Sink) erasedDeadLetter(set map[string]bool, d DeadLetter) bool {
+// its key's identity, whatever form the key took in it (letterKeyIDs),
+// else by its key's values as text.
+func (s *Sink) erasedDeadLetter(ctx context.Context, set map[string]bool, d *DeadLetter) bool {
 	if d.kid != "" {
 		return set[keyHash(s.cfg.ErasureSecret, d.kid)]
+	}
+	if d.keyCols != nil {
+		if ids, ok := s.letterKeyIDs(ctx, d.keyCols, d); ok {
+			return s.anyErased(set, ids)
+		}
 	}
 	spec, ok := s.spec(d.Table)
 	if !ok || len(spec.Keys) == 0 {
@@ -191,6 +204,51 @@ func (s *Sink) erasedDeadLetter(set map[string]bool, d DeadLetter) bool {
 	}
 	vals, ok := deadLetterKey(d.Key, d.Decoded, spec.Keys)
 	return ok && set[textHash(s.cfg.ErasureSecret, vals)]
+}
+
+// anyErased reports whether one of the identities is erased in set.
+func (s *Sink) anyErased(set map[string]bool, ids []string) bool {
+	for _, id := range ids {
+		if set[keyHash(s.cfg.ErasureSecret, id)] {
+			return true
+		}
+	}
+	return false
+}
+
+// noteLetterKeys gives the dead letters whose key has no identity yet
+// their table's key columns, loading a table not loaded yet (a batch of
+// dead letters alone after a restart), so that the writers' filter reads
+// their keys back (erasedDeadLetter). Called holding s.mu.
+func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
+	var load []*change.Event
+	seen := map[string]bool{}
+	for _, d := range dead {
+		if d.kid == "" && !seen[d.Table] && s.tables[d.Table] == nil {
+			seen[d.Table] = true
+			load = append(load, &change.Event{Table: d.Table})
+		}
+	}
+	if len(load) > 0 {
+		if err := s.loadExisting(ctx, load); err != nil {
+			s.log.Debug("loading a dead letter's table to read its key", zap.Error(err))
+		}
+	}
+	cols := map[string][]catalog.ColumnInfo{}
+	for i := range dead {
+		d := &dead[i]
+		if d.kid != "" {
+			continue
+		}
+		kc, ok := cols[d.Table]
+		if !ok {
+			if t := s.tables[d.Table]; t != nil {
+				kc = t.keyColumns()
+			}
+			cols[d.Table] = kc
+		}
+		d.keyCols = kc
+	}
 }
 
 // keyIDOf is the identity of an event's key in table t, when its values

@@ -97,6 +97,10 @@ type Sink struct {
 	emu          sync.Mutex
 	erased       map[string]map[string]bool
 	erasureStale atomic.Bool
+	// kconv converts the keys erasure reads back (erasekeys.go), under
+	// kmu: a pgtype.Map of its own, apart from Prepare's.
+	kmu   sync.Mutex
+	kconv converter
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -105,7 +109,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()},
+	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()}, kconv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
 		cache: statecache.New(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
 		reconciled: -1}

@@ -80,6 +80,12 @@ type Config struct {
 	// the target itself.
 	ErasureSecret []byte
 	ErasureAlias  func(target string) string
+	// DecodeKey reads a Kafka record's message key as the decoder reads
+	// it for an event (its fields typed by the key's schema, JSON or
+	// Avro): how erasure recognises the key of a record that was never
+	// decoded, and the key a primary-key change's header names
+	// (erasekeys.go). nil: such keys are read as plain JSON.
+	DecodeKey func(ctx context.Context, topic string, key []byte, headers []Header) (vals []any, names []string, err error)
 	// Resolve gives the spec of a target not in Tables (a topic matched by
 	// a pattern): asked once per target, its answer kept when ok. It must
 	// be safe for concurrent use and must not block.
@@ -124,8 +130,11 @@ type DeadLetter struct {
 	// reason label of scd2sink_events_dead_lettered_total.
 	Reason string
 	// kid is the identity of the event's key when it converted (an
-	// erased key's dead letters are dropped too).
-	kid string
+	// erased key's dead letters are dropped too); keyCols, for one
+	// without, are its table's key columns (Prepare), to read its key
+	// back with (erasekeys.go).
+	kid     string
+	keyCols []catalog.ColumnInfo
 }
 
 // Why an event is a dead letter (DeadLetter.Reason).

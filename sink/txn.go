@@ -89,6 +89,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
+	s.noteLetterKeys(ctx, p.dead)
 	for name := range plans {
 		p.targets = append(p.targets, name)
 	}

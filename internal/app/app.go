@@ -120,6 +120,17 @@ func viewSpecs(vs []config.View) []sink.ViewSpec {
 	return out
 }
 
+// keyDecoder reads message keys as dec does (sink.Config.DecodeKey).
+func keyDecoder(dec *debezium.Decoder) func(ctx context.Context, topic string, key []byte, hs []sink.Header) ([]any, []string, error) {
+	return func(ctx context.Context, topic string, key []byte, hs []sink.Header) ([]any, []string, error) {
+		dh := make([]debezium.Header, len(hs))
+		for i, h := range hs {
+			dh[i] = debezium.Header{Key: h.Key, Value: h.Value}
+		}
+		return dec.DecodeKey(ctx, topic, key, dh)
+	}
+}
+
 // Rules turns the configuration's tables into the decoder's rules.
 func Rules(cfg *config.Config) []debezium.Rule {
 	var rules []debezium.Rule
@@ -279,6 +290,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	warnPositionOnly(cfg, log)
 	sc := SinkConfig(cfg, log.Named("sink"))
 	Route(cfg, router, dec, &sc)
+	sc.DecodeKey = keyDecoder(dec)
 	sc.OnRetry = func(stage, what string, err error) {
 		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
 		health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, sink.Classify(err), err))

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
-	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/sink"
 	"go.uber.org/zap"
 )
@@ -43,7 +42,13 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 		return err
 	}
 	defer pool.Close()
-	s, err := commandSink(ctx, cfg, pool, debezium.New(nil, nil, nil), log)
+	// The decoder of run: a dead letter's key is read as run reads it
+	// (its schema, JSON or Avro through the registry).
+	dec, err := Decoder(cfg, log.Named("decoder"))
+	if err != nil {
+		return err
+	}
+	s, err := commandSink(ctx, cfg, pool, dec, log)
 	if err != nil {
 		return err
 	}
@@ -101,6 +106,9 @@ func printErased(out io.Writer, req EraseRequest, res sink.EraseResult) {
 		}
 		fmt.Fprintf(out, "%s: key %s erased: %d versions, %d side rows, %d repair audits, %d dead letters\n",
 			req.Table, e.Hash[:16], e.Versions, e.SideRows, e.Repairs, e.DeadLetters)
+	}
+	if res.Headers > 0 {
+		fmt.Fprintf(out, "%s: %d key-change headers naming an erased key taken out of other keys' dead letters\n", req.Table, res.Headers)
 	}
 	if n := len(res.UnreadDeadLetters); n > 0 {
 		fmt.Fprintf(out, "%s: %d dead letters of the table have a key that could not be read (a record never decoded, a binary key); look at them: ids %s\n",

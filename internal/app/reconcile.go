@@ -116,6 +116,7 @@ func commandSink(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, de
 	}
 	sc := SinkConfig(cfg, log.Named("sink"))
 	Route(cfg, router, dec, &sc)
+	sc.DecodeKey = keyDecoder(dec)
 	s, err := sink.New(sc, pool)
 	if err != nil {
 		return nil, &config.Error{Msg: err.Error()}

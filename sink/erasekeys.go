@@ -1,0 +1,227 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/scd2sink/scd2sink/sink/catalog"
+)
+
+// Every form a key takes (DESIGN.md section 12). A key's identity is
+// keyID of its values converted to the key columns' types: what writers
+// hash, what the history holds. A dead letter keeps its key in another
+// form — the record's message key (Debezium's JSON with or without a
+// schema, Avro: epoch numbers, ISO text, base64), or for one rejected
+// after decoding the decoded values as a JSON array — and a primary-key
+// change's headers name a key as the message key's JSON. letterKeyIDs
+// reads each form back into values (Config.DecodeKey, as the decoder
+// reads an event's key), converts them as an event's key is converted,
+// and returns the identities they may stand for: one, or, where a bare
+// number could be a time in milliseconds, microseconds or nanoseconds
+// (a key without a schema), each reading. Erase and the writers' filter
+// match these against the erased identities: one pass over the dead
+// letters, whatever the keys' types.
+
+// maxKeyReadings bounds the identities one key form stands for.
+const maxKeyReadings = 27
+
+// letterKeyIDs returns the identities a dead letter's key may stand for
+// in a table of key columns kc; ok is false when the key cannot be read
+// at all.
+func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]string, bool) {
+	if d.kid != "" {
+		return []string{d.kid}, true
+	}
+	if d.Decoded {
+		var arr []json.RawMessage
+		if json.Unmarshal(d.Key, &arr) != nil || len(arr) != len(kc) {
+			return nil, false
+		}
+		vals := make([]any, len(arr))
+		for i, r := range arr {
+			vals[i] = jsonValue(r)
+		}
+		return s.keyIDsOf(kc, nil, vals)
+	}
+	return s.recordKeyIDs(ctx, kc, d.Origin.Topic, d.Key, d.Headers)
+}
+
+// recordKeyIDs reads a record's message key (or a header's).
+func (s *Sink) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]string, bool) {
+	if s.cfg.DecodeKey != nil {
+		if vals, names, err := s.cfg.DecodeKey(ctx, topic, key, hs); err == nil {
+			if ids, ok := s.keyIDsOf(kc, names, vals); ok {
+				return ids, true
+			}
+		}
+	}
+	// Plain JSON: an object of the key's fields, or Debezium's
+	// {"schema", "payload"} around it.
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(key, &obj) != nil {
+		return nil, false
+	}
+	if p, ok := obj["payload"]; ok && obj["schema"] != nil {
+		obj = nil
+		if json.Unmarshal(p, &obj) != nil {
+			return nil, false
+		}
+	}
+	names := make([]string, 0, len(obj))
+	vals := make([]any, 0, len(obj))
+	for n, r := range obj {
+		names, vals = append(names, n), append(vals, jsonValue(r))
+	}
+	return s.keyIDsOf(kc, names, vals)
+}
+
+// jsonValue decodes one JSON value as the schemaless decoder would
+// (numbers kept as json.Number); an object holding Microseconds is a
+// pgtype.Time as encoding/json writes it.
+func jsonValue(r json.RawMessage) any {
+	var v any
+	d := json.NewDecoder(strings.NewReader(string(r)))
+	d.UseNumber()
+	if d.Decode(&v) != nil {
+		return string(r)
+	}
+	if m, ok := v.(map[string]any); ok {
+		if us, ok := m["Microseconds"].(json.Number); ok {
+			n, err := us.Int64()
+			if err == nil {
+				return pgtype.Time{Microseconds: n, Valid: true}
+			}
+		}
+	}
+	return v
+}
+
+// keyIDsOf converts a key's values (named, or in key order when names is
+// nil) to the key columns kc and returns the identities they may stand
+// for.
+func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]string, bool) {
+	ordered := vals
+	if names != nil {
+		ordered = make([]any, len(kc))
+		for i := range kc {
+			found := false
+			for j, n := range names {
+				if n == kc[i].Name && j < len(vals) {
+					ordered[i], found = vals[j], true
+				}
+			}
+			if !found {
+				return nil, false
+			}
+		}
+	}
+	if len(ordered) != len(kc) {
+		return nil, false
+	}
+	s.kmu.Lock()
+	defer s.kmu.Unlock()
+	readings := [][]any{nil}
+	for i := range kc {
+		cands := s.readings(&kc[i], ordered[i])
+		if len(cands) == 0 {
+			return nil, false
+		}
+		var next [][]any
+		for _, r := range readings {
+			for _, c := range cands {
+				if len(next) < maxKeyReadings {
+					next = append(next, append(append([]any(nil), r...), c))
+				}
+			}
+		}
+		readings = next
+	}
+	out := make([]string, len(readings))
+	for i, r := range readings {
+		out[i] = keyID(r)
+	}
+	return out, true
+}
+
+// readings are the values of column col that v may stand for: v
+// converted as an event's value is, or, for a bare number in a time
+// column (a key without a schema), each of Debezium's encodings of it.
+func (s *Sink) readings(col *catalog.ColumnInfo, v any) []any {
+	if v == nil {
+		return nil
+	}
+	if n, ok := v.(json.Number); ok {
+		if x, err := n.Int64(); err == nil {
+			switch col.OID {
+			case pgtype.TimestampOID, pgtype.TimestamptzOID:
+				var out []any
+				for _, t := range []time.Time{time.UnixMilli(x), time.UnixMicro(x), time.Unix(0, x)} {
+					t = t.UTC().Truncate(time.Microsecond)
+					if col.OID == pgtype.TimestampOID {
+						t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+					}
+					out = append(out, t)
+				}
+				return out
+			case pgtype.TimeOID:
+				return []any{pgtype.Time{Microseconds: x * 1000, Valid: true}, pgtype.Time{Microseconds: x, Valid: true},
+					pgtype.Time{Microseconds: x / 1000, Valid: true}}
+			}
+		}
+	}
+	c, err := s.kconv.convert(col, v)
+	if err != nil || c == nil {
+		return nil
+	}
+	if _, ok := c.(unavailable); ok {
+		return nil
+	}
+	return []any{c}
+}
+
+// keyChangeHeaders are the headers of a primary-key change that name
+// another key (Debezium's key-change headers).
+var keyChangeHeaders = []string{"__debezium.oldkey", "__debezium.newkey"}
+
+// erasedHeaders returns hs without the key-change headers that name a
+// key whose identity erased accepts, and how many it left out.
+func (s *Sink) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(ids []string) bool) ([]Header, int) {
+	var out []Header
+	n := 0
+	for i, h := range hs {
+		name := strings.ReplaceAll(h.Key, `\0`, "\x00")
+		isKey := false
+		for _, k := range keyChangeHeaders {
+			isKey = isKey || name == k
+		}
+		if isKey {
+			if ids, ok := s.recordKeyIDs(ctx, kc, topic, h.Value, nil); ok && erased(ids) {
+				if out == nil {
+					out = append(make([]Header, 0, len(hs)), hs[:i]...)
+				}
+				n++
+				continue
+			}
+		}
+		if out != nil {
+			out = append(out, h)
+		}
+	}
+	if n == 0 {
+		return hs, 0
+	}
+	return out, n
+}
+
+// keyColumns are t's key columns, in key order, copied (a batch being
+// prepared may change t's columns meanwhile). Call it holding s.mu.
+func (t *table) keyColumns() []catalog.ColumnInfo {
+	out := make([]catalog.ColumnInfo, len(t.KeyIdx))
+	for i, ki := range t.KeyIdx {
+		out[i] = t.Cols[ki]
+	}
+	return out
+}
