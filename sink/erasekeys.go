@@ -2,7 +2,9 @@ package sink
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"math/big"
 	"strings"
 	"time"
 
@@ -26,7 +28,7 @@ import (
 // letters, whatever the keys' types.
 
 // maxKeyReadings bounds the identities one key form stands for.
-const maxKeyReadings = 27
+const maxKeyReadings = 64
 
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
@@ -173,6 +175,21 @@ func (s *Sink) readings(col *catalog.ColumnInfo, v any) []any {
 		}
 	}
 	c, err := s.kconv.convert(col, v)
+	if str, ok := v.(string); ok && err != nil && col.OID == pgtype.NumericOID {
+		// Connect's Decimal without its schema: base64 of the unscaled
+		// integer, its scale unknown here (the column's numeric has none).
+		if b, berr := base64.StdEncoding.DecodeString(str); berr == nil && len(b) > 0 {
+			unscaled := new(big.Int).SetBytes(b)
+			if b[0]&0x80 != 0 {
+				unscaled.Sub(unscaled, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+			}
+			var out []any
+			for scale := int32(0); scale <= 6; scale++ {
+				out = append(out, pgtype.Numeric{Int: unscaled, Exp: -scale, Valid: true})
+			}
+			return out
+		}
+	}
 	if err != nil || c == nil {
 		return nil
 	}
