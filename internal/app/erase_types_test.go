@@ -73,8 +73,8 @@ func TestEraseEveryKeyType(t *testing.T) {
 		{name: "label", cols: []scdtest.Col{{Name: "k", Schema: text}},
 			k: scdtest.Row{"k": "Anne Müller"}, l: scdtest.Row{"k": "Bob"}, kText: []string{"Anne Müller"}},
 		{name: "mixed", cols: []scdtest.Col{{Name: "u", Schema: uuid}, {Name: "d", Schema: date}, {Name: "n", Schema: dec}},
-			k: scdtest.Row{"u": "6f1c2d3e-0000-4000-8000-00000000000a", "d": scdtest.Days(at), "n": scdtest.DecimalB64("-5")},
-			l: scdtest.Row{"u": "6f1c2d3e-0000-4000-8000-00000000000a", "d": scdtest.Days(at), "n": scdtest.DecimalB64("5")},
+			k:     scdtest.Row{"u": "6f1c2d3e-0000-4000-8000-00000000000a", "d": scdtest.Days(at), "n": scdtest.DecimalB64("-5")},
+			l:     scdtest.Row{"u": "6f1c2d3e-0000-4000-8000-00000000000a", "d": scdtest.Days(at), "n": scdtest.DecimalB64("5")},
 			kText: []string{"6f1c2d3e-0000-4000-8000-00000000000a", "2024-01-01", "-0.05"}},
 	}
 	srcs := map[string]*scdtest.Source{}
@@ -154,9 +154,9 @@ tables:
 		lk, lv := src.Envelope(scdtest.Change{Op: "c", After: with(c.l, "kept"), LSN: 110, Commit: at})
 		recs = append(recs,
 			&kgo.Record{Topic: src.Topic(), Key: kk, Value: kv},
-			&kgo.Record{Topic: src.Topic(), Key: kk, Value: conflict},        // a conflict: decoded, rejected
+			&kgo.Record{Topic: src.Topic(), Key: kk, Value: conflict},           // a conflict: decoded, rejected
 			&kgo.Record{Topic: src.Topic(), Key: kk, Value: []byte("not json")}, // never decoded, keyed with its schema
-			&kgo.Record{Topic: src.Topic(), Key: bareKey, Value: []byte("{")},  // never decoded, keyed without a schema
+			&kgo.Record{Topic: src.Topic(), Key: bareKey, Value: []byte("{")},   // never decoded, keyed without a schema
 			&kgo.Record{Topic: src.Topic(), Key: lk, Value: lv},
 			// Another key's record that cannot be decoded, with the
 			// header of a primary-key change naming K.
