@@ -121,7 +121,14 @@ func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Eve
 
 func benchPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
-	pool, err := pgxpool.New(context.Background(), newBenchDSN(b))
+	pc, err := pgxpool.ParseConfig(newBenchDSN(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// As the service runs (internal/app.Pool): JIT off, for the
+	// sink's statements and PostgreSQL's own alike.
+	pc.ConnConfig.RuntimeParams["jit"] = "off"
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -235,7 +235,7 @@ func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec,
 			SELECT o.consumer_group, o.topic, o.partition FROM %[1]s.scd2sink_offsets o WHERE o.topic IN (SELECT topic FROM t)
 			UNION ALL
 			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
-			WHERE r.topic IN (SELECT topic FROM t)) x ORDER BY consumer_group, topic, partition`,
+			WHERE r.topic IN (SELECT topic FROM t)) x ORDER BY consumer_group COLLATE "C", topic COLLATE "C", partition`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), targets, exact)
 	if err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)
@@ -340,13 +340,36 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 	for i, k := range keys {
 		byID[k.id] = i
 	}
-	match := func(ids []string) int {
-		for _, id := range ids {
-			if i, ok := byID[id]; ok {
+	match := func(rs []keyReading) int {
+		for _, r := range rs {
+			if i, ok := byID[r.id]; ok {
 				return i
 			}
 		}
 		return -1
+	}
+	// A key form without a schema read several ways (keyIDsOf) may be an
+	// erased key by one reading and a key the table holds by another: such
+	// a dead letter is left for the operator (unread), not erased.
+	keyMatch := make([]string, len(kc))
+	for i, c := range kc {
+		keyMatch[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), i+1)
+	}
+	held := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s)`, pgx.Identifier{s.cfg.Schema, targets[0]}.Sanitize(), strings.Join(keyMatch, " AND "))
+	ambiguous := func(rs []keyReading) (bool, error) {
+		for _, r := range rs {
+			if _, ok := byID[r.id]; ok || r.vals == nil {
+				continue
+			}
+			var yes bool
+			if err := tx.QueryRow(ctx, held, r.vals...).Scan(&yes); err != nil {
+				return false, fmt.Errorf("looking for another key a dead letter may be of: %w", err)
+			}
+			if yes {
+				return true, nil
+			}
+		}
+		return false, nil
 	}
 	var unread []int64
 	var headers int64
@@ -389,9 +412,19 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 		var newHeaders [][]byte
 		for _, l := range letters {
 			i := -1
-			ids, ok := s.letterKeyIDs(ctx, kc, &l.d)
+			rs, ok := s.letterKeyIDs(ctx, kc, &l.d)
 			if ok {
-				i = match(ids)
+				i = match(rs)
+				if i >= 0 && len(rs) > 1 {
+					amb, err := ambiguous(rs)
+					if err != nil {
+						return nil, 0, err
+					}
+					if amb {
+						unread = append(unread, l.id)
+						continue
+					}
+				}
 			} else if vals, ok := deadLetterKey(l.d.Key, l.d.Decoded, keyNames); ok {
 				for n, k := range keys { // a form only its text reads
 					if slices.Equal(vals, k.texts) {
@@ -406,7 +439,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 				keys[i].e.DeadLetters++
 				continue
 			}
-			if hs, n := s.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(ids []string) bool { return match(ids) >= 0 }); n > 0 {
+			if hs, n := s.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(rs []keyReading) bool { return match(rs) >= 0 }); n > 0 {
 				b, _ := json.Marshal(hs)
 				changed, newHeaders = append(changed, l.id), append(newHeaders, b)
 				headers += int64(n)

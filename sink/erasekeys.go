@@ -30,12 +30,33 @@ import (
 // maxKeyReadings bounds the identities one key form stands for.
 const maxKeyReadings = 64
 
+// decodeKeyWait bounds how long reading one key back may wait (a schema
+// registry that does not answer): it runs inside transactions that hold
+// writers' locks. A key not read in time is one that cannot be read.
+const decodeKeyWait = 5 * time.Second
+
+// keyReading is one reading of a key form: its values as the key
+// columns' types, and its identity.
+type keyReading struct {
+	vals []any
+	id   string
+}
+
+// ids are the identities of readings.
+func ids(rs []keyReading) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.id
+	}
+	return out
+}
+
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
 // at all.
-func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]string, bool) {
+func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]keyReading, bool) {
 	if d.kid != "" {
-		return []string{d.kid}, true
+		return []keyReading{{id: d.kid}}, true
 	}
 	if d.Decoded {
 		var arr []json.RawMessage
@@ -52,9 +73,12 @@ func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *Dea
 }
 
 // recordKeyIDs reads a record's message key (or a header's).
-func (s *Sink) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]string, bool) {
+func (s *Sink) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]keyReading, bool) {
 	if s.cfg.DecodeKey != nil {
-		if vals, names, err := s.cfg.DecodeKey(ctx, topic, key, hs); err == nil {
+		dctx, cancel := context.WithTimeout(ctx, decodeKeyWait)
+		vals, names, err := s.cfg.DecodeKey(dctx, topic, key, hs)
+		cancel()
+		if err == nil {
 			if ids, ok := s.keyIDsOf(kc, names, vals); ok {
 				return ids, true
 			}
@@ -104,7 +128,7 @@ func jsonValue(r json.RawMessage) any {
 // keyIDsOf converts a key's values (named, or in key order when names is
 // nil) to the key columns kc and returns the identities they may stand
 // for.
-func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]string, bool) {
+func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]keyReading, bool) {
 	ordered := vals
 	if names != nil {
 		ordered = make([]any, len(kc))
@@ -141,9 +165,9 @@ func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]
 		}
 		readings = next
 	}
-	out := make([]string, len(readings))
+	out := make([]keyReading, len(readings))
 	for i, r := range readings {
-		out[i] = keyID(r)
+		out[i] = keyReading{vals: r, id: keyID(r)}
 	}
 	return out, true
 }
@@ -169,8 +193,13 @@ func (s *Sink) readings(col *catalog.ColumnInfo, v any) []any {
 				}
 				return out
 			case pgtype.TimeOID:
-				return []any{pgtype.Time{Microseconds: x * 1000, Valid: true}, pgtype.Time{Microseconds: x, Valid: true},
-					pgtype.Time{Microseconds: x / 1000, Valid: true}}
+				var out []any
+				for _, us := range []int64{x * 1000, x, x / 1000} {
+					if us >= 0 && us < 24*int64(time.Hour/time.Microsecond) { // a time of day
+						out = append(out, pgtype.Time{Microseconds: us, Valid: true})
+					}
+				}
+				return out
 			}
 		}
 	}
@@ -205,7 +234,7 @@ var keyChangeHeaders = []string{"__debezium.oldkey", "__debezium.newkey"}
 
 // erasedHeaders returns hs without the key-change headers that name a
 // key whose identity erased accepts, and how many it left out.
-func (s *Sink) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(ids []string) bool) ([]Header, int) {
+func (s *Sink) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(rs []keyReading) bool) ([]Header, int) {
 	var out []Header
 	n := 0
 	for i, h := range hs {
@@ -215,7 +244,7 @@ func (s *Sink) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic
 			isKey = isKey || name == k
 		}
 		if isKey {
-			if ids, ok := s.recordKeyIDs(ctx, kc, topic, h.Value, nil); ok && erased(ids) {
+			if rs, ok := s.recordKeyIDs(ctx, kc, topic, h.Value, nil); ok && erased(rs) {
 				if out == nil {
 					out = append(make([]Header, 0, len(hs)), hs[:i]...)
 				}

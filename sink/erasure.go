@@ -179,7 +179,7 @@ func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []De
 		if len(set) > 0 && d.keyCols != nil && len(d.Headers) > 0 {
 			// Another key's dead letter keeps no header naming an
 			// erased key (a primary-key change's).
-			d.Headers, _ = s.erasedHeaders(ctx, d.keyCols, d.Origin.Topic, d.Headers, func(ids []string) bool { return s.anyErased(set, ids) })
+			d.Headers, _ = s.erasedHeaders(ctx, d.keyCols, d.Origin.Topic, d.Headers, func(rs []keyReading) bool { return s.anyErased(set, rs) })
 		}
 		keptDead = append(keptDead, d)
 	}
@@ -194,8 +194,8 @@ func (s *Sink) erasedDeadLetter(ctx context.Context, set map[string]bool, d *Dea
 		return set[keyHash(s.cfg.ErasureSecret, d.kid)]
 	}
 	if d.keyCols != nil {
-		if ids, ok := s.letterKeyIDs(ctx, d.keyCols, d); ok {
-			return s.anyErased(set, ids)
+		if rs, ok := s.letterKeyIDs(ctx, d.keyCols, d); ok {
+			return s.anyErased(set, rs)
 		}
 	}
 	spec, ok := s.spec(d.Table)
@@ -206,11 +206,25 @@ func (s *Sink) erasedDeadLetter(ctx context.Context, set map[string]bool, d *Dea
 	return ok && set[textHash(s.cfg.ErasureSecret, vals)]
 }
 
-// anyErased reports whether one of the identities is erased in set.
-func (s *Sink) anyErased(set map[string]bool, ids []string) bool {
-	for _, id := range ids {
-		if set[keyHash(s.cfg.ErasureSecret, id)] {
+// anyErased reports whether one of the readings is erased in set. (A
+// reading of a key form without a schema that happens to be an erased key
+// drops the dead letter: keeping an erased key out comes first.)
+func (s *Sink) anyErased(set map[string]bool, rs []keyReading) bool {
+	for _, r := range rs {
+		if set[keyHash(s.cfg.ErasureSecret, r.id)] {
 			return true
+		}
+	}
+	return false
+}
+
+// hasKeyHeaders reports whether hs holds a key-change header.
+func hasKeyHeaders(hs []Header) bool {
+	for _, h := range hs {
+		for _, k := range keyChangeHeaders {
+			if strings.ReplaceAll(h.Key, `\0`, "\x00") == k {
+				return true
+			}
 		}
 	}
 	return false
@@ -224,20 +238,21 @@ func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
 	var load []*change.Event
 	seen := map[string]bool{}
 	for _, d := range dead {
-		if d.kid == "" && !seen[d.Table] && s.tables[d.Table] == nil {
+		if (d.kid == "" || hasKeyHeaders(d.Headers)) && !seen[d.Table] && s.tables[d.Table] == nil {
 			seen[d.Table] = true
 			load = append(load, &change.Event{Table: d.Table})
 		}
 	}
 	if len(load) > 0 {
 		if err := s.loadExisting(ctx, load); err != nil {
-			s.log.Debug("loading a dead letter's table to read its key", zap.Error(err))
+			s.log.Warn("loading a dead letter's table to read its key back failed: an erased key's dead letter in another form than its text is not recognised",
+				zap.Error(err))
 		}
 	}
 	cols := map[string][]catalog.ColumnInfo{}
 	for i := range dead {
 		d := &dead[i]
-		if d.kid != "" {
+		if d.kid != "" && !hasKeyHeaders(d.Headers) {
 			continue
 		}
 		kc, ok := cols[d.Table]

@@ -24,12 +24,10 @@ import (
 // erased (K) and a key kept (L), as Debezium's JSON writes them and as
 // `erase --key` names them.
 type eraseTypeCase struct {
-	name   string
-	cols   []scdtest.Col // the key columns
-	k, l   scdtest.Row   // their values in Debezium's JSON encoding
-	kText  []string      // K as erase's --key takes it
-	where  string        // K in SQL over the history table
-	pgKeys []string
+	name  string
+	cols  []scdtest.Col // the key columns
+	k, l  scdtest.Row   // their values in Debezium's JSON encoding
+	kText []string      // K as erase's --key takes it
 }
 
 // TestEraseEveryKeyType: keys of every kind of type — a composite of an

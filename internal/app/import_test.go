@@ -268,6 +268,24 @@ tables:
 		t.Fatalf("customer 5 after an update: %s (%v)", five, err)
 	}
 
+	// A dbt version that starts after Debezium's first event of its key
+	// in the target would be folded before it: refused, and listed.
+	if _, err := pool.Exec(ctx, `INSERT INTO dbt.snapshot_actual SELECT id, first_name, last_name, email, gender, ip_address, updated_at,
+		'2026-12-02', NULL, 'late', '2026-12-02', 'False' FROM dbt.snapshot_actual WHERE id = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE dbt.snapshot_actual SET dbt_valid_to = '2026-12-02' WHERE id = 3 AND dbt_scd_id <> 'late'`); err != nil {
+		t.Fatal(err)
+	}
+	out, err = importAs(dbt)
+	if !errors.Is(err, ErrInvalidImport) || !strings.Contains(out, "3\t2016-04-05 02:05:30+00\t2026-12-02 00:00:00+00\treaches into the key's history from the source") ||
+		!strings.Contains(out, "3\t2026-12-02 00:00:00+00\tNULL\treaches into") {
+		t.Fatalf("an import reaching into Debezium's history: %v\n%s", err, out)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM dbt.snapshot_actual WHERE dbt_scd_id = 'late'; UPDATE dbt.snapshot_actual SET dbt_valid_to = NULL WHERE id = 3`); err != nil {
+		t.Fatal(err)
+	}
+
 	// A rebuild from a topic holding only Debezium's records keeps every
 	// imported version, with its scd_id.
 	before = ids()
@@ -300,7 +318,9 @@ func TestImportRefusesInvalid(t *testing.T) {
 			('b', 'free', 1, '2020-01-01', '2020-06-01', 1), ('b', 'team', 9, '2020-03-01', NULL, 2),  -- overlap
 			('c', 'pro', 2, '2020-05-01', '2020-04-01', 1),                                            -- inverted
 			('d', 'free', 1, '2020-01-01', '2020-02-01', 1), ('d', 'pro', 1, '2020-01-01', NULL, 2),   -- one time
-			('e', 'free', 1, '2020-01-01', '2020-02-01', 1), ('e', 'pro', 3, '2020-03-01', '2020-04-01', 2)`); err != nil {
+			('e', 'free', 1, '2020-01-01', '2020-02-01', 1), ('e', 'pro', 3, '2020-03-01', '2020-04-01', 2),
+			('f', 'free', 1, '2020-01-01', '2020-01-01', 1),                                           -- empty
+			('g', 'free', 1, '2020-01-01', '2999-01-01', 1)                                            -- a future end`); err != nil {
 		t.Fatal(err)
 	}
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "src.plans"))
@@ -327,8 +347,9 @@ tables:
 		if !errors.Is(err, ErrInvalidImport) {
 			t.Fatalf("dry run %v: %v; want it refused\n%s", dry, err, out.String())
 		}
-		for _, want := range []string{"3 invalid versions", "b\t2020-03-01 00:00:00+00\tNULL\toverlaps the previous version of the key",
-			"c\t2020-05-01 00:00:00+00\t2020-04-01 00:00:00+00\tvalid_to is before valid_from", "d\t2020-01-01 00:00:00+00\tNULL\ttwo versions of the key at one valid_from"} {
+		for _, want := range []string{"5 invalid versions", "b\t2020-03-01 00:00:00+00\tNULL\toverlaps the previous version of the key",
+			"c\t2020-05-01 00:00:00+00\t2020-04-01 00:00:00+00\tvalid_to is not after valid_from", "d\t2020-01-01 00:00:00+00\tNULL\ttwo versions of the key at one valid_from",
+			"f\t2020-01-01 00:00:00+00\t2020-01-01 00:00:00+00\tvalid_to is not after valid_from", "g\t2020-01-01 00:00:00+00\t2999-01-01 00:00:00+00\ta time in the future"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("dry run %v: the listing lacks %q:\n%s", dry, want, out.String())
 			}
@@ -340,7 +361,7 @@ tables:
 	}
 	// Without etl_batch in ignore_columns, a column the target lacks is
 	// an error naming it, once the target exists.
-	if _, err := pool.Exec(ctx, `DELETE FROM legacy.plans_scd WHERE account IN ('b', 'c', 'd')`); err != nil {
+	if _, err := pool.Exec(ctx, `DELETE FROM legacy.plans_scd WHERE account IN ('b', 'c', 'd', 'f', 'g')`); err != nil {
 		t.Fatal(err)
 	}
 	q.DryRun = false

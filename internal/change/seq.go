@@ -24,6 +24,8 @@ const (
 	// starts with, so an imported history comes before the key's first
 	// Debezium event.
 	tagImported = 0x01
+	// ImportedTag is the first byte of every imported sequence.
+	ImportedTag = tagImported
 	tagNull     = 0x08 // a null inside an array component (source.sequence's first LSN)
 	tagNeg      = 0x10
 	tagPos      = 0x20

@@ -101,11 +101,13 @@ type plan struct {
 	intoType map[string]string
 }
 
-// prepare compares the tables' keys and gives the replacing table (and its
-// side table) every source column of the live table it lacks, with the
-// live table's type: a column Kafka's records no longer carry (dropped at
-// the source before the log start) still has values in carried versions.
-func prepare(ctx context.Context, pool *pgxpool.Pool, p Pair) (*plan, error) {
+// prepare compares the tables' keys and, when carrying, gives the
+// replacing table (and its side table) every source column of the live
+// table it lacks, with the live table's type: a column Kafka's records no
+// longer carry (dropped at the source before the log start) still has
+// values in carried versions; and it refuses a column whose type changed
+// in a way that would change a carried value.
+func prepare(ctx context.Context, pool *pgxpool.Pool, p Pair, carrying bool) (*plan, error) {
 	id := func(n string) string { return pgx.Identifier{p.Schema, n}.Sanitize() }
 	liveKeys, err := sink.KeyColumns(ctx, pool, p.Schema, p.Live)
 	if err != nil {
@@ -133,9 +135,32 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, p Pair) (*plan, error) {
 	}
 	var adds []string
 	for _, c := range live {
-		if _, ok := types[c.name]; !ok {
+		it, ok := types[c.name]
+		if !carrying {
+			continue // counting reads the keys alone
+		}
+		if !ok {
 			adds = append(adds, fmt.Sprintf("ADD COLUMN IF NOT EXISTS %s %s", pgx.Identifier{c.name}.Sanitize(), c.typ))
 			types[c.name] = c.typ
+			continue
+		}
+		if it == c.typ {
+			continue
+		}
+		// The source changed the column's type since the live table's
+		// versions were written (a narrower varchar, fewer decimals): a
+		// carried value must not change on its way. Every value of the
+		// live table must come back from the rebuilt table's type as it
+		// was, or the rebuild stops before the swap.
+		q := pgx.Identifier{c.name}.Sanitize()
+		var lost int64
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s IS DISTINCT FROM (%[2]s::%s)::%s`, id(p.Live), q, it, c.typ)).Scan(&lost); err != nil || lost > 0 {
+			what := fmt.Sprintf("%d values", lost)
+			if err != nil {
+				what = "values (" + err.Error() + ")"
+			}
+			return nil, fmt.Errorf("column %s is of type %s in %s and %s in its rebuild (the source changed it): %s of the live table would change "+
+				"if carried; nothing is swapped in and %s stays as it is (rebuild --from-scratch keeps only what Kafka holds)", c.name, c.typ, p.Live, it, what, p.Live)
 		}
 	}
 	if len(adds) > 0 {
@@ -210,10 +235,28 @@ func truncates(p Pair) (string, []any) {
 		[]any{pgx.Identifier{p.Schema, p.Live}.Sanitize(), pgx.Identifier{p.Schema, p.Into}.Sanitize()}
 }
 
+// readConn is a connection of its own for one long read (the pool's
+// connections stay the sink's: a pool of one or two cannot starve), with
+// the sink's codecs, and without statement_timeout: reading a table of
+// tens of millions of versions, and streaming it while its chunks are
+// applied, may take longer than any statement the service runs. Close it.
+func readConn(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("connecting to read: %w", err)
+	}
+	pgcodec.Register(conn.TypeMap())
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 0"); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
 // Count says how many events, and of them version openers, Read would
-// carry; Read's preparation (columns the replacing table lacks) is done.
+// carry, changing neither table.
 func Count(ctx context.Context, pool *pgxpool.Pool, p Pair) (Counts, error) {
-	pl, err := prepare(ctx, pool, p)
+	pl, err := prepare(ctx, pool, p, false)
 	if err != nil {
 		return Counts{}, err
 	}
@@ -236,18 +279,17 @@ func Count(ctx context.Context, pool *pgxpool.Pool, p Pair) (Counts, error) {
 // snapshot: what apply writes into the replacing table meanwhile does
 // not change what is carried. The chunks' events are apply's to keep.
 func Read(ctx context.Context, pool *pgxpool.Pool, p Pair, chunk int, apply func([]*change.Event) error) (Counts, error) {
-	pl, err := prepare(ctx, pool, p)
+	pl, err := prepare(ctx, pool, p, true)
 	if err != nil {
 		return Counts{}, err
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return Counts{}, err
-	}
-	defer conn.Release()
 	// Values as the sink reads them back (json as its text, the fast
 	// codecs): what the sink stores is what it would read.
-	pgcodec.Register(conn.Conn().TypeMap())
+	conn, err := readConn(ctx, pool)
+	if err != nil {
+		return Counts{}, err
+	}
+	defer conn.Close(context.Background())
 	var c Counts
 	rows, err := conn.Query(ctx, pl.query(p, false))
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink"
-	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // Import (DESIGN.md section 13) reads an SCD2 table kept elsewhere — a
@@ -186,35 +186,92 @@ func (p *importPlan) keyList(text bool) string {
 	return strings.Join(out, ", ")
 }
 
+// castKeys renders the key columns cast to the target's types, as
+// k1, k2, … when as is set.
+func (p *importPlan) castKeys(prefix string, as bool) []string {
+	out := make([]string, len(p.keys))
+	for i, k := range p.keys {
+		out[i] = fmt.Sprintf("%s%s::%s", prefix, pgx.Identifier{k}.Sanitize(), p.types[k])
+		if as {
+			out[i] += fmt.Sprintf(" AS k%d", i+1)
+		}
+	}
+	return out
+}
+
 // Check lists the versions of f that import refuses: a NULL key or
-// valid_from, valid_to before valid_from, two versions of a key at one
-// valid_from, a version that starts before the previous one ends (or
-// after one never closed). It returns at most maxInvalid of them and how
-// many there are.
+// valid_from, an infinite valid_from, a valid_to not after its
+// valid_from, a time in the future (but the far-future end that stands
+// for "current"), two versions of a key at one valid_from, a version
+// that starts before the previous one ends (or after one never closed),
+// and, in a target that holds events of a key from its source, a version
+// of the key that starts at or ends after the first of them (imported
+// history comes before the source's: it would be folded before events it
+// follows, their times moved). It returns at most maxInvalid of them and
+// how many there are.
 func Check(ctx context.Context, pool *pgxpool.Pool, f Foreign) ([]Invalid, int64, error) {
 	p, err := f.plan(ctx, pool)
 	if err != nil {
 		return nil, 0, err
 	}
 	nullKey := make([]string, len(p.keys))
+	ks := make([]string, len(p.keys))
+	match := make([]string, len(p.keys))
 	for i, k := range p.keys {
 		nullKey[i] = pgx.Identifier{k}.Sanitize() + " IS NULL"
+		ks[i] = fmt.Sprintf("k%d", i+1)
+		match[i] = fmt.Sprintf("y.k%d = fi.k%[1]d", i+1)
 	}
-	q := fmt.Sprintf(`SELECT concat_ws(', ', %[1]s), coalesce(vf::text, 'NULL'), coalesce(vt::text, 'NULL'), why, count(*) OVER () FROM (
-		SELECT *, CASE
-			WHEN %[2]s THEN 'a key column is NULL'
+	// The first time of each key's events from the source (sequences not
+	// imported) in the target, when it exists.
+	var first string
+	if p.exists {
+		keyCols := make([]string, len(p.keys))
+		for i, k := range p.keys {
+			keyCols[i] = fmt.Sprintf("%s AS k%d", pgx.Identifier{k}.Sanitize(), i+1)
+		}
+		hist := pgx.Identifier{f.TargetSchema, f.Target}.Sanitize()
+		side := pgx.Identifier{f.TargetSchema, f.Target + "_scd_events"}.Sanitize()
+		first = fmt.Sprintf(`SELECT %[1]s, min(t) AS first FROM (
+				SELECT %[2]s, valid_from AS t FROM %[3]s WHERE get_byte(scd_seq, 0) <> %[5]d
+				UNION ALL SELECT %[2]s, scd_t FROM %[4]s WHERE get_byte(scd_seq, 0) <> %[5]d AND scd_op <> 'h') u GROUP BY %[1]s`,
+			strings.Join(ks, ", "), strings.Join(keyCols, ", "), hist, side, change.ImportedTag)
+	}
+	if !p.exists {
+		nulls := make([]string, len(p.keys))
+		for i, k := range p.keys {
+			nulls[i] = fmt.Sprintf("NULL::%s AS k%d", p.types[k], i+1)
+		}
+		first = fmt.Sprintf("SELECT %s, NULL::timestamptz AS first WHERE false", strings.Join(nulls, ", "))
+	}
+	vt := fmt.Sprintf("CASE WHEN %[1]s >= $1 THEN NULL ELSE %[1]s END", p.vt)
+	q := fmt.Sprintf(`WITH fi AS (%[8]s)
+		SELECT concat_ws(', ', %[1]s), coalesce(vf::text, 'NULL'), coalesce(vt::text, 'NULL'), why, count(*) OVER () FROM (
+		SELECT y.*, CASE
+			WHEN nullkey THEN 'a key column is NULL'
 			WHEN vf IS NULL THEN 'valid_from is NULL'
-			WHEN vt < vf THEN 'valid_to is before valid_from'
+			WHEN NOT isfinite(vf) THEN 'valid_from is infinite'
+			WHEN vt <= vf THEN 'valid_to is not after valid_from'
+			WHEN vf > now() OR vt > now() THEN 'a time in the future (a far-future valid_to means current only from the year 9999 on)'
 			WHEN vf = prev_vf THEN 'two versions of the key at one valid_from'
 			WHEN n > 1 AND prev_vt IS NULL THEN 'starts after a version of the key that is never closed'
 			WHEN vf < prev_vt THEN 'overlaps the previous version of the key'
+			WHEN fi.first IS NOT NULL AND (vf >= fi.first OR vt > fi.first) THEN
+				'reaches into the key''s history from the source, which starts at ' || fi.first::text || ' in the target'
 		END AS why FROM (
-			SELECT %[3]s, %[4]s AS vf, %[5]s AS vt,
-				lag(%[4]s) OVER w AS prev_vf, lag(CASE WHEN %[5]s >= $1 THEN NULL ELSE %[5]s END) OVER w AS prev_vt, row_number() OVER w AS n
-			FROM %[6]s WINDOW w AS (PARTITION BY %[3]s ORDER BY %[4]s, %[5]s NULLS LAST)) x) y
-		WHERE why IS NOT NULL ORDER BY %[3]s, vf LIMIT %[7]d`,
-		p.keyList(true), strings.Join(nullKey, " OR "), p.keyList(false), p.vf, p.vt, p.from, maxInvalid)
-	rows, err := pool.Query(ctx, q, farFuture)
+			SELECT %[2]s, %[3]s AS nullkey, %[4]s AS vf, %[5]s AS vt,
+				lag(%[4]s) OVER w AS prev_vf, lag(%[5]s) OVER w AS prev_vt, row_number() OVER w AS n
+			FROM %[6]s WINDOW w AS (PARTITION BY %[7]s ORDER BY %[4]s, %[5]s NULLS LAST)) y
+		LEFT JOIN fi ON %[9]s) z
+		WHERE why IS NOT NULL ORDER BY %[1]s, vf LIMIT %[10]d`,
+		strings.Join(ks, ", "), strings.Join(p.castKeys("", true), ", "), strings.Join(nullKey, " OR "), p.vf, vt, p.from,
+		strings.Join(p.castKeys("", false), ", "), first, strings.Join(match, " AND "), maxInvalid)
+	conn, err := readConn(ctx, pool)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, q, farFuture)
 	if err != nil {
 		return nil, 0, fmt.Errorf("checking the versions of %s.%s: %w", f.Schema, f.Table, err)
 	}
@@ -261,12 +318,11 @@ func ReadImport(ctx context.Context, pool *pgxpool.Pool, f Foreign, chunk int, a
 	if err != nil {
 		return c, err
 	}
-	conn, err := pool.Acquire(ctx)
+	conn, err := readConn(ctx, pool)
 	if err != nil {
 		return c, err
 	}
-	defer conn.Release()
-	pgcodec.Register(conn.Conn().TypeMap())
+	defer conn.Close(context.Background())
 	sel := make([]string, len(p.cols))
 	var cols []change.Column
 	for i, col := range p.cols {
@@ -281,9 +337,9 @@ func ReadImport(ctx context.Context, pool *pgxpool.Pool, f Foreign, chunk int, a
 	for i, k := range p.keys {
 		keyAt[i] = slices.IndexFunc(p.cols, func(c column) bool { return c.name == k })
 	}
-	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT %[1]s, %[2]s, CASE WHEN %[3]s >= $1 THEN NULL ELSE %[3]s END, %[4]s, md5(row(%[1]s)::text)
+	rows, err := conn.Query(ctx, fmt.Sprintf(`SELECT %[1]s, %[2]s, CASE WHEN %[3]s >= $1 THEN NULL ELSE %[3]s END, %[4]s
 		FROM %[5]s ORDER BY %[6]s, %[2]s, %[3]s NULLS LAST`,
-		strings.Join(sel, ", "), p.vf, p.vt, p.del, p.from, p.keyList(false)), farFuture)
+		strings.Join(sel, ", "), p.vf, p.vt, p.del, p.from, strings.Join(p.castKeys("", false), ", ")), farFuture)
 	if err != nil {
 		return c, fmt.Errorf("reading %s.%s: %w", f.Schema, f.Table, err)
 	}
@@ -317,15 +373,23 @@ func ReadImport(ctx context.Context, pool *pgxpool.Pool, f Foreign, chunk int, a
 		for i, at := range keyAt {
 			v.key[i] = sink.Stored(vals[at])
 		}
+		// The digest of the values themselves (fold.Canon), not of a
+		// text form that depends on the session's settings: importing
+		// again gives the same digests.
+		h := sha256.New()
 		for i, col := range p.cols {
 			v.row[col.name] = sink.Stored(vals[i])
+			h.Write([]byte(col.name))
+			h.Write([]byte{0})
+			h.Write([]byte(fold.Canon(vals[i])))
+			h.Write([]byte{0})
 		}
+		v.digest = string(h.Sum(nil))
 		v.from, _ = vals[n].(time.Time)
 		if to, ok := vals[n+1].(time.Time); ok {
 			v.to = &to
 		}
 		v.deleted, _ = vals[n+2].(bool)
-		v.digest, _ = vals[n+3].(string)
 		id := change.KeyID(keyValues(vals, keyAt))
 		if id != lastKey {
 			emit()
