@@ -231,11 +231,11 @@ func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec,
 			SELECT unnest($2::text[]) AS topic
 			UNION SELECT topic FROM %[1]s.%[2]s WHERE target = ANY($1)
 			UNION SELECT topic FROM %[1]s.scd2sink_offsets WHERE target = ANY($1))
-		SELECT DISTINCT consumer_group, topic, partition FROM (
+		SELECT consumer_group, topic, partition FROM (SELECT DISTINCT consumer_group, topic, partition FROM (
 			SELECT o.consumer_group, o.topic, o.partition FROM %[1]s.scd2sink_offsets o WHERE o.topic IN (SELECT topic FROM t)
 			UNION ALL
 			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
-			WHERE r.topic IN (SELECT topic FROM t)) x ORDER BY consumer_group COLLATE "C", topic COLLATE "C", partition`,
+			WHERE r.topic IN (SELECT topic FROM t)) x) d ORDER BY consumer_group COLLATE "C", topic COLLATE "C", partition`,
 		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), targets, exact)
 	if err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)
