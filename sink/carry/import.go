@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink"
-	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
 // Import (DESIGN.md section 13) reads an SCD2 table kept elsewhere — a
@@ -345,6 +344,7 @@ func ReadImport(ctx context.Context, pool *pgxpool.Pool, f Foreign, chunk int, a
 	}
 	defer rows.Close()
 	n := len(p.cols)
+	var canon []byte
 	var batch []*change.Event
 	var key []version
 	var lastKey string
@@ -373,18 +373,17 @@ func ReadImport(ctx context.Context, pool *pgxpool.Pool, f Foreign, chunk int, a
 		for i, at := range keyAt {
 			v.key[i] = sink.Stored(vals[at])
 		}
-		// The digest of the values themselves (fold.Canon), not of a
-		// text form that depends on the session's settings: importing
-		// again gives the same digests.
-		h := sha256.New()
+		// The digest of the values themselves (change.AppendCanon), not
+		// of a text form that depends on the session's settings:
+		// importing again gives the same digests.
+		canon = canon[:0]
 		for i, col := range p.cols {
 			v.row[col.name] = sink.Stored(vals[i])
-			h.Write([]byte(col.name))
-			h.Write([]byte{0})
-			h.Write([]byte(fold.Canon(vals[i])))
-			h.Write([]byte{0})
+			canon = append(canon, col.name...)
+			canon = append(change.AppendCanon(append(canon, 0), vals[i]), 0)
 		}
-		v.digest = string(h.Sum(nil))
+		sum := sha256.Sum256(canon)
+		v.digest = string(sum[:16])
 		v.from, _ = vals[n].(time.Time)
 		if to, ok := vals[n+1].(time.Time); ok {
 			v.to = &to
