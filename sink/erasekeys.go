@@ -42,15 +42,6 @@ type keyReading struct {
 	id   string
 }
 
-// ids are the identities of readings.
-func ids(rs []keyReading) []string {
-	out := make([]string, len(rs))
-	for i, r := range rs {
-		out[i] = r.id
-	}
-	return out
-}
-
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
 // at all.

@@ -173,18 +173,6 @@ func (f Foreign) plan(ctx context.Context, pool *pgxpool.Pool) (*importPlan, err
 	return p, nil
 }
 
-// keyList renders the key columns, as text when text is set.
-func (p *importPlan) keyList(text bool) string {
-	out := make([]string, len(p.keys))
-	for i, k := range p.keys {
-		out[i] = pgx.Identifier{k}.Sanitize()
-		if text {
-			out[i] = "coalesce(" + out[i] + "::text, 'NULL')"
-		}
-	}
-	return strings.Join(out, ", ")
-}
-
 // castKeys renders the key columns cast to the target's types, as
 // k1, k2, … when as is set.
 func (p *importPlan) castKeys(prefix string, as bool) []string {
