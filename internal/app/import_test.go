@@ -383,3 +383,136 @@ tables:
 		t.Errorf("a column the target lacks: %v; want an error naming etl_batch", err)
 	}
 }
+
+// TestImportBesideRun: an import of years of history runs while run
+// applies Debezium's snapshot and changes of the same keys (import takes
+// the writers' locks, one chunk at a time): the history is the imported
+// versions followed by Debezium's, every key's, and verify passes.
+func TestImportBesideRun(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const keys = 3000
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA legacy;
+		CREATE TABLE legacy.accounts_scd AS
+		SELECT k AS account_id, 'p' || v AS plan, v AS seats,
+			timestamptz '2020-01-01' + v * interval '100 days' AS row_start,
+			timestamptz '2020-01-01' + (v + 1) * interval '100 days' AS row_end
+		FROM generate_series(1, %d) k, generate_series(0, 2) v`, keys)); err != nil {
+		t.Fatal(err)
+	}
+	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "accounts", Keys: []string{"account_id"}, Cols: []scdtest.Col{
+		{Name: "account_id", Schema: `{"type":"int32","optional":false}`},
+		{Name: "plan", Schema: `{"type":"string","optional":true}`},
+		{Name: "seats", Schema: `{"type":"int32","optional":true}`},
+	}}
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, src.Topic()), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kafka.Close)
+	brokers, _ := json.Marshal(kafka.ListenAddrs())
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+kafka: {brokers: %s, group_id: live, session_timeout: 2s}
+postgres: {dsn: %q}
+http: {addr: ""}
+sequencer: {reorder_window: 20ms}
+sink: {batch_max_events: 200, batch_max_wait: 10ms}
+tables:
+  - {topic: %s, target: accounts_history, keys: [account_id]}
+`, brokers, dsn, src.Topic())), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, cfg, Options{}) }()
+	// Debezium's snapshot in 2026, then a change of every third key,
+	// produced while the import runs.
+	at := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	cl := mustClient(t, kafka)
+	produced := make(chan error, 1)
+	total := 0
+	var recs []*kgo.Record
+	for k := 1; k <= keys; k++ {
+		key, v := src.Envelope(scdtest.Change{Op: "r", After: scdtest.Row{"account_id": k, "plan": "p2", "seats": 2}, LSN: int64(1000 + k), Commit: at, Snapshot: "true"})
+		recs = append(recs, &kgo.Record{Topic: src.Topic(), Key: key, Value: v})
+		if k%3 == 0 {
+			key, v := src.Envelope(scdtest.Change{Op: "u", After: scdtest.Row{"account_id": k, "plan": "p9", "seats": 9}, LSN: int64(100000 + k), Commit: at.Add(time.Hour)})
+			recs = append(recs, &kgo.Record{Topic: src.Topic(), Key: key, Value: v})
+		}
+	}
+	total = len(recs)
+	go func() {
+		for len(recs) > 0 {
+			n := min(len(recs), 200)
+			if err := cl.ProduceSync(ctx, recs[:n]...).FirstErr(); err != nil {
+				produced <- err
+				return
+			}
+			recs = recs[n:]
+			time.Sleep(20 * time.Millisecond)
+		}
+		produced <- nil
+	}()
+	// The import starts once run has applied some of the snapshot: those
+	// keys' imported versions are late events for them, the others'
+	// Debezium events come after the import's.
+	applied := func() (n int64) {
+		_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = 'live'").Scan(&n)
+		return n
+	}
+	for wait := time.Now().Add(30 * time.Second); applied() < 400 && time.Now().Before(wait); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := applied()
+	var out bytes.Buffer
+	if err := Import(ctx, cfg, Options{}, ImportQuery{Table: "accounts_history", From: "legacy.accounts_scd", ValidFrom: "row_start", ValidTo: "row_end"}, &out); err != nil {
+		t.Fatalf("import beside run: %v\n%s", err, out.String())
+	}
+	if before < 400 || before >= int64(total) {
+		t.Fatalf("run had applied %d of %d records when the import started: not beside it", before, total)
+	}
+	if err := <-produced; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var n int64
+		_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = 'live'").Scan(&n)
+		if n >= int64(total) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run applied %d of %d records", n, total)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Imported: p0, p1, p2 closed at 2020-10-27 (a delete at its end);
+	// Debezium's snapshot opens p2 again in 2026; every third key then p9.
+	var bad int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (
+		SELECT account_id, string_agg(plan || ':' || coalesce(to_char(valid_to AT TIME ZONE 'UTC', 'YYYY-MM-DD'), '-'), ' ' ORDER BY valid_from) AS h
+		FROM accounts_history GROUP BY account_id) x
+		WHERE h <> CASE WHEN account_id % 3 = 0 THEN 'p0:2020-04-10 p1:2020-07-19 p2:2020-10-27 p2:2026-11-01 p9:-'
+			ELSE 'p0:2020-04-10 p1:2020-07-19 p2:2020-10-27 p2:-' END`).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	var keysSeen int64
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT account_id) FROM accounts_history`).Scan(&keysSeen); err != nil || bad != 0 || keysSeen != keys {
+		t.Fatalf("%d of %d keys with another history than imported + Debezium's (%v)", bad, keysSeen, err)
+	}
+	var report strings.Builder
+	if n, err := Verify(ctx, cfg, &report); err != nil || n != 0 {
+		t.Fatalf("verify: %d violations (%v)\n%s", n, err, report.String())
+	}
+	t.Logf("%s", out.String())
+}
