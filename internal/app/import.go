@@ -165,6 +165,7 @@ func Import(ctx context.Context, cfg *config.Config, opts Options, q ImportQuery
 		for evs := range chunks {
 			p, err := s.Prepare(gctx, sink.Batch{Events: evs, Outside: true, LockTargets: []string{entry.Target}})
 			if err != nil {
+				_ = wait() // the chunk in flight ends before the import does
 				return fmt.Errorf("importing into %s: %w", entry.Target, err)
 			}
 			if err := wait(); err != nil {

@@ -196,8 +196,24 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode Rebuild
 	if err := <-done; err != nil {
 		return fmt.Errorf("rebuild: %w", err)
 	}
-	if err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log); err != nil {
-		return fmt.Errorf("rebuild caught up, but %w (nothing was swapped in)", err)
+	// The carry is tried again while the failure is transient or blocked
+	// (a failover, a lock, a privilege put right): what a try carried is
+	// in the rebuilt table and is not carried again.
+	for backoff := 500 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
+		err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log)
+		if err == nil {
+			break
+		}
+		class := sink.Classify(err)
+		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
+			return fmt.Errorf("rebuild caught up, but %w (nothing was swapped in)", err)
+		}
+		log.Warn("carrying the live tables' versions over must wait; trying again", zap.Duration("wait", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("rebuild caught up but nothing was carried or swapped in (run it again): %w", ctx.Err())
+		case <-time.After(backoff):
+		}
 	}
 	// The swap locks the live tables, waiting at most lock_timeout behind
 	// a reader each try: it is tried again until it gets them (the replay

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,8 +191,31 @@ tables:
 	if len(kept) == 0 || len(kept) == len(all) {
 		t.Fatalf("Kafka kept %d of %d events", len(kept), len(all))
 	}
+	if lose == "log start" && !scratch {
+		// The carry's first three tries fail as a missing privilege
+		// would (42501, a trigger on the rebuilt table): rebuild waits
+		// and tries again, it does not exit.
+		var once sync.Once
+		beforeCarry = func() {
+			once.Do(func() {
+				if _, err := pool.Exec(ctx, `CREATE SEQUENCE carry_fails;
+					CREATE FUNCTION carry_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+					BEGIN IF nextval('carry_fails') <= 3 THEN RAISE EXCEPTION 'injected' USING ERRCODE = '42501'; END IF; RETURN NEW; END $$;
+					CREATE TRIGGER carry_fail BEFORE INSERT ON acct_history__rebuild FOR EACH ROW EXECUTE FUNCTION carry_fail()`); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		t.Cleanup(func() { beforeCarry = nil })
+	}
 	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{FromScratch: scratch}); err != nil {
 		t.Fatal(err)
+	}
+	if beforeCarry != nil {
+		var tries int64
+		if err := pool.QueryRow(ctx, "SELECT last_value FROM carry_fails").Scan(&tries); err != nil || tries <= 3 {
+			t.Errorf("the injected failure fired %d times (%v): the carry was not tried again", tries, err)
+		}
 	}
 	want := evs
 	if scratch {
