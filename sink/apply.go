@@ -311,7 +311,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		if rewritten {
 			below = orig.Seq // the live version is rewritten below
 		}
-		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below})
+		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below, since: l.ClosedFrom})
 	}
 	for _, e := range out.Side {
 		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
@@ -321,7 +321,10 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 	res.VersionsClosed += out.Closed
 
 	next := w.slabs().Latest()
-	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT}
+	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT, ClosedFrom: l.ClosedFrom}
+	for _, v := range out.Versions {
+		next.NoteClosed(v)
+	}
 	next.PrevAbsent, next.PrevKnown = fold.LastImage(evs, l.PrevAbsent, l.PrevKnown)
 	if n := len(out.Versions); n > 0 {
 		last := out.Versions[n-1]
@@ -331,6 +334,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		next.OpenerSaved = (last.Stored && l.OpenerSaved) || t.OpenerDiffers(last)
 		next.V.Opener = nil // appendKey takes the opener from the row (or the side table)
 		next.V.OpenAbsent = next.V.Absent
+		w.noteClosedLatest(t, kp.key, next.V)
 	} else if l.V != nil && t.Spec.Type1Scope == AllVersions && st.PrevRow != nil {
 		next.V = l.V.Clone(w.slabs()) // its Type 1 columns changed with the key's
 		t.SpreadType1([]*fold.Version{next.V}, st.PrevRow)
@@ -503,6 +507,9 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 	for _, o := range old {
 		w.delVersions = append(w.delVersions, o.ID)
 		touched = append(touched, o.Seq)
+	}
+	if h.until == nil && len(out.Versions) > 0 { // (with a boundary, the latest stays as it is)
+		w.noteClosedLatest(t, kp.key, out.Versions[len(out.Versions)-1])
 	}
 	note.noteTouched(touched)
 	w.repairs = append(w.repairs, note)

@@ -309,6 +309,10 @@ func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, 
 		if err := del(n.Repairs, "key = jsonb_build_object("+strings.Join(pairs, ", ")+")", jargs, &e.Repairs); err != nil {
 			return err
 		}
+		var noted int64 // the key directory of a partitioned table: not a trace of its own, but the key
+		if err := del(n.Hist+catalog.DirSuffix, match, args, &noted); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -134,8 +134,10 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	}
 	// Partitioned: a key's current version, when it has one, is its
 	// latest (the fold opens versions in sequence order and only the last
-	// is open), and lives in _pcur. Only the keys without one need a
-	// probe of every partition of closed versions.
+	// is open), and lives in _pcur. Only the keys without one and with a
+	// row in the key directory (keydir.go) have versions to look for
+	// among the closed ones, from the directory's bound on; those it does
+	// not find there, in every partition.
 	if len(first) > 0 {
 		if err := t.readLatest(ctx, tx, keys, first, out, t.Parts != nil); err != nil {
 			return nil, err
@@ -144,8 +146,14 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	pending := all
 	if t.Parts != nil {
 		if pending = withoutVersion(out, all); len(pending) > 0 {
-			if err := t.readLatest(ctx, tx, keys, pending, out, false); err != nil {
+			again, err := t.readClosedLatest(ctx, tx, keys, pending, out)
+			if err != nil {
 				return nil, err
+			}
+			if len(again) > 0 {
+				if err := t.readLatest(ctx, tx, keys, again, out, false); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
@@ -228,32 +236,40 @@ func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (strin
 
 // scanLatest reads latestQuery's rows into out (see readLatest).
 func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
-	n := len(t.Cols)
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
 			return err
 		}
-		ord := vals[0].(int64) - 1
-		v, err := t.scanVersion(vals, 1)
-		if err != nil {
+		if err := t.latestFromRow(vals, &out[idx[vals[0].(int64)-1]]); err != nil {
 			return err
 		}
-		v.Row = vals[rowAt : rowAt+n]
-		t.NormalizeRow(v.Row)
-		l := &out[idx[ord]]
-		l.V = v
-		if s := asBytes(vals[rowAt+n]); s != nil {
-			l.SideMaxSeq = change.Seq(s)
-		}
-		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
-			l.SideMaxT = &mt
-		}
-		l.OpenerSaved, _ = vals[rowAt+2+n].(bool)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading current versions of %s: %w", t.Hist.Sanitize(), err)
 	}
+	return nil
+}
+
+// latestFromRow sets l from a row of latestQuery (or readClosedLatest):
+// the key's ordinal, its version, the side-table summary and whether
+// the version's opener is saved.
+func (t *table) latestFromRow(vals []any, l *fold.Latest) error {
+	n := len(t.Cols)
+	v, err := t.scanVersion(vals, 1)
+	if err != nil {
+		return err
+	}
+	v.Row = vals[rowAt : rowAt+n]
+	t.NormalizeRow(v.Row)
+	l.V = v
+	if s := asBytes(vals[rowAt+n]); s != nil {
+		l.SideMaxSeq = change.Seq(s)
+	}
+	if mt, ok := vals[rowAt+1+n].(time.Time); ok {
+		l.SideMaxT = &mt
+	}
+	l.OpenerSaved, _ = vals[rowAt+2+n].(bool)
 	return nil
 }
 

@@ -58,6 +58,10 @@ const (
 	SideIndexSuffix    = catalog.SideIndexSuffix
 	OldSideIndexSuffix = catalog.OldSideIndexSuffix
 	IDIndexSuffix      = catalog.IDIndexSuffix
+	// DirSuffix and DirKeySuffix name a partitioned table's key
+	// directory and its primary key.
+	DirSuffix    = catalog.DirSuffix
+	DirKeySuffix = catalog.DirKeySuffix
 )
 
 // Config is the sink's configuration.

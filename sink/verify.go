@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/sink/catalog"
@@ -38,7 +39,7 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	n := catalog.NamesOf(spec.Target)
 	var cat *catalog.Catalog
 	_, err := s.withRetry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
-		cat, err = catalog.ReadCatalog(ctx, s.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex},
+		cat, err = catalog.ReadCatalog(ctx, s.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex, n.Hist + catalog.DirSuffix},
 			n.AsOf, n.Hist)
 		return err
 	})
@@ -88,6 +89,30 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 		// partition keys: one scd_id in two partitions is not refused.
 		checks = append(checks, struct{ name, sql string }{"duplicate scd_id", fmt.Sprintf(
 			`SELECT min(%s), format('scd_id %%s in %%s rows', scd_id, count(*)) FROM %s GROUP BY scd_id HAVING count(*) > 1`, keyJSON, hist)})
+	}
+	if cat.Rels[n.Hist] == 'p' {
+		dir := pgx.Identifier{spec.Schema, n.Hist + catalog.DirSuffix}.Sanitize()
+		if !cat.Has(n.Hist + catalog.DirSuffix) {
+			missing = append(missing, Violation{Table: hist, Check: "missing key directory " + n.Hist + catalog.DirSuffix, Key: "-",
+				Info: "restart scd2sink run: it creates it from the table"})
+		} else {
+			// Keys without a current version are looked up through the key
+			// directory (catalog.partDir): one missing from it would be taken
+			// for a key never seen.
+			var match []string
+			for _, k := range spec.Keys {
+				q := pgx.Identifier{k}.Sanitize()
+				match = append(match, fmt.Sprintf("x.%s = o.%s", q, q))
+			}
+			m := strings.Join(match, " AND ")
+			checks = append(checks, struct{ name, sql string }{"key without a current version missing from the key directory", fmt.Sprintf(
+				`SELECT %s, format('latest version scd_id %%s closed at %%s; directory: %%s', o.scd_id, o.valid_to,
+					coalesce((SELECT 'bound ' || x.last_to::text FROM %s x WHERE %s), 'no row'))
+				 FROM (SELECT DISTINCT ON (%s) * FROM %s ORDER BY %s, scd_seq DESC) o
+				 WHERE NOT EXISTS (SELECT 1 FROM %s x WHERE %s) AND NOT EXISTS (SELECT 1 FROM %s x WHERE %s AND x.last_to <= o.valid_to)`,
+				keyJSON, dir, m, keys, pgx.Identifier{spec.Schema, spec.Target + "_pold"}.Sanitize(), keys,
+				pgx.Identifier{spec.Schema, spec.Target + "_pcur"}.Sanitize(), m, dir, m)})
+		}
 	}
 	if cat.HasCol(n.Hist, "scd_deleted") {
 		// deletes: new_record: a version marked deleted is one a delete

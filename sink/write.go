@@ -30,6 +30,8 @@ type t1Row struct {
 	key   []any
 	row   []any
 	below change.Seq
+	// since is the key's fold.Latest.ClosedFrom (zero: unknown).
+	since time.Time
 }
 
 // writes collects one table's changes of one batch, executed set-based.
@@ -45,6 +47,7 @@ type writes struct {
 	insVersions []*fold.Version
 	insSide     []sideRow
 	repairs     []repairNote // late repairs, audited in <target>_scd_repairs
+	dir         []dirRow     // keys left with a closed latest version (keydir.go)
 	// mem is where the transaction's fold and appendKey take versions,
 	// states, lists and rows from; its boxes hold the bookkeeping values
 	// of the rows written.
@@ -146,31 +149,8 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 	}
 	if len(w.t1Bulk) > 0 && len(t.Type1) > 0 {
-		types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
-		var args []any
-		for i := range t.KeyIdx {
-			args = append(args, column(len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].key[i] }))
-		}
-		types, names = append(types, "bytea"), append(names, "below")
-		args = append(args, column(len(w.t1Bulk), func(j int) any { return w.mem.Boxes.Bytes(w.t1Bulk[j].below) }))
-		var sets, lhs, rhs []string
-		for n, ci := range t.Type1 {
-			typ, arg, val, err := t.unnestColumn(tx, ci, len(w.t1Bulk), func(j int) any { return w.t1Bulk[j].row[ci] }, fmt.Sprintf("x.c%d", n))
-			if err != nil {
-				return err
-			}
-			types = append(types, typ)
-			names = append(names, fmt.Sprintf("c%d", n))
-			args = append(args, arg)
-			q := pgx.Identifier{t.Cols[ci].Name}.Sanitize()
-			sets = append(sets, fmt.Sprintf("%s = %s", q, val))
-			lhs = append(lhs, "h."+q)
-			rhs = append(rhs, val)
-		}
-		q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below) AND ROW(%s) IS DISTINCT FROM ROW(%s)",
-			hist, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
-		if _, err := tx.Exec(ctx, q, args...); err != nil {
-			return fmt.Errorf("updating Type 1 columns of %s: %w", hist, err)
+		if err := w.execType1(ctx, tx, t); err != nil {
+			return err
 		}
 	}
 	if len(w.closeOnly) > 0 {
@@ -232,6 +212,74 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
+	}
+	return w.writeDir(ctx, tx, t)
+}
+
+// execType1 writes the Type 1 values of w.t1Bulk to the keys' stored
+// versions. In a partitioned table, the keys whose closed versions all end
+// at or after a known time (t1Row.since) are updated in the current
+// versions' partition and, apart, in the closed ones' from that time on
+// (pruned at run time): the others in every partition.
+func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *table) error {
+	hist := t.Hist.Sanitize()
+	if t.Parts == nil {
+		return w.updateType1(ctx, tx, t, w.t1Bulk, hist, false)
+	}
+	var known, unknown []t1Row
+	for _, r := range w.t1Bulk {
+		if r.since.IsZero() {
+			unknown = append(unknown, r)
+		} else {
+			known = append(known, r)
+		}
+	}
+	if err := w.updateType1(ctx, tx, t, unknown, hist, false); err != nil {
+		return err
+	}
+	if err := w.updateType1(ctx, tx, t, known, t.Parts.Cur().Sanitize(), false); err != nil {
+		return err
+	}
+	return w.updateType1(ctx, tx, t, known, t.Parts.Old().Sanitize(), true)
+}
+
+// updateType1 updates rel's versions of rows' keys below each one's bound
+// (withSince: and ending at or after its since) to their Type 1 values.
+func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1Row, rel string, withSince bool) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
+	var args []any
+	for i := range t.KeyIdx {
+		args = append(args, column(len(rows), func(j int) any { return rows[j].key[i] }))
+	}
+	types, names = append(types, "bytea"), append(names, "below")
+	args = append(args, column(len(rows), func(j int) any { return w.mem.Boxes.Bytes(rows[j].below) }))
+	since := ""
+	if withSince {
+		types, names = append(types, "timestamptz"), append(names, "since")
+		args = append(args, column(len(rows), func(j int) time.Time { return rows[j].since }))
+		since = " AND h.valid_to >= x.since"
+	}
+	var sets, lhs, rhs []string
+	for n, ci := range t.Type1 {
+		typ, arg, val, err := t.unnestColumn(tx, ci, len(rows), func(j int) any { return rows[j].row[ci] }, fmt.Sprintf("x.c%d", n))
+		if err != nil {
+			return err
+		}
+		types = append(types, typ)
+		names = append(names, fmt.Sprintf("c%d", n))
+		args = append(args, arg)
+		q := pgx.Identifier{t.Cols[ci].Name}.Sanitize()
+		sets = append(sets, fmt.Sprintf("%s = %s", q, val))
+		lhs = append(lhs, "h."+q)
+		rhs = append(rhs, val)
+	}
+	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below)%s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
+		rel, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), since, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("updating Type 1 columns of %s: %w", t.Hist.Sanitize(), err)
 	}
 	return nil
 }

@@ -299,9 +299,10 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 		stmts = append(stmts,
 			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
 			catalog.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
-			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
+			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
 				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize(),
-				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_repairs"}.Sanitize()))
+				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_repairs"}.Sanitize(),
+				pgx.Identifier{cfg.Postgres.Schema, t.Target + sink.DirSuffix}.Sanitize()))
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, st := range stmts {
@@ -475,6 +476,9 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 					catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
+					// The key directory is a lookup aid of the written
+					// table: the replaced one is not written again.
+					fmt.Sprintf("DROP TABLE IF EXISTS %s", id(live+sink.DirSuffix)),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.KeyIndexSuffix), bare(old+sink.KeyIndexSuffix)),
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.SideIndexSuffix), bare(old+sink.SideIndexSuffix)),
 				)
@@ -495,6 +499,8 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.IDIndexSuffix), bare(live+sink.IDIndexSuffix)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb+"_scd_events"), bare(live+"_scd_events")),
+				fmt.Sprintf("ALTER TABLE IF EXISTS %s RENAME TO %s", id(rb+sink.DirSuffix), bare(live+sink.DirSuffix)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.DirKeySuffix), bare(live+sink.DirKeySuffix)),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.KeyIndexSuffix), bare(live+sink.KeyIndexSuffix)),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.SideIndexSuffix), bare(live+sink.SideIndexSuffix)),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),

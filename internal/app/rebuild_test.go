@@ -234,6 +234,12 @@ tables:
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'item_history_pold'::regclass`).Scan(&parts); err != nil || parts < 2 {
 			t.Errorf("item_history after the swap: %d partitions of closed versions (%v)", parts, err)
 		}
+		// The key directory came along (verify finds it, and every key
+		// without a current version in it).
+		var out strings.Builder
+		if n, err := Verify(ctx, cfg, &out); err != nil || n != 0 {
+			t.Errorf("verify after the swap: %d violations (%v):\n%s", n, err, out.String())
+		}
 	}
 	var liveOffsets int64
 	_ = pool.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE consumer_group = 'live'").Scan(&liveOffsets)

@@ -47,9 +47,30 @@ import (
 // (PostgreSQL 15 or later). They are unique per partition; scd_id stays
 // unique because the identity column gives it, and verify checks one
 // current version per key as before.
+//
+// The directory <target>_pdir holds a row (the key, and a lower bound of
+// its latest version's valid_to) for every key whose latest version is
+// closed: written in the transaction that closes it (a superset: a key
+// re-opened since keeps its row). A key without a current version and
+// without a row has no version at all, and a batch reads nothing of it
+// from the partitions of closed versions; a key with one is read from
+// the partitions from its bound on (every version of a key ends at or
+// before its latest's valid_to), and from all of them if that finds
+// nothing (the bound is only a hint: retention may have removed the
+// version). Without it, every new key of a batch was looked up in every
+// partition of closed versions.
 const (
 	partCurrent = "_pcur"
 	partClosed  = "_pold"
+	partDir     = "_pdir"
+)
+
+// DirSuffix ends the name of a partitioned table's key directory, and
+// DirKeySuffix that of its primary key (named, so that a rebuild's swap
+// can rename it along).
+const (
+	DirSuffix    = partDir
+	DirKeySuffix = "_scd_dir_key"
 )
 
 // Partitions is what a table knows of its closed versions' partitions.
@@ -59,6 +80,7 @@ type Partitions struct {
 	schema   string
 	hist     string         // the history table's name
 	old      pgx.Identifier // <hist>_pold
+	dir      pgx.Identifier // <hist>_pdir
 	pool     Querier        // reads the committed catalog
 	mu       sync.Mutex
 	ranges   []Range // attached, by lo
@@ -295,7 +317,8 @@ func (t *Table) loadPartitions(ctx context.Context, pool Querier, existed bool) 
 	if interval == "" {
 		interval, ahead = "month", 3 // partitioning taken out of the config: the table still needs partitions
 	}
-	p := &Partitions{interval: interval, ahead: ahead, schema: t.Spec.Schema, hist: t.Spec.Target, old: old, pool: pool}
+	p := &Partitions{interval: interval, ahead: ahead, schema: t.Spec.Schema, hist: t.Spec.Target, old: old,
+		dir: pgx.Identifier{t.Spec.Schema, t.Spec.Target + partDir}, pool: pool}
 	rs, err := ReadPartitions(ctx, pool, old)
 	if err != nil {
 		return err
@@ -307,7 +330,63 @@ func (t *Table) loadPartitions(ctx context.Context, pool Querier, existed bool) 
 		need = append(need, IntervalNext(need[len(need)-1], interval))
 	}
 	if db, ok := pool.(beginner); ok {
+		if err := p.ensureDir(ctx, db, t.Spec.Keys); err != nil {
+			return err
+		}
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return p.Ensure(ctx, tx, need) })
+	}
+	return nil
+}
+
+// ensureDir creates p's directory (see partDir) if it is missing, filled
+// from the table as it is: a table partitioned by an older release, or
+// one created just now (then empty). Writers are held off while it is
+// filled (SHARE on the history table, waited for at most lock_timeout;
+// readers go on), so that no key is closed between the read and the
+// commit; the advisory lock of the table's DDL makes two processes fill
+// it once.
+func (p *Partitions) ensureDir(ctx context.Context, db beginner, keys []string) error {
+	var exists bool
+	if err := p.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.dir.Sanitize()).Scan(&exists); err != nil {
+		return fmt.Errorf("looking for %s: %w", p.dir.Sanitize(), err)
+	}
+	if exists {
+		return nil
+	}
+	hist := pgx.Identifier{p.schema, p.hist}.Sanitize()
+	cur := pgx.Identifier{p.schema, p.hist + partCurrent}.Sanitize()
+	ks := QuoteIdents(keys)
+	var match, notNull []string
+	for _, k := range keys {
+		q := pgx.Identifier{k}.Sanitize()
+		match = append(match, fmt.Sprintf("c.%s = o.%s", q, q))
+		notNull = append(notNull, "o."+q+" IS NOT NULL")
+	}
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1)), set_config('statement_timeout', '0', true)", "scd2sink table "+hist); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.dir.Sanitize()).Scan(&exists); err != nil || exists {
+			return err
+		}
+		for _, st := range []string{
+			fmt.Sprintf(`LOCK TABLE %s IN SHARE MODE`, hist),
+			fmt.Sprintf(`CREATE TABLE %s AS SELECT %s, max(o.valid_to) AS last_to FROM %s o
+				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s c WHERE %s) GROUP BY %s`,
+				p.dir.Sanitize(), ks, p.old.Sanitize(), strings.Join(notNull, " AND "), cur, strings.Join(match, " AND "), ks),
+			fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN last_to SET NOT NULL, ADD CONSTRAINT %s PRIMARY KEY (%s)`,
+				p.dir.Sanitize(), pgx.Identifier{p.hist + DirKeySuffix}.Sanitize(), ks),
+			fmt.Sprintf(`COMMENT ON TABLE %s IS 'scd2sink: the keys of %s whose latest version is closed, with a lower bound of its valid_to (a lookup aid written with the history)'`,
+				p.dir.Sanitize(), strings.ReplaceAll(hist, "'", "''")),
+		} {
+			if _, err := tx.Exec(ctx, st); err != nil {
+				return fmt.Errorf("%s: %w", FirstLine(st), err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("creating the key directory %s: %w", p.dir.Sanitize(), err)
 	}
 	return nil
 }
@@ -344,6 +423,13 @@ func (p *Partitions) Ahead(now time.Time) []time.Time {
 
 // Old is <hist>_pold, the parent of the closed versions' partitions.
 func (p *Partitions) Old() pgx.Identifier { return p.old }
+
+// Cur is <hist>_pcur, the partition of the current versions.
+func (p *Partitions) Cur() pgx.Identifier { return pgx.Identifier{p.schema, p.hist + partCurrent} }
+
+// Dir is <hist>_pdir, the directory of keys whose latest version is
+// closed (see partDir).
+func (p *Partitions) Dir() pgx.Identifier { return p.dir }
 
 // Schema is the history table's schema, where its partitions are.
 func (p *Partitions) Schema() string { return p.schema }

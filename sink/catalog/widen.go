@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -139,8 +140,20 @@ func Widen(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *Table, t
 		"DROP VIEW IF EXISTS " + strings.Join(drops, ", "),
 		fmt.Sprintf("ALTER TABLE %s %s", t.Hist.Sanitize(), strings.Join(alters, ", ")),
 		fmt.Sprintf("ALTER TABLE %s %s", t.Side.Sanitize(), strings.Join(alters, ", ")),
-		currentView("CREATE", t.View, t.Hist, t.DeletedCol),
 	}
+	if t.Parts != nil {
+		// The key directory holds the key columns (and only those).
+		var keyAlters []string
+		for i, n := range names {
+			if slices.Contains(spec.Keys, n) {
+				keyAlters = append(keyAlters, alters[i])
+			}
+		}
+		if len(keyAlters) > 0 {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE IF EXISTS %s %s", t.Parts.Dir().Sanitize(), strings.Join(keyAlters, ", ")))
+		}
+	}
+	stmts = append(stmts, currentView("CREATE", t.View, t.Hist, t.DeletedCol))
 	views, err := t.ViewStatements(ctx, pool) // read before they are dropped
 	if err != nil {
 		return nil, err

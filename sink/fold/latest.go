@@ -24,6 +24,23 @@ type Latest struct {
 	// the table leaves it unknown otherwise: no other event needs it.
 	PrevAbsent []string
 	PrevKnown  bool
+	// ClosedFrom, when not zero, is a time at or before which none of the
+	// key's closed versions ends: known for a key this process saw
+	// without any version (NoneClosed) and wrote since. A partitioned
+	// table's Type 1 changes then touch only the partitions from there
+	// on (zero: unknown, every partition).
+	ClosedFrom time.Time
+}
+
+// NoneClosed is ClosedFrom for a key without closed versions.
+var NoneClosed = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// NoteClosed lowers l's ClosedFrom (when known) to the end of v, if v is
+// closed.
+func (l *Latest) NoteClosed(v *Version) {
+	if !l.ClosedFrom.IsZero() && v.Closed && v.To.Before(l.ClosedFrom) {
+		l.ClosedFrom = v.To
+	}
 }
 
 // PrevImage returns the key's last after image as far as a placeholder

@@ -46,12 +46,20 @@ func pack(b []byte, l *fold.Latest) ([]byte, bool) {
 	if l.PrevKnown {
 		flags |= 8
 	}
+	if !l.ClosedFrom.IsZero() {
+		flags |= 16
+	}
 	b = append(b, flags)
 	b = change.AppendOptBytes(b, l.SideMaxSeq)
 	b = change.AppendStrings(b, l.PrevAbsent)
 	var ok bool
 	if l.SideMaxT != nil {
 		if b, ok = change.AppendTime(b, *l.SideMaxT); !ok {
+			return nil, false
+		}
+	}
+	if !l.ClosedFrom.IsZero() {
+		if b, ok = change.AppendTime(b, l.ClosedFrom); !ok {
 			return nil, false
 		}
 	}
@@ -115,6 +123,9 @@ func unpack(blob []byte, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, erro
 	l.PrevAbsent = u.Strings()
 	if flags&4 != 0 {
 		l.SetSideMaxT(u.Time())
+	}
+	if flags&16 != 0 {
+		l.ClosedFrom = u.Time()
 	}
 	if flags&2 != 0 {
 		vf := u.Byte()

@@ -120,6 +120,12 @@ func randomLatest(r *rand.Rand) *fold.Latest {
 		t := time.UnixMilli(r.Int64N(1 << 42))
 		l.SideMaxT = &t
 	}
+	switch r.IntN(3) {
+	case 0:
+		l.ClosedFrom = time.UnixMilli(r.Int64N(1 << 42))
+	case 1:
+		l.ClosedFrom = fold.NoneClosed
+	}
 	if r.IntN(5) == 0 {
 		return l
 	}
@@ -196,6 +202,8 @@ func diffLatest(a, b *fold.Latest) string {
 		return "sideMaxSeq"
 	case a.PrevKnown != b.PrevKnown:
 		return "prevKnown"
+	case !sameValue(a.ClosedFrom, b.ClosedFrom):
+		return "closedFrom"
 	case !sameStrings(a.PrevAbsent, b.PrevAbsent):
 		return "prevAbsent"
 	case (a.SideMaxT == nil) != (b.SideMaxT == nil) || a.SideMaxT != nil && !sameValue(*a.SideMaxT, *b.SideMaxT):
