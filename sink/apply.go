@@ -278,9 +278,17 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		st.PrevT, st.HasPrev = *l.SideMaxT, true
 	}
 	res.noteDisagreements(t.Spec.Target, evs, st.PrevT)
-	out := t.Fold(&st, mergeTruncates(evs, truncs, l.MaxSeq()))
+	merged := mergeTruncates(evs, truncs, l.MaxSeq())
+	out := t.Fold(&st, merged)
 	for _, v := range out.Versions {
 		v.Key = kp.key
+	}
+	// A truncate the state does not know of may have closed the key's
+	// stored version in the table already (another member's batch):
+	// where its closed versions end is not known then.
+	since := l.ClosedFrom
+	if l.V != nil && len(merged) > len(evs) {
+		since = time.Time{}
 	}
 	spread := t.Spec.Type1Scope == AllVersions && st.PrevRow != nil
 	if spread {
@@ -311,7 +319,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		if rewritten {
 			below = orig.Seq // the live version is rewritten below
 		}
-		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below, since: l.ClosedFrom})
+		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below, since: since})
 	}
 	for _, e := range out.Side {
 		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
@@ -321,7 +329,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 	res.VersionsClosed += out.Closed
 
 	next := w.slabs().Latest()
-	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT, ClosedFrom: l.ClosedFrom}
+	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT, ClosedFrom: since}
 	for _, v := range out.Versions {
 		next.NoteClosed(v)
 	}

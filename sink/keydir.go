@@ -35,26 +35,12 @@ func (w *writes) noteClosedLatest(t *table, key []any, v *fold.Version) {
 	w.dir = append(w.dir, dirRow{key: key, to: v.To})
 }
 
-// writeDir upserts w's directory rows (the last one of a key wins).
+// writeDir upserts w's directory rows (the last one noted of a key wins).
 func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *table) error {
 	if t.Parts == nil || len(w.dir) == 0 {
 		return nil
 	}
 	rows := w.dir
-	if len(rows) > 1 {
-		at := make(map[string]int, len(rows))
-		var uniq []dirRow
-		for _, r := range rows {
-			id := keyID(r.key)
-			if i, ok := at[id]; ok {
-				uniq[i] = r
-				continue
-			}
-			at[id] = len(uniq)
-			uniq = append(uniq, r)
-		}
-		rows = uniq
-	}
 	types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
 	var args []any
 	for i := range t.KeyIdx {
@@ -63,9 +49,17 @@ func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *table) error {
 	types, names = append(types, "timestamptz"), append(names, "t")
 	args = append(args, column(len(rows), func(j int) time.Time { return rows[j].to }))
 	keys := catalog.QuoteIdents(t.KeyNames())
-	q := fmt.Sprintf(`INSERT INTO %s AS d (%s, last_to) SELECT %s, x.t FROM %s ON CONFLICT (%s) DO UPDATE SET last_to = EXCLUDED.last_to
-		WHERE d.last_to IS DISTINCT FROM EXCLUDED.last_to`,
-		t.Parts.Dir().Sanitize(), keys, strings.Join(prefixed("x.", names[:len(t.KeyIdx)]), ", "), unnest("x", 1, types, names), keys)
+	xk := strings.Join(prefixed("x.", names[:len(t.KeyIdx)]), ", ")
+	// One row per key as PostgreSQL compares keys (the last noted wins):
+	// an upsert may not touch a row twice.
+	casts := make([]string, len(types))
+	for i, typ := range types {
+		casts[i] = fmt.Sprintf("$%d::%s[]", i+1, typ)
+	}
+	src := fmt.Sprintf("unnest(%s) WITH ORDINALITY AS x(%s, ord)", strings.Join(casts, ", "), strings.Join(names, ", "))
+	q := fmt.Sprintf(`INSERT INTO %s AS d (%s, last_to) SELECT DISTINCT ON (%s) %s, x.t FROM %s ORDER BY %s, x.ord DESC
+		ON CONFLICT (%s) DO UPDATE SET last_to = EXCLUDED.last_to WHERE d.last_to IS DISTINCT FROM EXCLUDED.last_to`,
+		t.Parts.Dir().Sanitize(), keys, xk, xk, src, xk, keys)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("noting closed keys in %s: %w", t.Parts.Dir().Sanitize(), err)
 	}
@@ -102,11 +96,11 @@ func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan
 			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
 		FROM %s
 		JOIN %s d ON %s
-		LEFT JOIN LATERAL (SELECT * FROM %s x WHERE %s AND x.valid_to >= d.last_to ORDER BY x.scd_seq DESC LIMIT 1) h ON true
+		LEFT JOIN LATERAL (SELECT * FROM %s x WHERE %s AND NOT x.is_current AND x.valid_to >= d.last_to ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
 		versionCols, t.colList("h."), t.Side.Sanitize(), t.keyJoin("o", "k"), src,
 		t.Parts.Dir().Sanitize(), t.keyJoin("d", "k"),
-		t.Parts.Old().Sanitize(), t.keyJoin("x", "k"),
+		t.Hist.Sanitize(), t.keyJoin("x", "k"),
 		t.Side.Sanitize(), t.keyJoin("e", "k"))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {

@@ -182,3 +182,31 @@ func TestKeyDirectory(t *testing.T) {
 		t.Errorf("erase left the key in the directory: %d rows (%v)", left, err)
 	}
 }
+
+// TestKeyDirectoryTruncateElsewhere: writer b knows key K as new, with
+// its one version open and no closed one; writer a's batch truncates the
+// table, which closes that version into the partitions of closed
+// versions. b's next Type 1 change of K (type1_scope: all_versions) must
+// reach the closed version there too.
+func TestKeyDirectoryTruncateElsewhere(t *testing.T) {
+	pool := newPool(t)
+	const schema = "keytrunc"
+	spec := custSpec(schema)
+	spec.Type1Scope = sink.AllVersions
+	spec.Partitioning = sink.Partitioning{Interval: "month", Ahead: 0}
+	at := func(m int) time.Time { return time.Date(2025, time.Month(m), 5, 0, 0, 0, 0, time.UTC) }
+	a, b := newSink(t, pool, schema, spec), newSink(t, pool, schema, spec)
+	evs := []*change.Event{cust(change.OpCreate, 1, at(1), "K", "name", "first", "plan", "p1", "city", "x", "visits", 1)}
+	apply(t, b, evs...)
+	trunc := &change.Event{Table: spec.Target, Op: change.OpTruncate, Seq: change.MustSeq(3), ValidFrom: at(3),
+		Origin: change.Origin{Partition: change.Partition{Topic: "shop.public.customers"}, Offset: 3}}
+	apply(t, a, trunc)
+	next := cust(change.OpUpdate, 4, at(4), "K", "name", "second", "plan", "p1", "city", "x", "visits", 2)
+	apply(t, b, next)
+	evs = append(evs, trunc, next)
+	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, evs))
+	if diff := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); diff != "" {
+		t.Fatalf("differs from the fold:\n%s", diff)
+	}
+	verifyClean(t, b, spec.Target)
+}

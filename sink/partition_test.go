@@ -64,7 +64,22 @@ func TestPartitionedRetention(t *testing.T) {
 			evs = append(evs, cust(u, seq+int64(m), month(m), id, "name", "n", "plan", "p"+itoa(m), "city", "x", "visits", 1))
 		}
 	}
+	// A key deleted in February: in the key directory until retention
+	// removes its one version.
+	evs = append(evs, cust(c, 900, month(1), "gone", "name", "n", "plan", "p1", "city", "x", "visits", 1),
+		cust(change.OpDelete, 901, month(2), "gone"))
 	apply(t, s, evs...)
+	inDir := func() int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM part_ret.customers_history_pdir WHERE customer_id = 'gone'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if inDir() != 1 {
+		t.Fatal("the deleted key is not in the key directory")
+	}
 	var parts string
 	listParts := func() string {
 		t.Helper()
@@ -96,7 +111,7 @@ func TestPartitionedRetention(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a pass with a partition locked by a reader: %v", err)
 	}
-	if res.Partitions != 5 || res.PartitionsWaiting != 1 || res.Versions != 24 || !strings.Contains(listParts(), "customers_history_p202502") {
+	if res.Partitions != 5 || res.PartitionsWaiting != 1 || res.Versions != 25 || !strings.Contains(listParts(), "customers_history_p202502") {
 		t.Errorf("retention with February's partition held: %+v; partitions %s", res, listParts())
 	}
 	next, err := s.Retain(ctx, spec.Target, now, nil)
@@ -104,6 +119,9 @@ func TestPartitionedRetention(t *testing.T) {
 		t.Errorf("the next pass, the reader gone: %+v %v", next, err)
 	}
 	horizon := now.Add(-spec.Retention) // 2025-08-02: closed in February..July goes
+	if inDir() != 0 {
+		t.Error("retention removed every version of the deleted key, but not its row of the key directory")
+	}
 	if got := listParts(); strings.Contains(got, "customers_history_p202507") || !strings.Contains(got, "customers_history_p202508") {
 		t.Errorf("partitions after retention: %s", got)
 	}

@@ -336,9 +336,16 @@ func (t *table) retentionSQL() retentionStatements {
 	// $1 on; side rows go before it (or, with no version left, those
 	// before $1). The key's earlier horizon row goes too: the new one
 	// is at or after it.
+	// A partitioned table's key directory loses the keys left without
+	// any version (nothing of theirs is to be looked up any more).
+	dir := ""
+	if t.Parts != nil {
+		dir = fmt.Sprintf(`
+		dd AS (DELETE FROM %s d USING f WHERE %s AND f.s IS NULL),`, t.Parts.Dir().Sanitize(), match("d", "f"))
+	}
 	body := func(pick string) string {
 		return fmt.Sprintf(`WITH k AS (%[1]s),
-		f AS (SELECT k.*, (SELECT h.scd_seq FROM %[2]s h WHERE %[4]s AND (h.valid_to IS NULL OR h.valid_to >= $1) ORDER BY h.scd_seq LIMIT 1) AS s FROM k),
+		f AS (SELECT k.*, (SELECT h.scd_seq FROM %[2]s h WHERE %[4]s AND (h.valid_to IS NULL OR h.valid_to >= $1) ORDER BY h.scd_seq LIMIT 1) AS s FROM k),%[11]s
 		dv AS (DELETE FROM %[2]s h USING f WHERE %[5]s AND h.valid_to < $1 AND (f.s IS NULL OR h.scd_seq < f.s)
 			RETURNING %[6]s, CASE WHEN f.s IS NULL OR h.scd_close_seq < f.s THEN greatest(h.scd_seq, h.scd_close_seq) ELSE h.scd_seq END AS scd_seq, h.valid_to AS t),
 		ds AS (DELETE FROM %[3]s e USING f WHERE %[7]s AND (CASE WHEN f.s IS NULL THEN e.scd_t < $1 ELSE e.scd_seq < f.s END)
@@ -347,7 +354,7 @@ func (t *table) retentionSQL() retentionStatements {
 		FROM (SELECT %[6]s, h.scd_seq, h.t, true AS v, false AS hz FROM dv h
 			UNION ALL SELECT %[8]s, e.scd_seq, e.t, false, e.hz FROM ds e) x
 		GROUP BY %[9]s ORDER BY %[9]s`,
-			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"), asText("x"))
+			pick, hist, side, match("h", "k"), match("h", "f"), prefixed("h"), match("e", "f"), prefixed("e"), prefixed("x"), asText("x"), dir)
 	}
 	var cand []string
 	for i, kt := range t.keyTypes() {

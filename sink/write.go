@@ -218,34 +218,39 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 
 // execType1 writes the Type 1 values of w.t1Bulk to the keys' stored
 // versions. In a partitioned table, the keys whose closed versions all end
-// at or after a known time (t1Row.since) are updated in the current
-// versions' partition and, apart, in the closed ones' from that time on
-// (pruned at run time): the others in every partition.
+// at or after a known time (t1Row.since) are updated among the current
+// versions and, apart, among the closed ones from that time on (the
+// partitions before it pruned at run time; none for keys without closed
+// versions): the others in every partition. Every statement names the
+// parent table, so locks are taken parent first, as by the other writes.
 func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *table) error {
-	hist := t.Hist.Sanitize()
 	if t.Parts == nil {
-		return w.updateType1(ctx, tx, t, w.t1Bulk, hist, false)
+		return w.updateType1(ctx, tx, t, w.t1Bulk, "", false)
 	}
-	var known, unknown []t1Row
+	var known, unknown, closed []t1Row
 	for _, r := range w.t1Bulk {
-		if r.since.IsZero() {
+		switch {
+		case r.since.IsZero():
 			unknown = append(unknown, r)
-		} else {
+		default:
 			known = append(known, r)
+			if r.since.Before(fold.NoneClosed) {
+				closed = append(closed, r)
+			}
 		}
 	}
-	if err := w.updateType1(ctx, tx, t, unknown, hist, false); err != nil {
+	if err := w.updateType1(ctx, tx, t, unknown, "", false); err != nil {
 		return err
 	}
-	if err := w.updateType1(ctx, tx, t, known, t.Parts.Cur().Sanitize(), false); err != nil {
+	if err := w.updateType1(ctx, tx, t, known, " AND h.is_current", false); err != nil {
 		return err
 	}
-	return w.updateType1(ctx, tx, t, known, t.Parts.Old().Sanitize(), true)
+	return w.updateType1(ctx, tx, t, closed, " AND NOT h.is_current AND h.valid_to >= x.since", true)
 }
 
-// updateType1 updates rel's versions of rows' keys below each one's bound
-// (withSince: and ending at or after its since) to their Type 1 values.
-func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1Row, rel string, withSince bool) error {
+// updateType1 updates the versions of rows' keys below each one's bound
+// and matching cond (withSince: cond names x.since) to their Type 1 values.
+func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1Row, cond string, withSince bool) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -256,11 +261,9 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 	}
 	types, names = append(types, "bytea"), append(names, "below")
 	args = append(args, column(len(rows), func(j int) any { return w.mem.Boxes.Bytes(rows[j].below) }))
-	since := ""
 	if withSince {
 		types, names = append(types, "timestamptz"), append(names, "since")
 		args = append(args, column(len(rows), func(j int) time.Time { return rows[j].since }))
-		since = " AND h.valid_to >= x.since"
 	}
 	var sets, lhs, rhs []string
 	for n, ci := range t.Type1 {
@@ -277,7 +280,7 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 		rhs = append(rhs, val)
 	}
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below)%s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
-		rel, strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), since, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
+		t.Hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), cond, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("updating Type 1 columns of %s: %w", t.Hist.Sanitize(), err)
 	}

@@ -122,7 +122,7 @@ func printErased(out io.Writer, req EraseRequest, res sink.EraseResult) {
 func keptTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, target string) (also, ids []string, err error) {
 	rows, err := pool.Query(ctx, `SELECT c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND (c.relname = $2 OR c.relname = $3 OR c.relname LIKE $4 OR c.relname LIKE $5)
-			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' AND c.relname NOT LIKE '%\_pdir' ORDER BY 1`,
+			AND c.relname NOT LIKE '%\_scd\_events' AND c.relname NOT LIKE '%\_scd\_repairs' ORDER BY 1`,
 		cfg.Postgres.Schema, target, RebuildTarget(target), likeEscape(target)+`\_\_replaced\_%`, `scd2sink\_replaced\_`+digest(target)+`\_%`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing the tables a rebuild kept of %s: %w", target, err)

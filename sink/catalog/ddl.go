@@ -239,6 +239,9 @@ func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []cha
 			if version < 150000 {
 				return nil, fmt.Errorf("creating history table %s partitioned: partitioning needs PostgreSQL 15 or later (NULLS NOT DISTINCT), the server is %d", hist, version)
 			}
+			// A key directory left from a table dropped by hand
+			// describes nothing any more (its key may differ too).
+			stmts = append(stmts, fmt.Sprintf(`DROP TABLE IF EXISTS %s`, pgx.Identifier{spec.Schema, n.Hist + DirSuffix}.Sanitize()))
 			stmts = append(stmts, partitionedDDL(spec.Schema, n.Hist, columns, n.KeyIndex, n.IDIndex, keyIdents)...)
 		} else {
 			stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s

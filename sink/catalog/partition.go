@@ -371,9 +371,11 @@ func (p *Partitions) ensureDir(ctx context.Context, db beginner, keys []string) 
 		}
 		for _, st := range []string{
 			fmt.Sprintf(`LOCK TABLE %s IN SHARE MODE`, hist),
-			fmt.Sprintf(`CREATE TABLE %s AS SELECT %s, max(o.valid_to) AS last_to FROM %s o
-				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s c WHERE %s) GROUP BY %s`,
-				p.dir.Sanitize(), ks, p.old.Sanitize(), strings.Join(notNull, " AND "), cur, strings.Join(match, " AND "), ks),
+			// (Each key's latest closed version: the one of the highest
+			// sequence.)
+			fmt.Sprintf(`CREATE TABLE %s AS SELECT DISTINCT ON (%s) %s, o.valid_to AS last_to FROM %s o
+				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s c WHERE %s) ORDER BY %s, o.scd_seq DESC`,
+				p.dir.Sanitize(), ks, ks, p.old.Sanitize(), strings.Join(notNull, " AND "), cur, strings.Join(match, " AND "), ks),
 			fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN last_to SET NOT NULL, ADD CONSTRAINT %s PRIMARY KEY (%s)`,
 				p.dir.Sanitize(), pgx.Identifier{p.hist + DirKeySuffix}.Sanitize(), ks),
 			fmt.Sprintf(`COMMENT ON TABLE %s IS 'scd2sink: the keys of %s whose latest version is closed, with a lower bound of its valid_to (a lookup aid written with the history)'`,
