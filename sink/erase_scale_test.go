@@ -94,3 +94,57 @@ func TestEraseScale(t *testing.T) {
 	}
 	t.Logf("%d keys erased among %d dead letters in %s", erased, letters, took.Round(time.Millisecond))
 }
+
+// TestEraseAmbiguousKey: a dead letter's key without a schema
+// ({"created_at": 1704067200000}) reads as 2024-01-01 in milliseconds and
+// as a time in January 1970 in microseconds. When the table holds a key
+// at the second reading too, the dead letter may be that key's: erase
+// leaves it and lists it as unread instead of erasing it; the same form
+// of a key whose other readings the table does not hold is erased.
+func TestEraseAmbiguousKey(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	const schema = "erase_amb"
+	spec := sink.TableSpec{Target: "orders_history", Schema: schema, Keys: []string{"order_id", "created_at"},
+		Columns: []sink.Column{{Name: "order_id", Type: "integer"}, {Name: "created_at", Type: "timestamp"}, {Name: "note", Type: "text"}}}
+	s := newSinkWith(t, pool, sink.Config{Schema: schema, Tables: []sink.TableSpec{spec}, ErasureSecret: []byte("0123456789abcdef0123456789abcdef")})
+	day := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	other := time.UnixMicro(day.UnixMilli()).UTC() // 1970-01-20 17:21:07.2
+	var evs []*change.Event
+	for i, k := range []struct {
+		id int64
+		at time.Time
+	}{{1, day}, {1, other}, {2, day}} {
+		evs = append(evs, &change.Event{Table: spec.Target, Key: []any{k.id, k.at}, Seq: change.MustSeq(i + 1), Op: change.OpCreate,
+			ValidFrom: day, After: map[string]any{"order_id": k.id, "created_at": k.at, "note": "n"}})
+	}
+	if _, err := s.Apply(ctx, sink.Batch{Events: evs}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for i, id := range []int{1, 2} {
+		var dl int64
+		if err := pool.QueryRow(ctx, `INSERT INTO erase_amb.scd2sink_dead_letters (topic, partition, "offset", target, key, value, error, created_at, decoded)
+			VALUES ('shop.public.orders', 0, $1, 'orders_history', $2, 'not json', 'a test', now(), false) RETURNING id`,
+			i, []byte(fmt.Sprintf(`{"order_id":%d,"created_at":%d}`, id, day.UnixMilli()))).Scan(&dl); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, dl)
+	}
+	res, err := s.Erase(ctx, sink.EraseRequest{Target: spec.Target, Reason: "test",
+		Keys: [][]string{{"1", "2024-01-01 00:00:00"}, {"2", "2024-01-01 00:00:00"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM erase_amb.scd2sink_dead_letters`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0] != ids[0] || len(res.UnreadDeadLetters) != 1 || res.UnreadDeadLetters[0] != ids[0] {
+		t.Errorf("dead letters left %v, listed unread %v; want only %d (key 1, which may be 1970's) in both", left, res.UnreadDeadLetters, ids[0])
+	}
+	var held int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM erase_amb.orders_history WHERE order_id = 1 AND created_at = $1`, other).Scan(&held); err != nil || held != 1 {
+		t.Errorf("the other key (1, %s): %d versions (%v)", other, held, err)
+	}
+}
