@@ -196,9 +196,8 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		offsets := c.commitPoints(rest)
 		snaps := c.snapshotsIn(c.pending[:n])
 		epoch := c.park.now()
-		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Offsets: offsets, Anchors: c.anchors.at(offsets), TopicIDs: c.topicIDs,
-			Rewound: c.rewoundIn(offsets), Confirm: c.confirmMember, Targets: c.targetsOf(offsets), LastValid: lastValid(c.pending[:n], offsets),
-			Snapshots: snaps}, epoch)
+		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Positions: c.positions(c.pending[:n], offsets),
+			Confirm: c.confirmMember, Snapshots: snaps}, epoch)
 		if err != nil {
 			if interrupt != nil && interrupt() && ctx.Err() != nil {
 				return errRebalance
@@ -244,12 +243,34 @@ func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64
 	return offsets
 }
 
-// targetsOf names the target of each topic of offsets.
-func (c *Consumer) targetsOf(offsets map[change.Partition]int64) map[string]string {
-	out := make(map[string]string, len(offsets))
-	for p := range offsets {
-		if _, ok := out[p.Topic]; !ok {
-			out[p.Topic] = c.target(p.Topic)
+// positions are what a batch of evs records per partition of offsets
+// (sink.Position): the offset, the anchor below it, the topic's ID and
+// target, whether it was rewound on purpose, and the valid time of the
+// last event below it.
+func (c *Consumer) positions(evs []*change.Event, offsets map[change.Partition]int64) map[change.Partition]sink.Position {
+	anchors, rewound, valid := c.anchors.at(offsets), c.rewoundIn(offsets), lastValid(evs, offsets)
+	targets := map[string]string{}
+	out := make(map[change.Partition]sink.Position, len(offsets))
+	for p, o := range offsets {
+		t, ok := targets[p.Topic]
+		if !ok {
+			t = c.target(p.Topic)
+			targets[p.Topic] = t
+		}
+		out[p] = sink.Position{Offset: o, Anchor: anchors[p], TopicID: c.topicIDs[p.Topic], Rewound: rewound[p], Target: t, LastValid: valid[p]}
+	}
+	return out
+}
+
+// rewoundOf names the positions rewound on purpose (nil: none).
+func rewoundOf(positions map[change.Partition]sink.Position) map[change.Partition]bool {
+	var out map[change.Partition]bool
+	for p, pos := range positions {
+		if pos.Rewound {
+			if out == nil {
+				out = map[change.Partition]bool{}
+			}
+			out[p] = true
 		}
 	}
 	return out

@@ -45,7 +45,7 @@ type Sink interface {
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
 	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
-	// Anchors returns what Batch.Anchors recorded with those offsets.
+	// Anchors returns what Position.Anchor recorded with those offsets.
 	Anchors(ctx context.Context) (map[change.Partition]change.Seq, error)
 	// Rewind lowers recorded offsets to the given ones (never raises
 	// them): partitions placed back on purpose (offsets.go).
@@ -141,6 +141,9 @@ type Config struct {
 	Classify func(error) sink.Class
 	// Opts are extra franz-go options (tests).
 	Opts []kgo.Opt
+	// revokeBudget bounds how long a rebalance waits for batches in
+	// flight (0: defaultRevokeBudget; tests shorten it, export_test.go).
+	revokeBudget time.Duration
 }
 
 // Consumer is the Kafka side of the pipeline. Create it with New, run it with Run.
@@ -245,6 +248,9 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	}
 	if cfg.Classify == nil {
 		cfg.Classify = sink.Classify
+	}
+	if cfg.revokeBudget <= 0 {
+		cfg.revokeBudget = defaultRevokeBudget
 	}
 	if health == nil {
 		health = &Health{}
@@ -462,7 +468,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 			wctx, cancel := ctx, context.CancelFunc(func() {})
 			if wanted {
 				c.applier.cancelProbes() // a parked table's probe does not hold a rebalance
-				wctx, cancel = context.WithTimeout(ctx, revokeBudget)
+				wctx, cancel = context.WithTimeout(ctx, c.cfg.revokeBudget)
 			}
 			werr := c.applier.waitCtx(wctx)
 			cancel()
@@ -470,7 +476,7 @@ func (c *Consumer) Run(ctx context.Context, drainTimeout time.Duration) error {
 				return c.drain(drainTimeout) // a batch still retrying: drain bounds it
 			}
 			if errors.Is(werr, context.DeadlineExceeded) {
-				c.requestResync(fmt.Sprintf("a rebalance waited %s for a batch still retrying", revokeBudget))
+				c.requestResync(fmt.Sprintf("a rebalance waited %s for a batch still retrying", c.cfg.revokeBudget))
 				if werr = c.resync(ctx); werr != nil && ctx.Err() != nil {
 					return c.drain(drainTimeout)
 				}

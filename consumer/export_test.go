@@ -2,10 +2,6 @@ package consumer
 
 import "time"
 
-// SetRevokeBudget changes revokeBudget for a test and returns a function
-// restoring it.
-func SetRevokeBudget(d time.Duration) (restore func()) {
-	old := revokeBudget
-	revokeBudget = d
-	return func() { revokeBudget = old }
-}
+// SetRevokeBudget makes consumers made with cfg wait at most d for
+// batches in flight when a rebalance comes.
+func SetRevokeBudget(cfg *Config, d time.Duration) { cfg.revokeBudget = d }

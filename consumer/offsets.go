@@ -230,7 +230,7 @@ func (c *Consumer) checkTopicIDs(ctx context.Context, offsets map[string]map[int
 // applied are abandoned and every partition is read again from its last
 // applied offset (resync), these from the given ones; until a batch
 // recording them is applied, their offsets replace the recorded ones
-// (Batch.Rewound), and no batch cut before may raise them again. Called
+// (Position.Rewound), and no batch cut before may raise them again. Called
 // on the poll loop with mu held.
 func (c *Consumer) rewindLocked(to map[change.Partition]int64, why string) {
 	c.commitMu.Lock()
@@ -246,7 +246,7 @@ func (c *Consumer) rewindLocked(to map[change.Partition]int64, why string) {
 // recordRewinds lowers the recorded offsets of rewound partitions at once,
 // so that whoever reads them next (this member after a restart, another
 // after a rebalance) starts there. It tries once, within rewindBudget: on
-// failure the next batch of each partition records it (Batch.Rewound).
+// failure the next batch of each partition records it (Position.Rewound).
 func (c *Consumer) recordRewinds(ctx context.Context, to map[change.Partition]int64) {
 	if len(to) == 0 {
 		return

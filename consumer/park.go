@@ -486,7 +486,7 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 // probing) or that skip says to. Called with mu held.
 func (c *Consumer) withoutParked(b sink.Batch, skip func(string) bool) sink.Batch {
 	has := false
-	for p := range b.Offsets {
+	for p := range b.Positions {
 		has = has || skip(c.target(p.Topic))
 	}
 	for _, ev := range b.Events {
@@ -498,10 +498,10 @@ func (c *Consumer) withoutParked(b sink.Batch, skip func(string) bool) sink.Batc
 	if !has {
 		return b
 	}
-	offsets := make(map[change.Partition]int64, len(b.Offsets))
-	for p, o := range b.Offsets {
+	positions := make(map[change.Partition]sink.Position, len(b.Positions))
+	for p, pos := range b.Positions {
 		if !skip(c.target(p.Topic)) {
-			offsets[p] = o
+			positions[p] = pos
 		}
 	}
 	evs := make([]*change.Event, 0, len(b.Events))
@@ -522,16 +522,7 @@ func (c *Consumer) withoutParked(b sink.Batch, skip func(string) bool) sink.Batc
 			snaps = append(snaps, sn)
 		}
 	}
-	var rewound map[change.Partition]bool
-	for p, back := range b.Rewound {
-		if _, ok := offsets[p]; ok {
-			if rewound == nil {
-				rewound = map[change.Partition]bool{}
-			}
-			rewound[p] = back
-		}
-	}
-	b.Offsets, b.Events, b.DeadLetters, b.Snapshots, b.Rewound = offsets, evs, dead, snaps, rewound
+	b.Positions, b.Events, b.DeadLetters, b.Snapshots = positions, evs, dead, snaps
 	return b
 }
 
@@ -609,8 +600,8 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 		offsets := j.offsets
 		var err error
 		if alone != nil {
-			j.offsets, j.rewound, j.events = alone.Offsets, alone.Rewound, len(alone.Events)
-			offsets = alone.Offsets
+			j.offsets, j.rewound, j.events = sink.Offsets(alone.Positions), rewoundOf(alone.Positions), len(alone.Events)
+			offsets = j.offsets
 			part, err = c.prepareAlone(pctx, *alone)
 		}
 		if err == nil {
@@ -660,7 +651,7 @@ func (c *Consumer) prepareAlone(ctx context.Context, b sink.Batch) (*sink.Prepar
 	var p *sink.Prepared
 	what := fmt.Sprintf("preparing a parked table's part of %d events", len(b.Events))
 	err := c.retry(ctx, "prepare", what, func() (err error) {
-		defer c.recoverPanic(what, b.Offsets, &err)
+		defer c.recoverPanic(what, sink.Offsets(b.Positions), &err)
 		p, err = c.sink.Prepare(ctx, b)
 		return err
 	})

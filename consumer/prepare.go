@@ -67,10 +67,10 @@ func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job,
 		b = c.withoutParked(b, skip)
 	}
 	for {
-		j := job{offsets: b.Offsets, events: len(b.Events), rewound: b.Rewound, parkEpoch: epoch, alone: alone}
+		j := job{offsets: sink.Offsets(b.Positions), events: len(b.Events), rewound: rewoundOf(b.Positions), parkEpoch: epoch, alone: alone}
 		what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
 		err := c.retry(ctx, "prepare", what, func() (err error) {
-			defer c.recoverPanic(what, b.Offsets, &err)
+			defer c.recoverPanic(what, j.offsets, &err)
 			j.prepared, err = c.sink.Prepare(ctx, b)
 			return err
 		})
@@ -96,7 +96,7 @@ func (c *Consumer) batchTargets(b sink.Batch) []string {
 	for _, ev := range b.Events {
 		add(ev.Table)
 	}
-	for p := range b.Offsets {
+	for p := range b.Positions {
 		add(c.target(p.Topic))
 	}
 	for _, d := range b.DeadLetters {

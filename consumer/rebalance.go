@@ -37,9 +37,9 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 	// under a batch being applied.
 	c.applier.cancelProbes()
 	if !c.applier.idle() {
-		wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.revokeBudget)
 		if err := c.applier.waitCtx(wctx); errors.Is(err, context.DeadlineExceeded) {
-			c.requestResync("an assignment waited " + revokeBudget.String() + " for a batch in flight")
+			c.requestResync("an assignment waited " + c.cfg.revokeBudget.String() + " for a batch in flight")
 			c.awaitAbandoned(ctx)
 		}
 		cancel()
@@ -358,7 +358,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 		err = errors.New("the service is stopping on an error: nothing more is applied")
 	} else {
 		c.collect(c.seq.FlushPartitions(parts))
-		wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.revokeBudget)
 		err = c.flushAndWait(wctx)
 		cancel()
 	}
@@ -367,7 +367,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 		// (and the partitions kept are read again by the poll loop).
 		c.log.Warn("applying revoked partitions did not finish; leaving them to the next owner", zap.Error(err))
 		if !c.applier.idle() {
-			c.requestResync("a revoke waited " + revokeBudget.String() + " for batches in flight")
+			c.requestResync("a revoke waited " + c.cfg.revokeBudget.String() + " for batches in flight")
 			c.awaitAbandoned(ctx)
 		}
 		c.dropPending(parts)
@@ -406,7 +406,7 @@ func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]
 // awaitAbandoned waits, at most revokeBudget, for abandoned batches to
 // leave the applier (a cancelled statement returns promptly).
 func (c *Consumer) awaitAbandoned(ctx context.Context) {
-	wctx, cancel := context.WithTimeout(ctx, revokeBudget)
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.revokeBudget)
 	defer cancel()
 	if err := c.applier.waitCtx(wctx); errors.Is(err, context.DeadlineExceeded) {
 		c.log.Warn("an abandoned batch has not returned yet; it cannot commit (its membership check fails)")
@@ -466,7 +466,7 @@ func (c *Consumer) notePartitions(ctx context.Context, counts map[string]int32) 
 	if !ok || len(counts) == 0 {
 		return
 	}
-	nctx, cancel := context.WithTimeout(ctx, revokeBudget)
+	nctx, cancel := context.WithTimeout(ctx, c.cfg.revokeBudget)
 	defer cancel()
 	if _, err := np.NotePartitions(nctx, counts); err != nil {
 		c.log.Error("recording the topics' partition counts failed; if partitions were added, two members may write a key at once until it succeeds (tried again at the next assignment)",

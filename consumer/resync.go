@@ -36,8 +36,9 @@ import (
 //   - scd2sink_offsets never moves backwards (the sink keeps the higher
 //     offset for one topic ID).
 
-// revokeBudget bounds how long a rebalance waits for batches in flight.
-var revokeBudget = 10 * time.Second
+// defaultRevokeBudget bounds how long a rebalance waits for batches in
+// flight (Config.revokeBudget).
+const defaultRevokeBudget = 10 * time.Second
 
 // errRebalance: a batch was not handed over because a rebalance waits.
 var errRebalance = errors.New("a rebalance is waiting")

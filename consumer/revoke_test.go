@@ -24,7 +24,6 @@ import (
 // while the lock is still held. Once it is released, everything is
 // applied exactly once into the history and every offset is recorded.
 func TestRebalanceWhileBlocked(t *testing.T) {
-	defer consumer.SetRevokeBudget(2 * time.Second)()
 	ctx := context.Background()
 	spec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
 		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}
@@ -57,7 +56,11 @@ func TestRebalanceWhileBlocked(t *testing.T) {
 		return recs
 	}
 	// Heartbeats every second: members learn of the rebalance soon.
-	session := func(c *consumer.Config) { c.SessionTimeout = 3 * time.Second }
+	// The revoke budget is 2 s.
+	session := func(c *consumer.Config) {
+		c.SessionTimeout = 3 * time.Second
+		consumer.SetRevokeBudget(c, 2*time.Second)
+	}
 	produce(t, kafka.ListenAddrs(), records(0, 40))
 	a := startWith(t, kafka.ListenAddrs(), pool, "public", []sink.TableSpec{spec}, 10*time.Millisecond, session)
 	waitApplied(t, pool, "public", map[string]int64{topic: 40})

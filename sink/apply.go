@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -127,11 +126,11 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	for _, kp := range repair {
 		ops.Drops = append(ops.Drops, t.cacheKey(kp.id))
 	}
-	if !partial || wholeRepairs {
+	if !partial || s.tune.WholeRepairs {
 		repairFrom = nil
 	}
 	var bounds []bound
-	if repairFrom != nil && !unboundedRepairs {
+	if repairFrom != nil && !s.tune.UnboundedRepairs {
 		bounds = make([]bound, len(repair))
 		for i, evs := range repairEvents {
 			if repairFrom[i] != nil && !truncatedAfter(truncs, evs[0].Seq) {
@@ -174,15 +173,6 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 	return res, dead, nil
 }
-
-// wholeRepairs makes every repair read its key's whole history, and
-// unboundedRepairs every partial one read on to the end (tests compare
-// the ways).
-var wholeRepairs, unboundedRepairs = false, false
-
-// boundedRepairs counts repairs that stopped at a boundary (tests see that
-// the path is taken).
-var boundedRepairs atomic.Int64
 
 // truncatedAfter reports whether a truncate comes after seq (at seq too: a
 // key's event comes before a truncate of the same sequence): a late event
@@ -461,7 +451,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 			return nil, false
 		}
 		out.Versions = kept
-		boundedRepairs.Add(1)
+		s.stats.boundedRepairs.Add(1)
 	}
 	for _, v := range out.Versions {
 		v.Key = kp.key

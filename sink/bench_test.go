@@ -83,7 +83,7 @@ func benchApply(b *testing.B, pool *pgxpool.Pool, name string, evs []*change.Eve
 				for p := range max(1, 4*min(workers-1, 1)) {
 					offsets[change.Partition{Topic: "bench", Partition: int32(p)}] = int64(i + benchBatch)
 				}
-				p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))], Offsets: offsets})
+				p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))], Positions: sink.At(offsets)})
 				if err != nil {
 					b.Error(err)
 					return

@@ -24,11 +24,11 @@ import (
 func TestPartialRepairDifferential(t *testing.T) {
 	pool := sharedPool(t)
 	seeds := propertySeeds(t) / 8
-	before := sink.BoundedRepairs()
+	var bounded int64
 	t.Cleanup(func() {
 		// The partial repairs stopped at a boundary now and then: the
 		// comparison covers that path.
-		if n := sink.BoundedRepairs() - before; n == 0 && !t.Failed() {
+		if n := bounded; n == 0 && !t.Failed() {
 			t.Error("no repair stopped at a boundary")
 		} else {
 			t.Logf("%d repairs stopped at a boundary", n)
@@ -38,7 +38,7 @@ func TestPartialRepairDifferential(t *testing.T) {
 		for _, scope := range []sink.Type1Scope{sink.AllVersions, sink.CurrentVersion} {
 			for _, del := range []sink.DeletesMode{sink.DeletesClose, sink.DeletesIgnore} {
 				t.Run(fmt.Sprintf("seed%d/%s/%s", seed, scope, del), func(t *testing.T) {
-					differential(t, pool, seed, scope, del)
+					bounded += differential(t, pool, seed, scope, del)
 				})
 			}
 		}
@@ -84,7 +84,9 @@ func longHistory(rng *rand.Rand) []*change.Event {
 	return evs
 }
 
-func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type1Scope, del sink.DeletesMode) {
+// differential compares the three ways for one seed, scope and delete
+// mode and returns how many repairs stopped at a boundary.
+func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type1Scope, del sink.DeletesMode) (bounded int64) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 0xd1ff))
 	evs := longHistory(rng)
@@ -103,16 +105,13 @@ func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type
 		spec := custSpec(schema)
 		spec.Type1Scope, spec.Deletes = scope, del
 		s := newSink(t, pool, schema, spec)
-		restore, restore2 := sink.SetWholeRepairs(mode.whole), sink.SetUnboundedRepairs(mode.unbounded)
+		s.Tune(func(tu *sink.Tuning) { tu.WholeRepairs, tu.UnboundedRepairs = mode.whole, mode.unbounded })
 		for j, b := range batches {
 			if _, err := s.Apply(ctx, sink.Batch{Events: b}); err != nil {
-				restore()
-				restore2()
 				t.Fatalf("batch %d: %v", j, err)
 			}
 		}
-		restore()
-		restore2()
+		bounded += s.BoundedRepairs()
 		lines[i] = scdtest.HistoryLines(t, pool, spec, custCols)
 		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s %%s %%s %%s %%s %%s %%s', customer_id, encode(scd_seq, 'hex'), scd_op, scd_t, scd_raw_t, name, plan), E'\n' ORDER BY customer_id, scd_seq), '')
 			FROM %s.customers_history_scd_events`, schema)).Scan(&side[i]); err != nil {
@@ -136,4 +135,5 @@ func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type
 			t.Errorf("repair audits differ:\n%s:\n%s\nwhole:\n%s", modes[i].name, audit[i], audit[2])
 		}
 	}
+	return bounded
 }

@@ -31,7 +31,7 @@ func TestOutsideWritersWait(t *testing.T) {
 			// A key no subtest erases: retention has old versions to remove.
 			cust(change.OpCreate, int64(10*i+3), old, "R"+itoa(i), "name", "a", "plan", "p", "city", "x", "visits", 1),
 			cust(change.OpUpdate, int64(10*i+4), old.Add(time.Hour), "R"+itoa(i), "name", "a", "plan", "q", "city", "x", "visits", 1),
-		}, Offsets: map[change.Partition]int64{p: 4}, Targets: map[string]string{spec.Topic: spec.Target}}); err != nil {
+		}, Positions: map[change.Partition]sink.Position{p: {Offset: 4, Target: spec.Target}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -51,7 +51,13 @@ func newSink(t *testing.T, pool *pgxpool.Pool, schema string, specs ...sink.Tabl
 
 func newSinkWith(t *testing.T, pool *pgxpool.Pool, cfg sink.Config) *sink.Sink {
 	t.Helper()
-	s, err := sink.New(cfg, pool)
+	return newSinkTuned(t, pool, cfg, nil)
+}
+
+// newSinkTuned is newSinkWith with the sink's tuning changed by tune.
+func newSinkTuned(t *testing.T, pool *pgxpool.Pool, cfg sink.Config, tune func(*sink.Tuning)) *sink.Sink {
+	t.Helper()
+	s, err := sink.NewTuned(cfg, pool, tune)
 	if err != nil {
 		t.Fatalf("sink.New: %v", err)
 	}
@@ -60,6 +66,9 @@ func newSinkWith(t *testing.T, pool *pgxpool.Pool, cfg sink.Config) *sink.Sink {
 	}
 	return s
 }
+
+// splitAll applies every batch that may be split in parts (parallel.go).
+func splitAll(tu *sink.Tuning) { tu.MinSplitEvents = 1 }
 
 func apply(t *testing.T, s *sink.Sink, evs ...*change.Event) sink.Result {
 	t.Helper()

@@ -19,7 +19,7 @@ import (
 //
 // It also sets the transaction's planner options (keyedPlans): the three
 // statements go to PostgreSQL as one pipeline, one round trip.
-func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, lock []change.Partition) error {
+func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]Position, lock []change.Partition) error {
 	if len(offsets) == 0 && len(lock) == 0 {
 		if _, err := tx.Exec(ctx, keyedPlans); err != nil {
 			return fmt.Errorf("setting the batch's planner options: %w", err)
@@ -188,23 +188,22 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 // writeOffsets records the batch's offsets. They never move backwards
 // for one topic ID: only a topic re-created under the same name (another
 // ID), or a partition rewound on purpose, replaces a higher offset.
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]int64, pr *Prepared) error {
-	if len(offsets) == 0 {
+func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change.Partition]Position) error {
+	if len(positions) == 0 {
 		return nil
 	}
-	anchors, ids, rewound := pr.anchors, pr.topicIDs, pr.rewound
 	var topics, tids, targets []string
 	var parts []int32
 	var offs []int64
 	var anch [][]byte
 	var back []bool
 	var valid []*time.Time
-	for p, o := range offsets {
-		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
-		anch, tids, back = append(anch, anchors[p]), append(tids, ids[p.Topic]), append(back, rewound[p])
-		targets = append(targets, pr.topicTargets[p.Topic])
-		if v, ok := pr.valid[p]; ok {
-			valid = append(valid, &v)
+	for p, pos := range positions {
+		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, pos.Offset)
+		anch, tids, back = append(anch, []byte(pos.Anchor)), append(tids, pos.TopicID), append(back, pos.Rewound)
+		targets = append(targets, pos.Target)
+		if !pos.LastValid.IsZero() {
+			valid = append(valid, &pos.LastValid)
 		} else {
 			valid = append(valid, nil)
 		}

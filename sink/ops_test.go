@@ -128,7 +128,7 @@ func TestDeadLettersAndOffsets(t *testing.T) {
 		Events: []*change.Event{good, noSeq, noKey, badOp, badValue, noTable},
 		DeadLetters: []sink.DeadLetter{{Origin: change.Origin{Partition: p, Offset: 7}, Key: []byte("k"),
 			Value: []byte{0xff, 0x00, 0xfe}, Err: "malformed JSON"}},
-		Offsets: map[change.Partition]int64{p: 8},
+		Positions: sink.At(map[change.Partition]int64{p: 8}),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestDeadLettersAndOffsets(t *testing.T) {
 	if res.DeadLetters != 6 || res.Events != 1 {
 		t.Fatalf("result %+v, want 6 dead letters and 1 event", res)
 	}
-	res, err = s.Apply(ctx, sink.Batch{Events: []*change.Event{conflict}, Offsets: map[change.Partition]int64{p: 9}})
+	res, err = s.Apply(ctx, sink.Batch{Events: []*change.Event{conflict}, Positions: sink.At(map[change.Partition]int64{p: 9})})
 	if err != nil || res.DeadLetters != 1 {
 		t.Fatalf("conflict: %+v %v", res, err)
 	}

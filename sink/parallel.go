@@ -6,7 +6,6 @@ import (
 	"runtime/debug"
 	"sort"
 	"sync"
-	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
@@ -34,14 +33,6 @@ import (
 // holding any of these, or too small to be worth a second connection, is
 // applied whole.
 
-// minSplitEvents is the smallest batch applied in parts: below it a second
-// transaction costs more than it saves (tests lower it).
-var minSplitEvents = 2000
-
-// splitBatches counts batches applied in parts (tests see that the path
-// is taken).
-var splitBatches atomic.Int64
-
 // applyPrepared applies a prepared batch: in parts side by side where it
 // may be (see above), else in one transaction.
 //
@@ -53,7 +44,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		p.cut = true
 		p.parts = s.split(p, s.parts)
 		if p.parts != nil {
-			splitBatches.Add(1)
+			s.stats.splitBatches.Add(1)
 		}
 	}
 	if p.parts == nil {
@@ -110,11 +101,12 @@ func severity(err error) int {
 // split divides p into at most n parts over disjoint sets of partitions,
 // balanced by events, or returns nil when p is to be applied whole.
 func (s *Sink) split(p *Prepared, n int) []*Prepared {
-	if n < 2 || len(p.offsets) < 2 || len(p.early) > 0 || len(p.replay) > 0 || len(p.snapshots) > 0 || len(p.lock) > 0 {
+	if n < 2 || len(p.positions) < 2 || len(p.early) > 0 || len(p.replay) > 0 || len(p.snapshots) > 0 || len(p.lock) > 0 ||
+		len(p.lockTargets) > 0 || p.outside {
 		return nil
 	}
 	s.amu.Lock()
-	for part := range p.offsets {
+	for part := range p.positions {
 		if s.resized[part.Topic] {
 			s.amu.Unlock()
 			return nil // its parts would take turns on the topic's lock anyway (resize.go)
@@ -136,7 +128,7 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 		parent[x] = r
 		return r
 	}
-	for part := range p.offsets {
+	for part := range p.positions {
 		find(part)
 	}
 	events := 0
@@ -160,7 +152,7 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 			}
 		}
 	}
-	if events < minSplitEvents {
+	if events < s.tune.MinSplitEvents {
 		return nil
 	}
 	weight := map[change.Partition]int{}
@@ -208,39 +200,15 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	if used < 2 {
 		return nil
 	}
-	parts := make([]*Prepared, n)
-	for i := range parts {
-		parts[i] = &Prepared{offsets: map[change.Partition]int64{}, anchors: p.anchors, topicIDs: p.topicIDs, rewound: p.rewound,
-			topicTargets: p.topicTargets, valid: p.valid, confirm: p.confirm, plans: map[string]*tablePlan{}}
-	}
-	parts[0].mismatches = p.mismatches
-	for part, o := range p.offsets {
-		parts[bin[find(part)]].offsets[part] = o
-	}
-	for _, d := range p.dead {
-		i := 0
-		if _, ok := parent[d.Origin.Partition]; ok {
-			i = bin[find(d.Origin.Partition)]
+	parts := p.group(n, func(_ string, part change.Partition) int {
+		if _, ok := parent[part]; !ok {
+			return 0 // a dead letter of a partition without offsets
 		}
-		parts[i].dead = append(parts[i].dead, d)
-	}
-	for _, name := range p.targets {
-		tp := p.plans[name]
-		for _, kp := range tp.order {
-			part := parts[bin[find(kp.events[0].Src.Origin.Partition)]]
-			sub := part.plans[name]
-			if sub == nil {
-				sub = &tablePlan{t: tp.t, keys: map[string]*keyPlan{}}
-				part.plans[name] = sub
-				part.targets = append(part.targets, name) // p.targets is sorted
-			}
-			sub.keys[kp.id] = kp
-			sub.order = append(sub.order, kp)
-		}
-	}
+		return bin[find(part)]
+	})
 	out := parts[:0]
 	for _, part := range parts {
-		if len(part.offsets) > 0 || len(part.plans) > 0 || len(part.dead) > 0 {
+		if part != nil {
 			out = append(out, part)
 		}
 	}

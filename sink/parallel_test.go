@@ -18,7 +18,6 @@ import (
 // afterwards gives the fold's history, and partition 1's dead letter is
 // written once.
 func TestSplitBatchFailure(t *testing.T) {
-	defer sink.SetMinSplitEvents(1)()
 	in := func(p int32, ev *change.Event) *change.Event {
 		ev.Origin.Partition.Partition = p
 		return ev
@@ -47,10 +46,10 @@ func TestSplitBatchFailure(t *testing.T) {
 			ctx := context.Background()
 			pool := newPool(t)
 			spec := custSpec("public")
-			s := newSinkWith(t, pool, sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}, ApplyWorkers: 2})
+			s := newSinkTuned(t, pool, sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}, ApplyWorkers: 2}, splitAll)
 			p0, p1 := change.Partition{Topic: "shop.public.customers", Partition: 0}, change.Partition{Topic: "shop.public.customers", Partition: 1}
 			first := in(0, cust(change.OpCreate, 1, day, "Z", "name", "z", "plan", "x", "city", "Wien", "visits", 1))
-			if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{first}, Offsets: map[change.Partition]int64{p0: 2}}); err != nil {
+			if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{first}, Positions: sink.At(map[change.Partition]int64{p0: 2})}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := pool.Exec(ctx, `CREATE FUNCTION refuse_a() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -58,8 +57,8 @@ func TestSplitBatchFailure(t *testing.T) {
 				CREATE TRIGGER refuse_a BEFORE INSERT ON customers_history FOR EACH ROW EXECUTE FUNCTION refuse_a()`); err != nil {
 				t.Fatal(err)
 			}
-			batch := sink.Batch{Events: tc.events, Offsets: map[change.Partition]int64{p0: 100, p1: 100}}
-			before := sink.SplitBatches()
+			batch := sink.Batch{Events: tc.events, Positions: sink.At(map[change.Partition]int64{p0: 100, p1: 100})}
+			before := s.SplitBatches()
 			prepared, err := s.Prepare(ctx, batch)
 			if err != nil {
 				t.Fatal(err)
@@ -67,7 +66,7 @@ func TestSplitBatchFailure(t *testing.T) {
 			if _, err := s.ApplyPrepared(ctx, prepared); err == nil {
 				t.Fatal("the batch applied despite the trigger")
 			}
-			if split := sink.SplitBatches() > before; split != tc.split {
+			if split := s.SplitBatches() > before; split != tc.split {
 				t.Errorf("applied in parts: %v, want %v", split, tc.split)
 			}
 			var off0, off1 int64

@@ -40,8 +40,8 @@ func (p *Prepared) Targets() []string {
 	for _, t := range p.targets {
 		add(t)
 	}
-	for part := range p.offsets {
-		add(p.topicTargets[part.Topic])
+	for _, pos := range p.positions {
+		add(pos.Target)
 	}
 	for _, d := range p.dead {
 		add(p.deadTarget(d))
@@ -108,66 +108,13 @@ func (p *Prepared) Split(in func(target string) bool) (without, with *Prepared) 
 		}
 		return wrap(outs), wrap(ins)
 	}
-	o, w := p.shell(), p.shell()
-	for _, t := range p.targets {
-		if in(t) {
-			w.targets, w.plans[t] = append(w.targets, t), p.plans[t]
-		} else {
-			o.targets, o.plans[t] = append(o.targets, t), p.plans[t]
+	g := p.group(2, func(target string, _ change.Partition) int {
+		if in(target) {
+			return 1
 		}
-	}
-	for part, off := range p.offsets {
-		if in(p.topicTargets[part.Topic]) {
-			w.offsets[part] = off
-		} else {
-			o.offsets[part] = off
-		}
-	}
-	for _, part := range p.lock {
-		if in(p.topicTargets[part.Topic]) {
-			w.lock = append(w.lock, part)
-		} else {
-			o.lock = append(o.lock, part)
-		}
-	}
-	for _, d := range p.dead {
-		if in(p.deadTarget(d)) {
-			w.dead = append(w.dead, d)
-		} else {
-			o.dead = append(o.dead, d)
-		}
-	}
-	for _, sn := range p.snapshots {
-		if in(sn.Target) {
-			w.snapshots = append(w.snapshots, sn)
-		} else {
-			o.snapshots = append(o.snapshots, sn)
-		}
-	}
-	for _, e := range p.early {
-		if in(e.name) {
-			w.early = append(w.early, e)
-		} else {
-			o.early = append(o.early, e)
-		}
-	}
-	o.mismatches = p.mismatches
-	empty := func(x *Prepared) bool {
-		return len(x.plans) == 0 && len(x.offsets) == 0 && len(x.dead) == 0 && len(x.snapshots) == 0 && len(x.early) == 0 && len(x.lock) == 0
-	}
-	if empty(o) {
-		o = nil
-	}
-	if empty(w) {
-		w = nil
-	}
-	return o, w
-}
-
-// shell is a copy of p's batch-wide fields with nothing to apply.
-func (p *Prepared) shell() *Prepared {
-	return &Prepared{anchors: p.anchors, topicIDs: p.topicIDs, rewound: p.rewound, topicTargets: p.topicTargets, valid: p.valid,
-		confirm: p.confirm, outside: p.outside, plans: map[string]*tablePlan{}, offsets: map[change.Partition]int64{}}
+		return 0
+	})
+	return g[0], g[1]
 }
 
 // ApplyPart applies a part Split off a batch (or a batch prepared of one

@@ -19,10 +19,9 @@ import (
 // version in its day's partition and every current one in _pcur.
 func TestPartitionedProperty(t *testing.T) {
 	pool := sharedPool(t)
-	defer sink.SetMinSplitEvents(1)()
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/6)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
-			runScenarioPartitioned(t, pool, seed, false, 3, "day")
+			runScenario(t, pool, seed, scenarioOpts{parts: 3, interval: "day", tune: splitAll})
 			schema := fmt.Sprintf("part%d", seed)
 			for _, target := range []string{"acct_history", "item_history"} {
 				var misplaced, parts int

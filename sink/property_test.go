@@ -94,8 +94,7 @@ func TestFoldProperty(t *testing.T) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			// Truncates fold their keys in chunks of 1 to 3 here, of
 			// thousands in the service.
-			defer sink.SetTruncateChunk(1 + int(seed%3))()
-			runScenario(t, pool, seed, false)
+			runScenario(t, pool, seed, scenarioOpts{tune: func(tu *sink.Tuning) { tu.TruncateChunk = 1 + int(seed%3) }})
 		})
 	}
 }
@@ -106,14 +105,13 @@ func TestFoldProperty(t *testing.T) {
 // (parallel.go): the history is the fold's all the same.
 func TestFoldPropertyParallel(t *testing.T) {
 	pool := sharedPool(t)
-	defer sink.SetMinSplitEvents(1)()
-	before := sink.SplitBatches()
+	var splits int64
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
-			runScenarioWith(t, pool, seed, false, 3)
+			splits += runScenario(t, pool, seed, scenarioOpts{parts: 3, tune: splitAll})
 		})
 	}
-	if sink.SplitBatches() == before {
+	if splits == 0 {
 		t.Fatal("no batch was applied in parts")
 	}
 }
@@ -128,7 +126,7 @@ func TestRejectedValuesProperty(t *testing.T) {
 	n := propertySeeds(t) / 4
 	for seed := uint64(1); seed <= uint64(n); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
-			runScenario(t, pool, seed, true)
+			runScenario(t, pool, seed, scenarioOpts{rejects: true})
 		})
 	}
 }
@@ -141,42 +139,36 @@ func TestRejectedValuesProperty(t *testing.T) {
 // states read back).
 func TestFoldPropertyUncached(t *testing.T) {
 	pool := sharedPool(t)
-	defer setUncached()()
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
-			runScenario(t, pool, seed, false)
+			runScenario(t, pool, seed, scenarioOpts{uncached: true})
 		})
 	}
-}
-
-// uncached makes runScenarioPartitioned's sinks keep no state between
-// batches (TestFoldPropertyUncached).
-var uncached bool
-
-func setUncached() func() {
-	uncached = true
-	return func() { uncached = false }
 }
 
 // badCity is longer than the varchar(6) of TestRejectedValuesProperty.
 const badCity = "Innsbruck"
 
-func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool) {
-	runScenarioWith(t, pool, seed, rejects, 1)
+// scenarioOpts are the ways a scenario runs: with values PostgreSQL
+// rejects; over parts partitions (with more than one, the sinks apply
+// batches in parts: Config.ApplyWorkers 2); with history tables
+// partitioned by interval ("" for plain ones); each sink tuned by tune;
+// sinks that keep no state between batches (uncached).
+type scenarioOpts struct {
+	rejects  bool
+	uncached bool
+	parts    int
+	interval string
+	tune     func(*sink.Tuning)
 }
 
-// runScenarioWith runs a scenario over parts partitions; with more than
-// one, the sinks apply batches in parts (Config.ApplyWorkers 2).
-func runScenarioWith(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int) {
-	runScenarioPartitioned(t, pool, seed, rejects, parts, "")
-}
-
-// runScenarioPartitioned is runScenarioWith with history tables
-// partitioned by interval ("" for plain ones).
-func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejects bool, parts int, interval string) {
+// runScenario runs seed's scenario and returns how many batches its
+// sinks applied in parts.
+func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, o scenarioOpts) (splits int64) {
+	rejects, parts, interval := o.rejects, max(1, o.parts), o.interval
 	rng := rand.New(rand.NewPCG(seed, 0x5cd2))
 	schema := fmt.Sprintf("prop%d", seed)
-	if uncached {
+	if o.uncached {
 		schema = fmt.Sprintf("unc%d", seed)
 	}
 	if rejects {
@@ -231,7 +223,7 @@ func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejec
 	// must notice the other's batches (scd2sink_offsets) before trusting
 	// what it remembers.
 	cfg := sink.Config{Schema: schema, Tables: sc.Specs}
-	if uncached {
+	if o.uncached {
 		cfg.CacheKeys = -1
 	}
 	if parts > 1 {
@@ -248,7 +240,18 @@ func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejec
 			e.Origin.Partition = change.Partition{Topic: "prop", Partition: p}
 		}
 	}
-	sinks := []*sink.Sink{newSinkWith(t, pool, cfg), newSinkWith(t, pool, cfg)}
+	var all []*sink.Sink
+	newOne := func() *sink.Sink {
+		s := newSinkTuned(t, pool, cfg, o.tune)
+		all = append(all, s)
+		return s
+	}
+	defer func() {
+		for _, s := range all {
+			splits += s.SplitBatches()
+		}
+	}()
+	sinks := []*sink.Sink{newOne(), newOne()}
 	s := sinks[0]
 	for i, b := range batches {
 		w := 0
@@ -256,14 +259,14 @@ func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejec
 			w = 1
 		}
 		if rng.IntN(8) == 0 { // a restart: nothing kept in memory
-			sinks[w] = newSinkWith(t, pool, cfg)
+			sinks[w] = newOne()
 		}
 		s = sinks[w]
 		offsets := map[change.Partition]int64{}
 		for p := range parts {
 			offsets[change.Partition{Topic: "prop", Partition: int32(p)}] = int64(i + 1)
 		}
-		batch := sink.Batch{Events: b, Offsets: offsets}
+		batch := sink.Batch{Events: b, Positions: sink.At(offsets)}
 		if i == snapBatch {
 			batch.Snapshots = snaps
 		}
@@ -307,6 +310,7 @@ func runScenarioPartitioned(t *testing.T, pool *pgxpool.Pool, seed uint64, rejec
 			t.Errorf("seed %d: the rejected event at sequence %s is not a dead letter", seed, seq)
 		}
 	}
+	return // splits: set when the sinks are counted (deferred above)
 }
 
 func describe(evs []*change.Event, table string) string {

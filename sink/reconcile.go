@@ -91,13 +91,6 @@ func (s *Sink) takeLateNotes(ctx context.Context, db interface {
 	return nil
 }
 
-// reconcileChunk is how many keys' deletes one batch carries;
-// afterReconcileChunk, when set (tests), is called once each has committed.
-var (
-	reconcileChunk      = 5000
-	afterReconcileChunk func()
-)
-
 // recordSnapshots records completed snapshots in the batch's transaction.
 func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
 	recorded := false
@@ -188,8 +181,8 @@ func (s *Sink) reconcile(ctx context.Context) error {
 		}
 		if p.done {
 			// A re-run for late events reads the table's live versions: at
-			// most one per lateRerunEvery, a failed one too.
-			s.notBefore[id] = time.Now().Add(lateRerunEvery)
+			// most one per tuning.LateRerunEvery, a failed one too.
+			s.notBefore[id] = time.Now().Add(s.tune.LateRerunEvery)
 		}
 		skipped, err := s.reconcileOne(ctx, p.sn, p.confirmed)
 		if err != nil {
@@ -211,12 +204,6 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	}
 	return nil
 }
-
-// lateRerunEvery bounds how often one Sink runs a reconciliation again
-// for late events: each run reads the table's live versions, and late
-// events that keep coming (a long backlog read out of order) wait for the
-// next, together.
-var lateRerunEvery = 10 * time.Second
 
 // reconcileOne reconciles one snapshot under a row lock on its record;
 // unless confirmed, the guard may hold it instead. It reports whether the
@@ -327,8 +314,8 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 			}
 			closed += len(chunk)
 			chunk = chunk[:0]
-			if afterReconcileChunk != nil {
-				afterReconcileChunk()
+			if s.tune.AfterReconcileChunk != nil {
+				s.tune.AfterReconcileChunk()
 			}
 			return nil
 		}
@@ -342,7 +329,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 				key[i] = storedValue{v}
 			}
 			chunk = append(chunk, &change.Event{Table: sn.Target, Key: key, Seq: sn.Seq, Op: change.OpDelete, ValidFrom: sn.At})
-			if len(chunk) == reconcileChunk {
+			if len(chunk) == s.tune.ReconcileChunk {
 				if err := flush(); err != nil {
 					return err
 				}

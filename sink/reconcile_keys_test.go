@@ -64,12 +64,12 @@ func TestReconcileKeysOfEveryType(t *testing.T) {
 			for i, k := range tc.keys {
 				creates = append(creates, ev(change.OpCreate, int64(10+i), k, false))
 			}
-			if _, err := s.Apply(ctx, sink.Batch{Events: creates, Offsets: map[change.Partition]int64{p0: 4}}); err != nil {
+			if _, err := s.Apply(ctx, sink.Batch{Events: creates, Positions: sink.At(map[change.Partition]int64{p0: 4})}); err != nil {
 				t.Fatal(err)
 			}
 			snap := sink.Snapshot{Target: spec.Target, Seq: change.MustSeq(100), At: day.Add(100 * time.Minute), Topic: p0.Topic, Until: map[int32]int64{0: 6}}
 			reads := []*change.Event{ev(change.OpRead, 100, tc.keys[0], false), ev(change.OpRead, 100, tc.keys[1], true)}
-			if _, err := s.Apply(ctx, sink.Batch{Events: reads, Offsets: map[change.Partition]int64{p0: 6}, Snapshots: []sink.Snapshot{snap}}); err != nil {
+			if _, err := s.Apply(ctx, sink.Batch{Events: reads, Positions: sink.At(map[change.Partition]int64{p0: 6}), Snapshots: []sink.Snapshot{snap}}); err != nil {
 				t.Fatal(err)
 			}
 			var versions, current, closedAtSnap, dead int
@@ -126,24 +126,25 @@ func TestReconciliationChunksFence(t *testing.T) {
 			for i, k := range keys {
 				creates = append(creates, cust(change.OpCreate, int64(10+i), h(1), k, "name", k, "plan", "basic"))
 			}
-			apply(owner, sink.Batch{Events: creates, Offsets: map[change.Partition]int64{p0: 3}}) // owner remembers K1-K3
+			apply(owner, sink.Batch{Events: creates, Positions: sink.At(map[change.Partition]int64{p0: 3})}) // owner remembers K1-K3
 			// Between the chunks (one key each) the owner changes every key
 			// (Type 1 only), from what it remembers.
 			step := 0
-			restore := sink.SetReconcileChunk(1, func() {
-				if step++; step != 1 {
-					return
+			other.Tune(func(tu *sink.Tuning) {
+				tu.ReconcileChunk, tu.AfterReconcileChunk = 1, func() {
+					if step++; step != 1 {
+						return
+					}
+					var upd []*change.Event
+					for i, k := range keys {
+						upd = append(upd, cust(change.OpUpdate, int64(150+i), h(8), k, "name", strings.ToLower(k), "plan", "basic"))
+					}
+					apply(owner, sink.Batch{Events: upd, Positions: sink.At(map[change.Partition]int64{p0: 6})})
 				}
-				var upd []*change.Event
-				for i, k := range keys {
-					upd = append(upd, cust(change.OpUpdate, int64(150+i), h(8), k, "name", strings.ToLower(k), "plan", "basic"))
-				}
-				apply(owner, sink.Batch{Events: upd, Offsets: map[change.Partition]int64{p0: 6}})
 			})
-			defer restore()
 			end := cust(change.OpRead, 100, h(5), "K9", "name", "nine", "plan", "basic")
 			end.SnapshotEnd = true
-			apply(other, sink.Batch{Events: []*change.Event{end}, Offsets: map[change.Partition]int64{p1: 1},
+			apply(other, sink.Batch{Events: []*change.Event{end}, Positions: sink.At(map[change.Partition]int64{p1: 1}),
 				Snapshots: []sink.Snapshot{{Target: spec.Target, Seq: change.MustSeq(100), At: h(5), Topic: p0.Topic, Until: map[int32]int64{0: 3, 1: 1}}}})
 			if step != len(keys) {
 				t.Fatalf("%d chunks, want %d", step, len(keys))

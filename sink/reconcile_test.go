@@ -50,17 +50,17 @@ func TestSnapshotReconciliation(t *testing.T) {
 		cust(change.OpCreate, 11, h(1), "B", "name", "B", "plan", "basic"),
 		cust(change.OpCreate, 12, h(1), "C", "name", "C", "plan", "basic"),
 		cust(change.OpCreate, 13, h(1), "D", "name", "D", "plan", "basic"),
-	}, Offsets: map[change.Partition]int64{p0: 4}})
+	}, Positions: sink.At(map[change.Partition]int64{p0: 4})})
 	// The snapshot at seq 100 reads A (changed) and C; B and D were
 	// deleted while capture was down. Its records lie below offsets 7 and 3.
 	snap := sink.Snapshot{Target: spec.Target, Seq: change.MustSeq(100), At: h(10), Topic: p0.Topic, Until: map[int32]int64{0: 7, 1: 3}}
 	applyB(sink.Batch{Events: []*change.Event{read(100, h(10), "A", "pro", false), read(100, h(10), "C", "basic", true)},
-		Offsets: map[change.Partition]int64{p0: 7}, Snapshots: []sink.Snapshot{snap}})
+		Positions: sink.At(map[change.Partition]int64{p0: 7}), Snapshots: []sink.Snapshot{snap}})
 	// Partition 1 is not past the snapshot yet: nothing closed.
 	check("before partition 1 is applied", withoutEnds(all))
 	// D changes after the snapshot, in partition 1's batch that passes it.
 	applyB(sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 150, h(15), "D", "name", "D", "plan", "team")},
-		Offsets: map[change.Partition]int64{p1: 3}})
+		Positions: sink.At(map[change.Partition]int64{p1: 3})})
 	check("reconciled", all)
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM scd2sink_snapshots WHERE done_at IS NOT NULL`).Scan(&n); err != nil || n != 1 {
@@ -69,7 +69,7 @@ func TestSnapshotReconciliation(t *testing.T) {
 	// A second snapshot at 200 reads B again (re-created) and not A.
 	snap2 := sink.Snapshot{Target: spec.Target, Seq: change.MustSeq(200), At: h(20), Topic: p0.Topic, Until: map[int32]int64{0: 9, 1: 3}}
 	applyB(sink.Batch{Events: []*change.Event{read(200, h(20), "B", "basic", false), read(200, h(20), "C", "basic", false),
-		read(200, h(20), "D", "team", true)}, Offsets: map[change.Partition]int64{p0: 9}, Snapshots: []sink.Snapshot{snap2}})
+		read(200, h(20), "D", "team", true)}, Positions: sink.At(map[change.Partition]int64{p0: 9}), Snapshots: []sink.Snapshot{snap2}})
 	check("second snapshot", all)
 	// Late events below both snapshots, after both are reconciled (a
 	// dead letter replayed, a member's backlog): E, which neither read, is
@@ -79,7 +79,7 @@ func TestSnapshotReconciliation(t *testing.T) {
 		cust(change.OpCreate, 50, h(5), "E", "name", "E", "plan", "basic"),
 		cust(change.OpCreate, 150, h(15), "F", "name", "F", "plan", "basic"),
 		cust(change.OpUpdate, 160, h(16), "A", "name", "A", "plan", "team"),
-	}, Offsets: map[change.Partition]int64{p0: 12}})
+	}, Positions: sink.At(map[change.Partition]int64{p0: 12})})
 	check("late events after the reconciliations", all)
 	// Replayed: the same batches again change nothing.
 	if _, err := s.Apply(ctx, sink.Batch{Events: all, Snapshots: []sink.Snapshot{snap, snap2}}); err != nil {
@@ -126,15 +126,15 @@ func TestReconciliationResetsOtherWritersCaches(t *testing.T) {
 	apply(owner, sink.Batch{Events: []*change.Event{
 		cust(change.OpCreate, 10, h(1), "K1", "name", "one", "plan", "basic"),
 		cust(change.OpCreate, 11, h(1), "K2", "name", "two", "plan", "basic"),
-	}, Offsets: map[change.Partition]int64{p0: 2}})
+	}, Positions: sink.At(map[change.Partition]int64{p0: 2})})
 	end := cust(change.OpRead, 100, h(5), "K2", "name", "two", "plan", "basic")
 	end.SnapshotEnd = true
-	apply(other, sink.Batch{Events: []*change.Event{end}, Offsets: map[change.Partition]int64{p1: 1},
+	apply(other, sink.Batch{Events: []*change.Event{end}, Positions: sink.At(map[change.Partition]int64{p1: 1}),
 		Snapshots: []sink.Snapshot{{Target: spec.Target, Seq: change.MustSeq(100), At: h(5), Topic: p0.Topic, Until: map[int32]int64{0: 2, 1: 1}}}})
 	// K1 was closed at the snapshot; a later Type-1-only change opens a
 	// new version, whatever the owner remembers.
 	apply(owner, sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 150, h(8), "K1", "name", "uno", "plan", "basic")},
-		Offsets: map[change.Partition]int64{p0: 3}})
+		Positions: sink.At(map[change.Partition]int64{p0: 3})})
 	want := scdtest.ModelLines(spec, custCols, scdtest.Fold(spec, custCols, all))
 	if d := scdtest.DiffLines(want, scdtest.HistoryLines(t, pool, spec, custCols)); d != "" {
 		t.Fatalf("history differs from the fold:\n%s", d)
@@ -185,7 +185,7 @@ func TestReconciliationGuard(t *testing.T) {
 			for i, id := range []string{"A", "B", "C", "D"} {
 				creates = append(creates, cust(change.OpCreate, int64(10+i), h(1), id, "name", id, "plan", "basic"))
 			}
-			apply(sink.Batch{Events: creates, Offsets: map[change.Partition]int64{p0: 4}})
+			apply(sink.Batch{Events: creates, Positions: sink.At(map[change.Partition]int64{p0: 4})})
 			// The snapshot reads its first key changed (plan pro): still a
 			// live key, its version before the snapshot closed by it.
 			var reads []*change.Event
@@ -198,11 +198,11 @@ func TestReconciliationGuard(t *testing.T) {
 				e.SnapshotEnd = i == len(tc.read)-1
 				reads = append(reads, e)
 			}
-			apply(sink.Batch{Events: reads, Offsets: map[change.Partition]int64{p0: 4 + int64(len(reads))},
+			apply(sink.Batch{Events: reads, Positions: sink.At(map[change.Partition]int64{p0: 4 + int64(len(reads))}),
 				Snapshots: []sink.Snapshot{{Target: spec.Target, Seq: change.MustSeq(100), At: h(10), Topic: p0.Topic, Until: map[int32]int64{0: 4 + int64(len(reads))}}}})
 			// D changes after the snapshot.
 			apply(sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 150, h(15), "D", "name", "D", "plan", "team")},
-				Offsets: map[change.Partition]int64{p0: 5 + int64(len(reads))}})
+				Positions: sink.At(map[change.Partition]int64{p0: 5 + int64(len(reads))})})
 			held, err := s.HeldReconciliations(ctx, "")
 			if err != nil {
 				t.Fatal(err)
@@ -233,7 +233,7 @@ func TestReconciliationGuard(t *testing.T) {
 			}
 			// The instance that applied the batches goes on exactly.
 			apply(sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 160, h(16), "B", "name", "B", "plan", "pro")},
-				Offsets: map[change.Partition]int64{p0: 6 + int64(len(reads))}})
+				Positions: sink.At(map[change.Partition]int64{p0: 6 + int64(len(reads))})})
 			check("after", all)
 		})
 	}

@@ -37,7 +37,7 @@ func TestRejectedValuesAreDeadLettered(t *testing.T) {
 		cust(change.OpRead, 6, day, "D", "name", nil, "plan", "pro", "city", "Wels", "visits", 1), // 23502: not null
 		cust(change.OpRead, 7, day, "E", "name", "Eve", "plan", "pro", "city", "Enns", "visits", 1),
 	}
-	res, err := s.Apply(ctx, sink.Batch{Events: evs, Offsets: map[change.Partition]int64{{Topic: "shop.public.customers"}: 8}})
+	res, err := s.Apply(ctx, sink.Batch{Events: evs, Positions: sink.At(map[change.Partition]int64{{Topic: "shop.public.customers"}: 8})})
 	if err != nil {
 		t.Fatalf("one bad value stopped the batch: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestRejectedSingleEventKeys(t *testing.T) {
 			spec := custSpec(schema)
 			s := newSink(t, pool, schema, spec)
 			for j, b := range sh.batches() {
-				if _, err := s.Apply(ctx, sink.Batch{Events: b, Offsets: map[change.Partition]int64{{Topic: "shop.public.customers"}: int64(j + 1)}}); err != nil {
+				if _, err := s.Apply(ctx, sink.Batch{Events: b, Positions: sink.At(map[change.Partition]int64{{Topic: "shop.public.customers"}: int64(j + 1)})}); err != nil {
 					t.Fatalf("batch %d: %v", j, err)
 				}
 			}

@@ -23,7 +23,7 @@ func TestReplayOnce(t *testing.T) {
 	p0 := change.Partition{Topic: "shop.public.customers", Partition: 0}
 	first := cust(change.OpCreate, 10, h(1), "A", "name", "A", "plan", "basic")
 	last := cust(change.OpUpdate, 30, h(3), "A", "name", "A", "plan", "team")
-	if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{first, last}, Offsets: map[change.Partition]int64{p0: 3}}); err != nil {
+	if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{first, last}, Positions: sink.At(map[change.Partition]int64{p0: 3})}); err != nil {
 		t.Fatal(err)
 	}
 	var id int64

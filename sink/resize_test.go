@@ -28,7 +28,7 @@ func TestResizedTopic(t *testing.T) {
 	var all []*change.Event
 	apply := func(s *sink.Sink, p change.Partition, off int64, evs ...*change.Event) {
 		t.Helper()
-		if _, err := s.Apply(ctx, sink.Batch{Events: evs, Offsets: map[change.Partition]int64{p: off}}); err != nil {
+		if _, err := s.Apply(ctx, sink.Batch{Events: evs, Positions: sink.At(map[change.Partition]int64{p: off})}); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, evs...)
@@ -86,7 +86,7 @@ func TestResizedTopic(t *testing.T) {
 	applied := make(chan error, 1)
 	go func() {
 		_, err := a.Apply(ctx, sink.Batch{Events: []*change.Event{cust(change.OpUpdate, 40, h(4), "K", "name", "k", "plan", "basic")},
-			Offsets: map[change.Partition]int64{p0: 3}})
+			Positions: sink.At(map[change.Partition]int64{p0: 3})})
 		applied <- err
 	}()
 	select {
@@ -117,7 +117,7 @@ func TestResizeRecordedByTheBatch(t *testing.T) {
 	}
 	p3 := change.Partition{Topic: topic, Partition: 3}
 	if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{cust(change.OpCreate, 10, day, "K", "name", "k", "plan", "basic")},
-		Offsets: map[change.Partition]int64{p3: 1}}); err != nil {
+		Positions: sink.At(map[change.Partition]int64{p3: 1})}); err != nil {
 		t.Fatal(err)
 	}
 	var parts int

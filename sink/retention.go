@@ -33,14 +33,6 @@ import (
 // horizon row and the side rows after it.
 const horizonOp = "h"
 
-// retentionChunk is how many keys one retention transaction handles.
-var retentionChunk = 1000
-
-// afterRetentionPick, when set (tests), is called with the phase
-// ("versions" or "side") once a chunk's candidates are found, before the
-// writers' lock is taken.
-var afterRetentionPick func(phase string)
-
 // RetainResult is what one retention pass over a table removed.
 type RetainResult struct {
 	Horizon  time.Time // versions closed before it were removed
@@ -85,7 +77,7 @@ func (t *table) afterHorizon(evs []fold.Event, horizon, first change.Seq) ([]fol
 }
 
 // Retain runs one retention pass over target's history table: in
-// transactions of retentionChunk keys, each fenced like a writer (the
+// transactions of tuning.RetentionChunk keys, each fenced like a writer (the
 // topic's writers wait, at most lock_timeout) and retried while the
 // failure is transient. now is the pass's clock. A pass that removed
 // anything makes every writer forget what it remembers, once, at its end.
@@ -151,7 +143,7 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 		var last []string
 		for {
 			// The next keys with something to remove are found before
-			// any lock is taken, a window of retentionWindow rows at a
+			// any lock is taken, a window of tuning.RetentionWindow rows at a
 			// time in key order: writers do not wait for the scan of a
 			// large table, and no read holds a snapshot for long.
 			var pick retentionPick
@@ -162,10 +154,10 @@ func (s *Sink) Retain(ctx context.Context, target string, now time.Time, progres
 				return res, err
 			}
 			for len(pick.cand) > 0 {
-				cand := pick.cand[:min(len(pick.cand), retentionChunk)]
+				cand := pick.cand[:min(len(pick.cand), s.tune.RetentionChunk)]
 				pick.cand = pick.cand[len(cand):]
-				if afterRetentionPick != nil {
-					afterRetentionPick(phase.name)
+				if s.tune.AfterRetentionPick != nil {
+					s.tune.AfterRetentionPick(phase.name)
 				}
 				n, v, sr, err := s.retainChunk(ctx, spec, t, chunk.mark, phase.remove, res.Horizon, cand)
 				if err != nil {
@@ -438,12 +430,9 @@ type retentionPick struct {
 const keysAsTextSettings = `SELECT set_config('DateStyle', 'ISO', true), set_config('extra_float_digits', '3', true),
 	set_config('IntervalStyle', 'postgres', true)`
 
-// retentionWindow is how many rows one retention pick reads.
-var retentionWindow = 50_000
-
 // retentionCandidates runs a retention pick (retentionStatements) of
 // target after the key last (nil: from the first) in a short read-only
-// transaction: it reads at most retentionWindow rows. The last key of a
+// transaction: it reads at most tuning.RetentionWindow rows. The last key of a
 // full window is a candidate whatever its rows read said, as the rest
 // of its rows are not read; the removal checks it again.
 func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after string, horizon time.Time, last []string, nk int) (retentionPick, error) {
@@ -453,7 +442,7 @@ func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after stri
 		if _, err := tx.Exec(ctx, keysAsTextSettings); err != nil {
 			return err
 		}
-		q, args := pick, []any{horizon, retentionWindow}
+		q, args := pick, []any{horizon, s.tune.RetentionWindow}
 		if last != nil {
 			q = strings.Replace(q, "/*after*/", after, 1)
 			for _, k := range last {
@@ -487,7 +476,7 @@ func (s *Sink) retentionCandidates(ctx context.Context, target, pick, after stri
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if read >= int64(retentionWindow) && key != nil {
+		if read >= int64(s.tune.RetentionWindow) && key != nil {
 			out.last = key
 			if !isCand {
 				out.cand = append(out.cand, key)

@@ -20,9 +20,6 @@ import (
 func TestRetention(t *testing.T) {
 	for _, mode := range []sink.DeletesMode{sink.DeletesClose, sink.DeletesNewRecord} {
 		t.Run(string(mode), func(t *testing.T) {
-			defer sink.SetRetentionChunk(2)()
-			// Windows of 3 rows: most keys' rows span two picks.
-			defer sink.SetRetentionWindow(3)()
 			pool := newPool(t)
 			ctx := context.Background()
 			schema := "ret_" + string(mode)
@@ -57,6 +54,9 @@ func TestRetention(t *testing.T) {
 					cust(u, int64(21+2*i), old(2), id, "name", "f", "plan", "q", "city", "x", "visits", 1))
 			}
 			s := newSink(t, pool, schema, spec)
+			// Chunks of 2 keys; windows of 3 rows: most keys' rows span
+			// two picks.
+			s.Tune(func(tu *sink.Tuning) { tu.RetentionChunk, tu.RetentionWindow = 2, 3 })
 			apply(t, s, evs...)
 			// Without a watermark nothing is known of what late events
 			// still need: nothing goes.
@@ -176,25 +176,27 @@ func TestRetentionPicksUnlocked(t *testing.T) {
 	}
 	recreate := cust(c, 50, now.Add(-time.Hour), "D", "name", "d", "plan", "p", "city", "y", "visits", 1)
 	var phases []string
-	defer sink.SetAfterRetentionPick(func(phase string) {
-		phases = append(phases, phase)
-		if phase == "side" {
-			// The writers' lock is free: this applies at once.
-			done := make(chan error, 1)
-			go func() {
-				_, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{recreate}})
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Error(err)
+	s.Tune(func(tu *sink.Tuning) {
+		tu.AfterRetentionPick = func(phase string) {
+			phases = append(phases, phase)
+			if phase == "side" {
+				// The writers' lock is free: this applies at once.
+				done := make(chan error, 1)
+				go func() {
+					_, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{recreate}})
+					done <- err
+				}()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Error(err)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatal("a writer waited for retention's pick")
 				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("a writer waited for retention's pick")
 			}
 		}
-	})()
+	})
 	res, err := s.Retain(ctx, spec.Target, now, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,10 @@ type Sink struct {
 	// kmu: a pgtype.Map of its own, apart from Prepare's.
 	kmu   sync.Mutex
 	kconv converter
+	// tune holds sizes and hooks (tuning.go; tests change them before
+	// the first batch); stats counts the ways batches took.
+	tune  tuning
+	stats counters
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -112,7 +116,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()}, kconv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
 		cache: statecache.New(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
-		reconciled: -1}
+		reconciled: -1, tune: defaultTuning()}
 	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
 	// connection: Prepare and the consumer's bookkeeping need two more.

@@ -323,7 +323,7 @@ func applyPipelined(b *testing.B, s *sink.Sink, topic string, evs []*change.Even
 		defer close(prepared)
 		for i := 0; i < len(evs); i += benchBatch {
 			p, err := s.Prepare(ctx, sink.Batch{Events: evs[i:min(i+benchBatch, len(evs))],
-				Offsets: map[change.Partition]int64{{Topic: topic}: int64(i + benchBatch)}})
+				Positions: sink.At(map[change.Partition]int64{{Topic: topic}: int64(i + benchBatch)})})
 			if err != nil {
 				b.Error(err)
 				return

@@ -168,33 +168,59 @@ type Header struct {
 	Value []byte `json:"value"`
 }
 
+// Position is what a batch records of one partition in scd2sink_offsets,
+// true once its transaction commits: where reading goes on, and what the
+// records below that point were.
+type Position struct {
+	// Offset is the next offset to read: every record below it is applied
+	// (or dead-lettered) once the batch is.
+	Offset int64
+	// Anchor is the highest sequence of the records below Offset (see
+	// Sink.Anchors); nil: the one recorded before stays.
+	Anchor change.Seq
+	// TopicID is the Kafka topic ID of the partition's topic: a topic
+	// deleted and re-created has another ID, so its stored offsets are
+	// known to be stale. "" keeps the ID recorded before; a recorded ID
+	// that differs replaces the offset instead of keeping the higher one.
+	TopicID string
+	// Rewound marks an offset moved back on purpose (kafka.on_offset_lost
+	// earliest or latest below the stored offset): the recorded offset is
+	// replaced, not kept at the greater of the two.
+	Rewound bool
+	// Target is the target the partition's topic writes, and LastValid
+	// the valid time of the last event below Offset (zero: none): the
+	// completeness watermark (scd2sink_watermarks) is built from them.
+	Target    string
+	LastValid time.Time
+}
+
+// Offsets are the offsets of positions, per partition.
+func Offsets(positions map[change.Partition]Position) map[change.Partition]int64 {
+	out := make(map[change.Partition]int64, len(positions))
+	for p, pos := range positions {
+		out[p] = pos.Offset
+	}
+	return out
+}
+
+// At is positions at the given offsets and nothing more (tests, tools).
+func At(offsets map[change.Partition]int64) map[change.Partition]Position {
+	out := make(map[change.Partition]Position, len(offsets))
+	for p, o := range offsets {
+		out[p] = Position{Offset: o}
+	}
+	return out
+}
+
 // Batch is what one transaction applies: released events of any tables and
 // keys (in any order; the sink sorts per key), dead letters from earlier
-// stages, and the commit point per partition that becomes true once the
+// stages, and the position per partition that becomes true once the
 // transaction commits.
 type Batch struct {
 	Events      []*change.Event
 	DeadLetters []DeadLetter
-	Offsets     map[change.Partition]int64
-	// Anchors are, per partition, the highest sequence of the records below
-	// its offset in Offsets; recorded beside the offset (see Sink.Anchors).
-	Anchors map[change.Partition]change.Seq
-	// TopicIDs are the Kafka topic IDs of Offsets' topics, recorded with
-	// them: a topic deleted and re-created has another ID, so its stored
-	// offsets are known to be stale. A topic missing here keeps the ID
-	// recorded before; a recorded ID that differs replaces the offset
-	// instead of keeping the higher one.
-	TopicIDs map[string]string
-	// Rewound names partitions whose offset was moved back on purpose
-	// (kafka.on_offset_lost earliest or latest below the stored offset):
-	// their recorded offset is replaced, not kept at the greater of the two.
-	Rewound map[change.Partition]bool
-	// Targets name, per topic of Offsets, the target its events write;
-	// LastValid is, per partition, the valid time of the last event below
-	// its offset in Offsets. Both are recorded with the offsets: the
-	// completeness watermark (scd2sink_watermarks) is built from them.
-	Targets   map[string]string
-	LastValid map[change.Partition]time.Time
+	// Positions are recorded in scd2sink_offsets, one per partition.
+	Positions map[change.Partition]Position
 	// Confirm, when set, is called in the batch's transaction just before
 	// it commits; an error rolls the transaction back and is returned.
 	// The consumer confirms there that it still owns the batch's

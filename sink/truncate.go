@@ -11,15 +11,11 @@ import (
 	"github.com/scd2sink/scd2sink/sink/fold"
 )
 
-// truncateChunk is how many keys a truncate folds again at a time: memory
-// holds one chunk's histories, whatever the table's size.
-var truncateChunk = 5000
-
 // refoldTruncated folds again every key of p's table that has a version
 // live at one of the new truncates fresh (a version opened at the
 // truncate's own sequence counts: at equal sequences a key's event comes
 // before a truncate, as in sortEvents's stable order). The keys are read in key order,
-// truncateChunk at a time, each chunk after the last key of the one
+// tuning.TruncateChunk at a time, each chunk after the last key of the one
 // before: keys of the batch are only noted in forced (the batch folds
 // them with its events); the others are read, folded and written chunk by
 // chunk. A chunk's writes touch only its own keys, so the next chunk's
@@ -45,9 +41,9 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	}
 	live := `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq <= s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))
 		AND ` + strings.Join(notNull, " AND ")
-	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.Hist.Sanitize(), live, truncateChunk)
+	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.Hist.Sanitize(), live, s.tune.TruncateChunk)
 	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,
-		keys, t.Hist.Sanitize(), live, truncateChunk, strings.Join(after, ", "))
+		keys, t.Hist.Sanitize(), live, s.tune.TruncateChunk, strings.Join(after, ", "))
 	ops.ResetAll = true // far too many keys to drop one by one
 	var last []any
 	for {
@@ -92,7 +88,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 				return err
 			}
 		}
-		if n < truncateChunk {
+		if n < s.tune.TruncateChunk {
 			return nil
 		}
 	}

@@ -32,12 +32,9 @@ func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
 
 // Prepared is a batch ready for ApplyPrepared.
 type Prepared struct {
-	offsets      map[change.Partition]int64
-	anchors      map[change.Partition]change.Seq
-	topicIDs     map[string]string
-	rewound      map[change.Partition]bool
+	positions map[change.Partition]Position // Batch.Positions
+	// topicTargets names the target of each topic of positions.
 	topicTargets map[string]string
-	valid        map[change.Partition]time.Time
 	confirm      func(context.Context) error
 	plans        map[string]*tablePlan
 	targets      []string
@@ -86,7 +83,13 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	plans, dead, early, mismatches := s.plan(b.Events, afters)
 	dead = append(bad, dead...)
-	p := &Prepared{offsets: b.Offsets, anchors: b.Anchors, topicIDs: b.TopicIDs, rewound: b.Rewound, topicTargets: b.Targets, valid: b.LastValid, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
+	topics := map[string]string{}
+	for part, pos := range b.Positions {
+		if pos.Target != "" {
+			topics[part.Topic] = pos.Target
+		}
+	}
+	p := &Prepared{positions: b.Positions, topicTargets: topics, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
 	s.noteLetterKeys(ctx, p.dead)
@@ -150,7 +153,7 @@ func (s *Sink) anySnapshotDeletes() bool {
 // applyOne applies a prepared batch, or one part of it (parallel.go), in
 // one transaction.
 func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
-	plans, dead, targets, offsets := p.plans, p.dead, p.targets, p.offsets
+	plans, dead, targets, positions := p.plans, p.dead, p.targets, p.positions
 	var gen uint64
 	var seen int64
 	var res Result
@@ -163,7 +166,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		gen = s.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
-			if err := s.fence(ctx, tx, offsets, p.lock); err != nil {
+			if err := s.fence(ctx, tx, positions, p.lock); err != nil {
 				return err
 			}
 			for _, name := range p.lockTargets {
@@ -187,7 +190,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
 				return err
 			}
-			if len(offsets) == 0 && len(p.lock) == 0 {
+			if len(positions) == 0 && len(p.lock) == 0 {
 				s.erasureStale.Store(true) // no fence read the outside-writes count
 			}
 			erased, dead, err := s.dropErased(ctx, tx, p, dead)
@@ -240,7 +243,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 				res.Dead[i] = DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
 			}
-			if err := s.writeOffsets(ctx, tx, offsets, p); err != nil {
+			if err := s.writeOffsets(ctx, tx, positions); err != nil {
 				return err
 			}
 			if p.confirm != nil {
@@ -296,8 +299,8 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	} else {
 		s.cache.Apply(&ops.Ops)
 	}
-	for part, o := range offsets {
-		s.written[part] = o
+	for part, pos := range positions {
+		s.written[part] = pos.Offset
 	}
 	return res, nil
 }

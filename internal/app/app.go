@@ -47,6 +47,9 @@ type Options struct {
 	// LeaveGroup makes a static member (kafka.instance_id) leave the
 	// group when it stops (run --leave-group).
 	LeaveGroup bool
+	// beforeCarry, when set (tests), is called as each try of a
+	// rebuild's carryOver starts.
+	beforeCarry func()
 }
 
 // SinkConfig turns the configuration's tables into the sink's: the exact

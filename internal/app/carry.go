@@ -16,9 +16,6 @@ import (
 // carryChunk bounds the events one carrying transaction applies.
 const carryChunk = 2000
 
-// beforeCarry, when set (tests), is called as each try of carryOver starts.
-var beforeCarry func()
-
 // carryOver gives each rebuilt table the live table's events that the
 // replay did not see (package carry: Kafka's retention, compaction or a
 // deletion of records lost them), applied through the rebuild's own sink
@@ -27,9 +24,9 @@ var beforeCarry func()
 // before the swap what the swap drops. A target whose live or rebuilt
 // table does not exist has nothing to carry (the swap leaves a live
 // table without a rebuilt one as it is).
-func carryOver(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, fromScratch bool, log *zap.Logger) error {
-	if beforeCarry != nil {
-		beforeCarry()
+func carryOver(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, fromScratch bool, log *zap.Logger, before func()) error {
+	if before != nil {
+		before()
 	}
 	var s *sink.Sink
 	for i, t := range cfg.Tables {

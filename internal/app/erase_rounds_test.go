@@ -59,8 +59,8 @@ tables:
 			ValidFrom: at.Add(time.Duration(i) * time.Hour), After: map[string]any{"id": json.Number(id), "plan": fmt.Sprint("p", i)},
 			Origin: change.Origin{Partition: change.Partition{Topic: "src.cust"}, Offset: int64(i)}})
 	}
-	if _, err := s.Apply(ctx, sink.Batch{Events: evs, Offsets: map[change.Partition]int64{{Topic: "src.cust"}: 3},
-		Targets: map[string]string{"src.cust": "cust_history"}}); err != nil {
+	if _, err := s.Apply(ctx, sink.Batch{Events: evs, Positions: map[change.Partition]sink.Position{
+		{Topic: "src.cust"}: {Offset: 3, Target: "cust_history"}}}); err != nil {
 		t.Fatal(err)
 	}
 	// What a rebuild would write of key 1, kept aside.

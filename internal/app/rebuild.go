@@ -200,7 +200,7 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode Rebuild
 	// (a failover, a lock, a privilege put right): what a try carried is
 	// in the rebuilt table and is not carried again.
 	for backoff := 500 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
-		err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log)
+		err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log, opts.beforeCarry)
 		if err == nil {
 			break
 		}

@@ -191,12 +191,13 @@ tables:
 	if len(kept) == 0 || len(kept) == len(all) {
 		t.Fatalf("Kafka kept %d of %d events", len(kept), len(all))
 	}
+	var opts Options
 	if lose == "log start" && !scratch {
 		// The carry's first three tries fail as a missing privilege
 		// would (42501, a trigger on the rebuilt table): rebuild waits
 		// and tries again, it does not exit.
 		var once sync.Once
-		beforeCarry = func() {
+		opts.beforeCarry = func() {
 			once.Do(func() {
 				if _, err := pool.Exec(ctx, `CREATE SEQUENCE carry_fails;
 					CREATE FUNCTION carry_fail() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -206,12 +207,11 @@ tables:
 				}
 			})
 		}
-		t.Cleanup(func() { beforeCarry = nil })
 	}
-	if err := Rebuild(ctx, cfg, Options{}, RebuildMode{FromScratch: scratch}); err != nil {
+	if err := Rebuild(ctx, cfg, opts, RebuildMode{FromScratch: scratch}); err != nil {
 		t.Fatal(err)
 	}
-	if beforeCarry != nil {
+	if opts.beforeCarry != nil {
 		var tries int64
 		if err := pool.QueryRow(ctx, "SELECT last_value FROM carry_fails").Scan(&tries); err != nil || tries <= 3 {
 			t.Errorf("the injected failure fired %d times (%v): the carry was not tried again", tries, err)

@@ -1,0 +1,112 @@
+package sink
+
+import (
+	"github.com/scd2sink/scd2sink/internal/change"
+)
+
+// Cutting a prepared batch.
+//
+// A prepared batch is cut in two ways: by partitions, into parts applied
+// side by side (parallel.go), and by targets, into what a parked target
+// holds and the rest (park.go). Both are the same operation, group, with
+// another grouping: each piece of the batch goes to one group, and no
+// piece spans two. Both are exact for one reason: a key's events come
+// from one partition and write one target, offsets are recorded per
+// partition, and a partition's topic has one target, so each group's
+// transaction is a batch of its own.
+
+// grouping gives the group of a piece of a batch, from the target it
+// writes and the partition it comes from (zero: none, as for a truncate
+// or a snapshot).
+type grouping func(target string, part change.Partition) int
+
+// group cuts p into n groups by by; groups with nothing to apply are nil.
+// Every group keeps p's confirmation and outside mark; the first one
+// counts p's type mismatches; dead-letter replays stay with the first
+// one (a batch holding them is never cut in practice: split and Split
+// refuse it).
+func (p *Prepared) group(n int, by grouping) []*Prepared {
+	out := make([]*Prepared, n)
+	for i := range out {
+		out[i] = p.shell()
+	}
+	out[0].mismatches, out[0].replay = p.mismatches, p.replay
+	for _, name := range p.targets { // sorted: so are the groups' targets
+		tp := p.plans[name]
+		first, whole := -1, true
+		for _, kp := range tp.order {
+			g := by(name, kp.partition())
+			if first < 0 {
+				first = g
+			} else if g != first {
+				whole = false
+			}
+		}
+		if first < 0 {
+			first = by(name, change.Partition{})
+		}
+		if whole {
+			out[first].plans[name], out[first].targets = tp, append(out[first].targets, name)
+			continue
+		}
+		for _, kp := range tp.order {
+			g := out[by(name, kp.partition())]
+			sub := g.plans[name]
+			if sub == nil {
+				sub = &tablePlan{t: tp.t, keys: map[string]*keyPlan{}}
+				g.plans[name], g.targets = sub, append(g.targets, name)
+			}
+			sub.keys[kp.id] = kp
+			sub.order = append(sub.order, kp)
+		}
+	}
+	for part, pos := range p.positions {
+		out[by(pos.Target, part)].positions[part] = pos
+	}
+	for _, part := range p.lock {
+		g := out[by(p.topicTargets[part.Topic], part)]
+		g.lock = append(g.lock, part)
+	}
+	for _, d := range p.dead {
+		g := out[by(p.deadTarget(d), d.Origin.Partition)]
+		g.dead = append(g.dead, d)
+	}
+	for _, sn := range p.snapshots {
+		g := out[by(sn.Target, change.Partition{})]
+		g.snapshots = append(g.snapshots, sn)
+	}
+	for _, e := range p.early {
+		g := out[by(e.name, change.Partition{})]
+		g.early = append(g.early, e)
+	}
+	for _, name := range p.lockTargets {
+		g := out[by(name, change.Partition{})]
+		g.lockTargets = append(g.lockTargets, name)
+	}
+	for i, g := range out {
+		if g.empty() {
+			out[i] = nil
+		}
+	}
+	return out
+}
+
+// empty reports whether p has nothing to apply, record or lock.
+func (p *Prepared) empty() bool {
+	return len(p.plans) == 0 && len(p.positions) == 0 && len(p.dead) == 0 && len(p.snapshots) == 0 &&
+		len(p.early) == 0 && len(p.lock) == 0 && len(p.lockTargets) == 0 && len(p.replay) == 0
+}
+
+// shell is a copy of p's batch-wide fields with nothing to apply.
+func (p *Prepared) shell() *Prepared {
+	return &Prepared{topicTargets: p.topicTargets, confirm: p.confirm, outside: p.outside,
+		plans: map[string]*tablePlan{}, positions: map[change.Partition]Position{}}
+}
+
+// partition is the partition kp's events come from (zero when unknown).
+func (kp *keyPlan) partition() change.Partition {
+	if len(kp.events) == 0 || kp.events[0].Src == nil {
+		return change.Partition{}
+	}
+	return kp.events[0].Src.Origin.Partition
+}

@@ -1,0 +1,58 @@
+package sink
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// tuning holds the sizes and hooks a Sink's maintenance and repairs work
+// with. New sets the service's values; tests change them per Sink
+// (export_test.go), so that tests owning their database run side by
+// side without sharing a setting.
+type tuning struct {
+	// MinSplitEvents is the smallest batch applied in parts: below it a
+	// second transaction costs more than it saves (parallel.go).
+	MinSplitEvents int
+	// WholeRepairs makes every repair read its key's whole history, and
+	// UnboundedRepairs every partial one read on to the end (tests
+	// compare the three ways; apply.go).
+	WholeRepairs, UnboundedRepairs bool
+	// TruncateChunk is how many keys a truncate folds again at a time:
+	// memory holds one chunk's histories (truncate.go).
+	TruncateChunk int
+	// ReconcileChunk is how many keys' deletes one reconciliation batch
+	// carries; AfterReconcileChunk, when set, is called once each has
+	// committed (reconcile.go).
+	ReconcileChunk      int
+	AfterReconcileChunk func()
+	// LateRerunEvery bounds how often one Sink runs a reconciliation
+	// again for late events (reconcile.go).
+	LateRerunEvery time.Duration
+	// RetentionChunk is how many keys one retention transaction handles;
+	// RetentionWindow how many rows one retention pick reads;
+	// AfterRetentionPick, when set, is called with the phase after each
+	// pick, before the chunk's lock (retention.go).
+	RetentionChunk     int
+	RetentionWindow    int
+	AfterRetentionPick func(phase string)
+}
+
+// defaultTuning is the service's tuning.
+func defaultTuning() tuning {
+	return tuning{
+		MinSplitEvents: 2000,
+		TruncateChunk:  5000,
+		ReconcileChunk: 5000,
+		LateRerunEvery: 10 * time.Second,
+		RetentionChunk: 1000, RetentionWindow: 50_000,
+	}
+}
+
+// counters count, per Sink, which ways its batches took (tests see that
+// a path was taken).
+type counters struct {
+	// splitBatches counts batches applied in parts (parallel.go);
+	// boundedRepairs repairs that stopped at a boundary (apply.go).
+	splitBatches   atomic.Int64
+	boundedRepairs atomic.Int64
+}
