@@ -13,6 +13,7 @@ import (
 // commit-point seed against a plain list of (offset, highest sequence),
 // across the arena's compactions and shrinks.
 func TestAnchorsMatchModel(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	p := change.Partition{Topic: "t"}
 	for round := range 200 {

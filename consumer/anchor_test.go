@@ -17,6 +17,7 @@ import (
 // everything before it in its partition, across restarts (the anchor is
 // recorded with the offsets), and a replay from the start changes nothing.
 func TestSnapshotReadsWithoutSequence(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

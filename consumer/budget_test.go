@@ -22,6 +22,7 @@ import (
 // history must still be the reference fold's, and the early releases must
 // show in their metric.
 func TestTinyBufferStaysExact(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

@@ -143,6 +143,7 @@ func waitApplied(t *testing.T, pool *pgxpool.Pool, schema string, want map[strin
 // events arrive long after the reorder window), with duplicates, and checks
 // the history tables against the reference fold.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

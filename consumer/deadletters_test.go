@@ -22,6 +22,7 @@ import (
 // the next window's first line; the metric counts each by target and
 // reason.
 func TestDeadLettersLoggedAndCounted(t *testing.T) {
+	t.Parallel()
 	defer func(b int, w time.Duration) { deadLogBurst, deadLogWindow = b, w }(deadLogBurst, deadLogWindow)
 	deadLogBurst, deadLogWindow = 3, 200*time.Millisecond
 	core, logs := observer.New(zapcore.WarnLevel)
@@ -66,6 +67,7 @@ func TestDeadLettersLoggedAndCounted(t *testing.T) {
 // TestDeadLettersCountInBatchBytes: dead letters hold copies of their
 // records; with batch_max_bytes they make a batch due like events do.
 func TestDeadLettersCountInBatchBytes(t *testing.T) {
+	t.Parallel()
 	rs := &recordingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 1000, BatchMaxBytes: 3 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify}, sink: rs,
 		m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),

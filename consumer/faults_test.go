@@ -88,6 +88,7 @@ func (r *rig) produce(t *testing.T, recs []*kgo.Record) {
 // TestPoison: every kind of bad record becomes one dead-letter row with a
 // clear error, and the good records around it are applied.
 func TestPoison(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, 1, 3, 2)
 	topic := topicOf("acct_history")
 	key := []byte(`{"acct_id":"P1"}`)
@@ -161,6 +162,7 @@ func TestRebalance(t *testing.T) {
 // applied, and Kafka drops Fetch and OffsetCommit requests; nothing is lost
 // or doubled.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, 3, 40, 3)
 	var fetches, commits atomic.Int64
 	r.kafka.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestFetchSize(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		ratio float64
 		want  int32
@@ -29,6 +30,7 @@ func TestFetchSize(t *testing.T) {
 // among uncompressed ones, and comes back up when batches are no longer
 // compressed.
 func TestFetchSizerWindows(t *testing.T) {
+	t.Parallel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +71,7 @@ func TestFetchSizerWindows(t *testing.T) {
 }
 
 func TestDecompressPoolClasses(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		n    int
 		want int
@@ -126,6 +129,7 @@ func TestDecompressPoolClasses(t *testing.T) {
 }
 
 func TestRecordsPool(t *testing.T) {
+	t.Parallel()
 	p := &recordsPool{}
 	for _, n := range []int{0, 1, 2, 3, 100, 128, 129, 32_768, 32_769, 100_000} {
 		rs := p.GetRecords(n)

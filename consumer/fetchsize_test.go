@@ -26,6 +26,7 @@ import (
 // 1 MiB they ask for uncompressed, and everything must still be applied,
 // to the same history.
 func TestFetchSizeFollowsCompression(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), 1_000, 3_000) // about 13 MiB of records
 	histories := map[string]string{}

@@ -46,6 +46,7 @@ func (r *recordingSink) Anchors(context.Context) (map[change.Partition]change.Se
 // flush does, each batch's commit points stay below every event not yet
 // applied, and reach the end once all are.
 func TestFlushBatches(t *testing.T) {
+	t.Parallel()
 	p0, p1 := change.Partition{Topic: "t", Partition: 0}, change.Partition{Topic: "t", Partition: 1}
 	rs := &recordingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 3}, sink: rs, m: NewMetrics(nil), health: &Health{},
@@ -91,6 +92,7 @@ func TestFlushBatches(t *testing.T) {
 // most a third of it (one event at least), a full half is due at once, and
 // every event is handed over exactly once.
 func TestBatchesCutByBytes(t *testing.T) {
+	t.Parallel()
 	big := make([]byte, 100<<10) // 100 KiB row images
 	for _, tc := range []struct {
 		name      string

@@ -27,6 +27,7 @@ import (
 // offset), or the topic was deleted and re-created (found by its topic ID
 // even where the stale offset still falls inside the new log).
 func TestOffsetsLost(t *testing.T) {
+	t.Parallel()
 	spec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
 		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}
 	topic := topicOf(spec.Target)
@@ -204,6 +205,7 @@ func span(from, to int) string {
 // member must not resume at the stale 30 and skip what the log holds
 // from 10 on), then follows the records read again.
 func TestLogTruncatedWhileReading(t *testing.T) {
+	t.Parallel()
 	spec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
 		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}
 	topic := topicOf(spec.Target)

@@ -25,6 +25,7 @@ func (panickySink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Result, 
 // the batch's offsets and the stack; never a silent exit, never a retry
 // loop.
 func TestPanicStopsLoudly(t *testing.T) {
+	t.Parallel()
 	core, logs := observer.New(zap.ErrorLevel)
 	c := &Consumer{cfg: Config{Classify: sink.Classify}, sink: &panickySink{}, m: NewMetrics(nil), health: &Health{}, log: zap.New(core)}
 	p := change.Partition{Topic: "shop.public.customers", Partition: 2}

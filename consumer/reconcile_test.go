@@ -19,6 +19,7 @@ import (
 // that reads a closed key again: the keys each snapshot did not read are
 // closed at its time, once.
 func TestSnapshotReconciliationEndToEnd(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 // resize (so that its writers take turns, sink/resize.go); keys whose
 // changes move to another partition keep an exact history.
 func TestPartitionsAdded(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 // answers, it is resumed and applied in full. A topic Route refuses stays
 // paused for good.
 func TestUnsettledTopic(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	okSpec := sink.TableSpec{Target: "acct_history", Schema: "public", Keys: []string{"acct_id"},
 		Columns: []sink.Column{{Name: "acct_id", Type: "text"}, {Name: "plan", Type: "text"}}}

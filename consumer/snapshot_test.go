@@ -32,6 +32,7 @@ func (f *failingSink) Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared
 // the same events was cut short before it was handed over; without it the
 // keys the snapshot did not read would never be closed.
 func TestSnapshotSurvivesCutFlush(t *testing.T) {
+	t.Parallel()
 	fs := &failingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: 64 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify},
 		sink: fs, m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now),

@@ -20,6 +20,7 @@ import (
 // read_committed; committed ones do. read_uncommitted, asked for, reads
 // both (which shows the test can tell).
 func TestAbortedTransactions(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		level       string
 		wantAborted int

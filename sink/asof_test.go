@@ -12,6 +12,7 @@ import (
 // the interval's start included and its end excluded, and follows columns
 // added later.
 func TestAsOf(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	s := newSink(t, pool, "public", custSpec("public"))

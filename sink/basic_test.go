@@ -42,6 +42,7 @@ func cust(op change.Op, seq int64, at time.Time, id string, kv ...any) *change.E
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func TestAppendAndLate(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := custSpec("public")
 	s := newSink(t, pool, "public", spec)

@@ -15,6 +15,7 @@ import (
 // TestClassify is DESIGN.md section 6's table, by SQLSTATE and by the
 // shapes in which pgx reports a connection that failed.
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	pg := func(code string) error {
 		return fmt.Errorf("applying batch to t: %w", &pgconn.PgError{Code: code, Message: "x"})
 	}

@@ -9,6 +9,7 @@ import (
 )
 
 func TestValuesEqualNumeric(t *testing.T) {
+	t.Parallel()
 	num := func(unscaled int64, exp int32) pgtype.Numeric {
 		return pgtype.Numeric{Int: big.NewInt(unscaled), Exp: exp, Valid: true}
 	}

@@ -22,6 +22,7 @@ import (
 // reading the whole history. The history tables, side tables and repair audits are
 // the same, and equal to the fold, for every Type 1 scope and delete mode.
 func TestPartialRepairDifferential(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	seeds := propertySeeds(t) / 8
 	var bounded int64

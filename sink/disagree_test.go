@@ -12,6 +12,7 @@ import (
 // delete whose time stands in for the valid_from column it has no image
 // of (source.ts_ms, whole seconds) is not, nor is a snapshot read.
 func TestDisagreements(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name    string

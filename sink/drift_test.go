@@ -15,6 +15,7 @@ import (
 // restart's catalog comparison puts them back; a corrupt bookkeeping
 // value (an empty scd_op) is a blocked error naming the table.
 func TestDrift(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	s := newSink(t, pool, "public", custSpec("public"))

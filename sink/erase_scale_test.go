@@ -102,6 +102,7 @@ func TestEraseScale(t *testing.T) {
 // leaves it and lists it as unread instead of erasing it; the same form
 // of a key whose other readings the table does not hold is erased.
 func TestEraseAmbiguousKey(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	const schema = "erase_amb"

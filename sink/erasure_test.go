@@ -17,6 +17,7 @@ import (
 // trace of the key; a writer without the secret, or with another, stops;
 // a lift lets the key back. The other keys keep the fold's history.
 func TestErase(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	spec := custSpec("public")

@@ -15,6 +15,7 @@ import (
 // batch in flight cannot write an erased key or a removed version after
 // them.
 func TestOutsideWritersWait(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	const schema = "fence_wait"

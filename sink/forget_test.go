@@ -15,6 +15,7 @@ import (
 // must neither race with the apply (run with -race) nor leave the memory
 // of a batch applied across it; the history stays equal to the fold.
 func TestForgetWhileApplying(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := custSpec("public")
 	s := newSink(t, pool, "public", spec)

@@ -15,6 +15,7 @@ import (
 // delete in the create's batch or an earlier one, in any order within a
 // batch, and again when everything is redelivered.
 func TestKeyChangeInEveryBatching(t *testing.T) {
+	t.Parallel()
 	const na = change.Unavailable
 	sent := func() []*change.Event {
 		del := cust(change.OpDelete, 40, date(4, 1), "C1")

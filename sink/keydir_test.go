@@ -22,6 +22,7 @@ import (
 // release (no directory) gets one filled from its rows when opened; erase
 // takes a key out of it.
 func TestKeyDirectory(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	const schema = "keydir"
@@ -189,6 +190,7 @@ func TestKeyDirectory(t *testing.T) {
 // versions. b's next Type 1 change of K (type1_scope: all_versions) must
 // reach the closed version there too.
 func TestKeyDirectoryTruncateElsewhere(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	const schema = "keytrunc"
 	spec := custSpec(schema)

@@ -14,6 +14,7 @@ import (
 // TestKeyIDMatchesCanon: the key identity built without strings is
 // change.KeyID over the values' canon strings, as it was defined.
 func TestKeyIDMatchesCanon(t *testing.T) {
+	t.Parallel()
 	keys := [][]any{
 		{int64(7)}, {int64(-1)}, {int64(math.MinInt64)}, {int32(42)}, {int16(-3)}, {"C1"}, {""}, {"a\x00b"},
 		{"é" + string(make([]byte, 100))}, {int64(1), "x"}, {"x", int32(1)},

@@ -15,6 +15,7 @@ import (
 // for them (no failing DDL), and an event carrying both is a dead letter
 // naming them, never a silent overwrite; other tables' events go on.
 func TestLongColumnNamesThatCollide(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	prefix := strings.Repeat("customer_preferred_contact_channel_", 2)[:63]

@@ -17,6 +17,7 @@ import (
 // _as_of (the rows as they were: _as_of(now()) is _current), shown by a view unless it says deleted: hide; verify knows the
 // new invariants and finds a version marked wrongly.
 func TestNewRecordPresentation(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("newrec")
@@ -87,6 +88,7 @@ func TestNewRecordPresentation(t *testing.T) {
 // leaves deleted versions out from then on, and old deletes stay as they
 // were; switched back, the deleted version is closed by the next create.
 func TestNewRecordSwitch(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	d := func(day int) time.Time { return time.Date(2026, 1, day, 0, 0, 0, 0, time.UTC) }
 	c, del := change.OpCreate, change.OpDelete

@@ -16,6 +16,7 @@ import (
 )
 
 func TestVerifyReportsCorruption(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -82,6 +83,7 @@ func TestVerifyReportsCorruption(t *testing.T) {
 // MaxViolationsListed violations of the check and one that counts the
 // rest, not one per key (verify's memory does not grow with the table).
 func TestVerifyListsAtMostAThousand(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -108,6 +110,7 @@ func TestVerifyListsAtMostAThousand(t *testing.T) {
 }
 
 func TestDeadLettersAndOffsets(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -174,6 +177,7 @@ func TestDeadLettersAndOffsets(t *testing.T) {
 // TestRetriesLostConnections kills the sink's PostgreSQL backends while
 // batches are applied; every batch must still land exactly once.
 func TestRetriesLostConnections(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -242,6 +246,7 @@ func TestRetriesLostConnections(t *testing.T) {
 // come as maps, and as the raw JSON the Kafka decoder keeps (visited
 // member by member, never a map).
 func TestSchemaEvolutionAndTypes(t *testing.T) {
+	t.Parallel()
 	for _, raw := range []bool{false, true} {
 		t.Run(fmt.Sprintf("raw JSON %v", raw), func(t *testing.T) { testSchemaEvolutionAndTypes(t, raw) })
 	}
@@ -300,6 +305,7 @@ func testSchemaEvolutionAndTypes(t *testing.T, raw bool) {
 // TestKeysFromEvents: a table that configures no keys takes them from the
 // events (the Kafka key's fields), and after a restart from the table.
 func TestKeysFromEvents(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := sink.TableSpec{Target: "orders_history"}
 	s := newSink(t, pool, "public", spec)
@@ -323,6 +329,7 @@ func TestKeysFromEvents(t *testing.T) {
 // (restarted) sink has not touched yet, and a truncate that comes before
 // the table exists must still close what arrives late before it.
 func TestTruncateAlone(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := sink.TableSpec{Target: "t_history", Keys: []string{"id"}}
 	ev := func(id string, seq int64, op change.Op) *change.Event {

@@ -18,6 +18,7 @@ import (
 // afterwards gives the fold's history, and partition 1's dead letter is
 // written once.
 func TestSplitBatchFailure(t *testing.T) {
+	t.Parallel()
 	in := func(p int32, ev *change.Event) *change.Event {
 		ev.Origin.Partition.Partition = p
 		return ev

@@ -18,6 +18,7 @@ import (
 // writers side by side as versions close into new days, every closed
 // version in its day's partition and every current one in _pcur.
 func TestPartitionedProperty(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/6)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
@@ -46,6 +47,7 @@ func TestPartitionedProperty(t *testing.T) {
 // events work on what is left, and a new month's partition is created by
 // the batch that first closes a version into it.
 func TestPartitionedRetention(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	const schema = "part_ret"
@@ -173,6 +175,7 @@ func TestPartitionedRetention(t *testing.T) {
 // includes the partition keys, so one scd_id in two partitions (a row
 // copied by hand) is not refused: verify reports it.
 func TestPartitionedVerifyDuplicateID(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	const schema = "part_dup"

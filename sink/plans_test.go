@@ -28,6 +28,7 @@ func seqScans(t *testing.T, pool *pgxpool.Pool, schema, table string) int64 {
 // statistics are stale (analyzed while few keys held many versions), and
 // for the Type 1 update of older versions, matched on the key alone.
 func TestBatchesProbeKeys(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	s := newSink(t, pool, "public", custSpec("public"))

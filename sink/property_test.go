@@ -83,6 +83,7 @@ func propertySeeds(t *testing.T) int {
 // duplicates, replayed batches and restarts, and compares every history
 // table with the reference fold row by row.
 func TestFoldProperty(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	n := propertySeeds(t)
 	first := uint64(1)
@@ -104,6 +105,7 @@ func TestFoldProperty(t *testing.T) {
 // and every batch that may be split applied in parts side by side
 // (parallel.go): the history is the fold's all the same.
 func TestFoldPropertyParallel(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	var splits int64
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
@@ -122,6 +124,7 @@ func TestFoldPropertyParallel(t *testing.T) {
 // letters, however many share a key and a batch; the history equals the
 // fold of the other events.
 func TestRejectedValuesProperty(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	n := propertySeeds(t) / 4
 	for seed := uint64(1); seed <= uint64(n); seed++ {
@@ -138,6 +141,7 @@ func TestRejectedValuesProperty(t *testing.T) {
 // a placeholder against the version's row, not the last image, only for
 // states read back).
 func TestFoldPropertyUncached(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 // through text: a bytea key read as its \x… text would close a phantom
 // key, a timestamptz key's text (+00) would not parse back.
 func TestReconcileKeysOfEveryType(t *testing.T) {
+	t.Parallel()
 	ts := func(h int) time.Time { return time.Date(2026, 3, 1, h, 0, 0, 123456000, time.UTC) }
 	num := func(s string) pgtype.Numeric {
 		var n pgtype.Numeric
@@ -102,6 +103,7 @@ func TestReconcileKeysOfEveryType(t *testing.T) {
 // chunk's transaction fences), so that its later change opens a version
 // as the fold says instead of writing into the closed one.
 func TestReconciliationChunksFence(t *testing.T) {
+	t.Parallel()
 	for _, scope := range []string{"all_versions", "current_version"} {
 		t.Run(scope, func(t *testing.T) {
 			pool := newPool(t)

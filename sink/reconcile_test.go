@@ -15,6 +15,7 @@ import (
 // before; keys read again, later changes of a closed key and a second
 // snapshot follow the reference fold.
 func TestSnapshotReconciliation(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -107,6 +108,7 @@ func withoutEnds(evs []*change.Event) []*change.Event {
 // closes keys whose latest state another instance, owning another
 // partition, remembers; that one must not trust its memory afterwards.
 func TestReconciliationResetsOtherWritersCaches(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -149,6 +151,7 @@ func TestReconciliationResetsOtherWritersCaches(t *testing.T) {
 // reconcile command does, closes the keys as late deletes: the history
 // then equals the fold with the snapshot.
 func TestReconciliationGuard(t *testing.T) {
+	t.Parallel()
 	h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
 	p0 := change.Partition{Topic: "shop.public.customers", Partition: 0}
 	for _, tc := range []struct {

@@ -18,6 +18,7 @@ import (
 // database's message, and the rest of the batch, the same key's other
 // events included, is applied.
 func TestRejectedValuesAreDeadLettered(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	// A pre-created table narrower than the events: its types and
@@ -86,6 +87,7 @@ func TestRejectedValuesAreDeadLettered(t *testing.T) {
 // history equals the fold of the accepted events. The table is pre-created
 // with city varchar(6), as an operator's narrower table would be.
 func TestRejectedSingleEventKeys(t *testing.T) {
+	t.Parallel()
 	pool := sharedPool(t)
 	cities := []string{"Wien", "Innsbruck", "Linz", "Salzburg", "Graz", "Klagenfurt", "Enns"}
 	var evs, good []*change.Event

@@ -15,6 +15,7 @@ import (
 // event's sequence and the versions the repair changed, before and after
 // (team, untouched, is in neither); appends write none.
 func TestRepairAudit(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	s := newSink(t, pool, "public", custSpec("public"))
@@ -85,6 +86,7 @@ func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
 // versions and 1,000 side rows (Type 1 changes between them), and a late
 // tracked change in the middle and one before everything.
 func TestRepairReadsLittleOfTheSideTable(t *testing.T) {
+	t.Parallel()
 	const pairs = 1000
 	pool := sharedPool(t)
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

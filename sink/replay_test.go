@@ -15,6 +15,7 @@ import (
 // transaction; the same replay again (another replay that read the dead
 // letter before the first committed) applies nothing and says so.
 func TestReplayOnce(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")

@@ -17,6 +17,7 @@ import (
 // opens a version as the fold says instead of writing into a closed one,
 // and the writers take turns on the topic's lock.
 func TestResizedTopic(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
@@ -107,6 +108,7 @@ func TestResizedTopic(t *testing.T) {
 // call failed, or the member kept its partitions), records it itself
 // before it applies: from then on every writer of the topic takes turns.
 func TestResizeRecordedByTheBatch(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")

@@ -13,6 +13,7 @@ import (
 // Init or at its first batch: every table the service creates is in the
 // catalog it reads, so nothing is created "if not exists" again.
 func TestRestartRunsNoDDL(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")

@@ -18,6 +18,7 @@ import (
 // after the horizon apply as the fold says; verify stays clean; a second
 // pass removes nothing.
 func TestRetention(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []sink.DeletesMode{sink.DeletesClose, sink.DeletesNewRecord} {
 		t.Run(string(mode), func(t *testing.T) {
 			pool := newPool(t)
@@ -157,6 +158,7 @@ func TestRetention(t *testing.T) {
 // qualifies for: a key that had only side rows when it was picked and
 // got a version before its chunk ran keeps its side rows.
 func TestRetentionPicksUnlocked(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")

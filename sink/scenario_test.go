@@ -42,6 +42,7 @@ var seedWant = []string{
 }
 
 func TestSeedScenario(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	orders := map[string]func([]*change.Event) [][]*change.Event{
 		"in order, one batch":   func(e []*change.Event) [][]*change.Event { return [][]*change.Event{e} },
@@ -113,6 +114,7 @@ func pairs(batches [][]*change.Event) [][]*change.Event {
 // TestFieldNotes runs the classic SCD2 failure points, each in every arrival
 // order (or many random ones), one event per batch, against the fold.
 func TestFieldNotes(t *testing.T) {
+	t.Parallel()
 	d := func(day int, h int) time.Time { return time.Date(2026, 1, day, h, 0, 0, 0, time.UTC) }
 	c, r, u, del := change.OpCreate, change.OpRead, change.OpUpdate, change.OpDelete
 	type tc struct {

@@ -14,6 +14,7 @@ import (
 // column the source adds afterwards opens no version by itself (the
 // current version learns it), as for a table written since.
 func TestUpgradeKeepsWhatRowsKnow(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("upgrade")
@@ -43,6 +44,7 @@ func TestUpgradeKeepsWhatRowsKnow(t *testing.T) {
 // version, as the fold says (the learned NULL is written, not only kept
 // in memory).
 func TestLearnedColumnSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := custSpec("learned")
 	spec.TrackHistory = nil

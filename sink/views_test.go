@@ -65,6 +65,7 @@ func toText(v any) string {
 // day grain in a time zone (the last version of each day), the timestamp
 // grain with an inclusive end, and a column added later.
 func TestViews(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := custSpec("public")
 	spec.Views = []sink.ViewSpec{
@@ -131,6 +132,7 @@ func TestViews(t *testing.T) {
 // rebuilt table met its columns in another order) is replaced at the next
 // start in its own order: CREATE OR REPLACE VIEW cannot reorder columns.
 func TestViewKeepsItsColumnOrder(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t)
 	spec := custSpec("vieworder")
 	spec.Views = []sink.ViewSpec{{Name: "dim", Columns: map[string]string{"plan": "Plan"}}}

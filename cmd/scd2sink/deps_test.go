@@ -11,6 +11,7 @@ import (
 // local binaries or the embedded server (pgtest), and only tests can start
 // it in Docker (pgtest/pgcontainer).
 func TestBinaryLinksNoDocker(t *testing.T) {
+	t.Parallel()
 	// (go test puts its own toolchain first on the PATH.)
 	goTool, err := exec.LookPath("go")
 	if err != nil {

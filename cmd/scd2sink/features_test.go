@@ -25,6 +25,7 @@ import (
 // missed keys closed at the snapshot's time), <target>_as_of, a convention
 // view, the repair audit and `scd2sink history`.
 func TestReaderFeatures(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "customers", Keys: []string{"id"},
 		Cols: []scdtest.Col{{Name: "id", Schema: `{"type":"int32","optional":false}`}, {Name: "plan", Schema: `{"type":"string","optional":true}`}}}

@@ -28,6 +28,7 @@ import (
 // after the snapshot stays after it), the metric returns to 0, and a
 // second confirm exits 1: nothing is held.
 func TestReconciliationGuardCommand(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "customers", Keys: []string{"id"},
 		Cols: []scdtest.Col{{Name: "id", Schema: `{"type":"int32","optional":false}`}, {Name: "plan", Schema: `{"type":"string","optional":true}`}}}

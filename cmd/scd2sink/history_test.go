@@ -21,6 +21,7 @@ import (
 // TestHistoryCommand runs `scd2sink history` (the built binary) on a
 // history table holding two keys of a composite key.
 func TestHistoryCommand(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -112,6 +113,7 @@ func TestHistoryCommand(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	for _, arg := range []string{"help", "-h", "--help"} {
 		t.Run(arg, func(t *testing.T) {
 			code, out, errOut := run(t, arg)

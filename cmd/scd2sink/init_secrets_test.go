@@ -19,6 +19,7 @@ import (
 // credentials, exit 2 naming the flag. The password appears nowhere in
 // what it prints, on stdout or stderr (DESIGN.md section 9).
 func TestInitKeepsSecretsOut(t *testing.T) {
+	t.Parallel()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "customers", Keys: []string{"id"},
 		Cols: []scdtest.Col{{Name: "id", Schema: `{"type":"int32","optional":false}`}, {Name: "plan", Schema: `{"type":"string","optional":true}`}}}
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, src.Topic()))

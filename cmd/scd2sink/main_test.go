@@ -21,6 +21,7 @@ func run(t *testing.T, args ...string) (int, string, string) {
 }
 
 func TestUsageAndVersion(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		args []string
 		code int
@@ -45,6 +46,7 @@ func TestUsageAndVersion(t *testing.T) {
 // TestBadConfigExits2 runs the command on configurations with one bad key
 // each: exit 2, the key named, the password never printed.
 func TestBadConfigExits2(t *testing.T) {
+	t.Parallel()
 	base := "kafka:\n  brokers: [\"127.0.0.1:9092\"]\npostgres:\n  dsn: \"postgres://u:hunter2@127.0.0.1:1/db\"\ntables:\n  - topic: a.b.c\n"
 	tests := []struct{ name, yaml, key string }{
 		{"typo", base + "sequencer:\n  reorder_windw: 1s\n", "reorder_windw"},
@@ -69,6 +71,7 @@ func TestBadConfigExits2(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	if err := runDemo(context.Background(), &out); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
@@ -91,6 +94,7 @@ func TestDemo(t *testing.T) {
 // erasures are keyed hashes), a secret too short, no key, a --key-json
 // that is not an array of values.
 func TestEraseArguments(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	short := filepath.Join(dir, "short.key")
 	if err := os.WriteFile(short, []byte("tooshort"), 0o600); err != nil {
@@ -128,6 +132,7 @@ func TestEraseArguments(t *testing.T) {
 }
 
 func TestJSONKey(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		want []string

@@ -47,6 +47,7 @@ import (
 // deletes included), every offset committed, and `verify` clean.
 // MEMBERS_SEED picks another history.
 func TestThreeMembersOneHistory(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	seed := uint64(3)
 	if s := os.Getenv("MEMBERS_SEED"); s != "" {

@@ -38,6 +38,7 @@ func (r *crashRig) renameAcct(t *testing.T, target string) {
 // late events repaired and audited), a view, _as_of, verify, history,
 // and rebuild's swap, whose own names for a target this long are digests.
 func TestAwkwardTargetName(t *testing.T) {
+	t.Parallel()
 	prefix := `Kündé "Q" $$ Hïst'ory `
 	target := prefix + strings.Repeat("x", 50-len(prefix))
 	if len(target) != 50 || len(target) > config.MaxTargetBytes {
@@ -118,6 +119,7 @@ func TestAwkwardTargetName(t *testing.T) {
 // an analyst's read holds the live table for a while (its swap waits
 // lock_timeout per try, and tries again).
 func TestRebuildInterrupted(t *testing.T) {
+	t.Parallel()
 	r := newCrashRig(t, 10, 200, 3)
 	r.configure(t, "  schema: public\n", "  schema: Hist\n  lock_timeout: 500ms\n")
 	r.configure(t, "  batch_max_events: 200\n", "  batch_max_events: 50\n")

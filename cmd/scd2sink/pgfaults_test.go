@@ -167,6 +167,7 @@ func readyz(t *testing.T, base string) (int, string) {
 // change the restart takes no lock stronger than its DML, catches up while
 // the read stays open, and a third session's reads never wait.
 func TestRestartWithReadOpen(t *testing.T) {
+	t.Parallel()
 	r := newCrashRig(t, 3, 40, 3)
 	r.withHTTP(t)
 	half := len(r.recs) / 2
@@ -209,6 +210,7 @@ func TestRestartWithReadOpen(t *testing.T) {
 // are never blocked longer than that, and the column arrives once the read
 // ends.
 func TestColumnWaitsForRead(t *testing.T) {
+	t.Parallel()
 	r := newCrashRig(t, 4, 20, 1)
 	base := r.withHTTP(t)
 	r.produceSync(t, r.recs)
@@ -291,6 +293,7 @@ func TestColumnWaitsForRead(t *testing.T) {
 // in scd2sink_retries_total by its SQLSTATE and shows on /readyz; the
 // process never exits, and the history ends equal to the fold.
 func TestPostgresFaults(t *testing.T) {
+	t.Parallel()
 	r := newCrashRig(t, 6, 100, 3)
 	base := r.withHTTP(t)
 	ctx := context.Background()
@@ -333,11 +336,11 @@ func TestPostgresFaults(t *testing.T) {
 		{name: "failover: read-only", sqlstate: "25006",
 			inject: func(t *testing.T) {
 				exec(t, fmt.Sprintf("ALTER DATABASE %s SET default_transaction_read_only = on", pgx.Identifier{dbname}.Sanitize()))
-				exec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'scd2sink'")
+				exec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'scd2sink' AND datname = '"+dbname+"'")
 			},
 			heal: func(t *testing.T) {
 				exec(t, fmt.Sprintf("ALTER DATABASE %s RESET default_transaction_read_only", pgx.Identifier{dbname}.Sanitize()))
-				exec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'scd2sink'")
+				exec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'scd2sink' AND datname = '"+dbname+"'")
 			}},
 		{name: "lock held by another session", sqlstate: "55P03",
 			inject: func(t *testing.T) {

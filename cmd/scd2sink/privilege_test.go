@@ -51,6 +51,7 @@ func asRole(t *testing.T, dsn, role, password string) string {
 // schema it may not create) is one clear error and a wait, not a crash
 // loop, and the grant made live is picked up.
 func TestLeastPrivilege(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	svc, reader, analyst, nobody := "svc_"+suffix, "reader_"+suffix, "analyst_"+suffix, "nobody_"+suffix

@@ -74,6 +74,7 @@ func (r *crashRig) dsn() string { return r.pool.Config().ConnString() }
 // Kafka's offsets deleted while PostgreSQL keeps its own resume from
 // PostgreSQL's, also with start_offset: latest.
 func TestResumeFromRestoredTarget(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []string{"restored", "offsets lost", "kafka offsets deleted"} {
 		t.Run(tc, func(t *testing.T) {
 			r := newCrashRig(t, 7, 40, 3)

@@ -27,6 +27,7 @@ import (
 // and `dead-letters replay --all` applies every one: the side table
 // follows the history table's type. The history then equals the fold.
 func TestReplayAfterWidening(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "customers", Keys: []string{"id"},
 		Cols: []scdtest.Col{{Name: "id", Schema: `{"type":"int32","optional":false}`}, {Name: "plan", Schema: `{"type":"string","optional":true}`},

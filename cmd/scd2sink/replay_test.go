@@ -31,6 +31,7 @@ import (
 // applies nothing twice. run goes on exactly afterwards; `dead-letters
 // list` shows 2's alone; verify finds nothing wrong.
 func TestDeadLetterReplay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "customers", Keys: []string{"id"},
 		Cols: []scdtest.Col{{Name: "id", Schema: `{"type":"int32","optional":false}`}, {Name: "plan", Schema: `{"type":"string","optional":true}`}}}

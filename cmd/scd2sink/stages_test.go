@@ -134,6 +134,7 @@ func scrape(tb testing.TB, url string, names ...string) map[string]float64 {
 }
 
 func TestStageOf(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		stack []string
 		want  string

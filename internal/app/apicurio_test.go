@@ -94,6 +94,7 @@ func (f *fakeApicurio) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // 1 is the key schema, content 1 the value schema, and so on), so that
 // asking for one kind of id instead of the other decodes nothing.
 func TestApicurio(t *testing.T) {
+	t.Parallel()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "plans", Keys: []string{"id"}, Cols: []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},

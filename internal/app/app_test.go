@@ -64,6 +64,7 @@ const (
 // SCRAM: with a wrong password it must stay not-ready and never print either
 // password; with the right one it becomes ready and applies events.
 func TestSecretsAndReadiness(t *testing.T) {
+	t.Parallel()
 	// SCRAM over TLS, with a CA made here.
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	ca, caKey := newCA(t)

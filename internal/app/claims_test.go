@@ -26,6 +26,7 @@ import (
 // topics and goes on applying the winner (even though it had resolved
 // the loser first) and never the loser.
 func TestTargetClaims(t *testing.T) {
+	t.Parallel()
 	pub, sales := patternSource("public", "orders"), patternSource("sales", "orders")
 	seed := patternSource("public", "seed")
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, seed.Topic()))

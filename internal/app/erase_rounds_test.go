@@ -24,6 +24,7 @@ import (
 // by oid and name), and a table list that keeps changing ends in an
 // error, not a silent success.
 func TestEraseMeetsANewRebuildTable(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(ctx, dsn)

@@ -28,6 +28,7 @@ import (
 // and a rebuild from the whole topic do not bring them back; the other
 // keys keep the fold's history and verify passes.
 func TestEraseThenRebuild(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(31, 7))
 	sc := scdtest.BigScenario(rng, "public", 12)

@@ -41,6 +41,7 @@ type eraseTypeCase struct {
 // so; a record of an erased key that cannot be decoded, produced after
 // the erase, is dropped and counted, never stored; verify passes.
 func TestEraseEveryKeyType(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	at := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 	micro := `{"type":"int64","optional":false,"name":"io.debezium.time.MicroTimestamp","version":1}`

@@ -227,6 +227,7 @@ func withoutSeq(lines []string) []string {
 // with positions a create among them leaves a zero-length version (the
 // documented limit).
 func TestMariaDBFailover(t *testing.T) {
+	t.Parallel()
 	src := &scdtest.Source{Server: "inv", DB: "inv", Table: "accounts", Keys: []string{"id"}, Cols: []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},

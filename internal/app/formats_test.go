@@ -29,6 +29,7 @@ const registrySecret = "srS3cretXYZ"
 // Registry behind basic auth, a primary-key change among them (headers
 // included), give the same typed history.
 func TestFormatsThroughTheService(t *testing.T) {
+	t.Parallel()
 	cols := []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},

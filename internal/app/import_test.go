@@ -79,6 +79,7 @@ INSERT INTO dbt.snapshot_actual SELECT id, first_name, last_name, email, gender,
 // a rebuild from a topic holding only Debezium's records keeps every
 // imported version.
 func TestImportDBTSnapshot(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(ctx, dsn)
@@ -304,6 +305,7 @@ tables:
 // imports: a gap between versions and a last version closed are deletes
 // at their ends.
 func TestImportRefusesInvalid(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(ctx, dsn)
@@ -389,6 +391,7 @@ tables:
 // the writers' locks, one chunk at a time): the history is the imported
 // versions followed by Debezium's, every key's, and verify passes.
 func TestImportBesideRun(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(ctx, dsn)

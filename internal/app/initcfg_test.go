@@ -28,6 +28,7 @@ import (
 // topics on their own), and that configuration, run as it is, builds the
 // same history as one written by hand.
 func TestInit(t *testing.T) {
+	t.Parallel()
 	cols := []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
 		{Name: "plan", Schema: `{"type":"string","optional":true}`},
@@ -158,6 +159,7 @@ tables:
 // A table ordered by MySQL's binlog positions alone (connector: mysql's
 // default) is warned of at start; one with a failover-safe sequence is not.
 func TestWarnPositionOnly(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		extra string
 		warns bool

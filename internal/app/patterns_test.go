@@ -50,6 +50,7 @@ func producePlans(t *testing.T, cl *kgo.Client, src *scdtest.Source, n int) {
 // are never read; a topic two patterns match is paused and counted, never
 // applied nor dead-lettered; at start such a conflict is exit 2.
 func TestTopicPatterns(t *testing.T) {
+	t.Parallel()
 	a, b, c := patternSource("public", "accounts"), patternSource("public", "orders"), patternSource("public", "invoices")
 	both := patternSource("public", "x_paid")
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, a.Topic(), b.Topic(), "__debezium-heartbeat.shop", "shop.transaction"))

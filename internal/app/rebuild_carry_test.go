@@ -31,6 +31,7 @@ import (
 // late events, deletes and re-creates on top of carried versions. With
 // --from-scratch the rebuilt history is the fold of what Kafka holds.
 func TestRebuildKeepsWhatKafkaLost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		lose    string // "log start" or "compaction"

@@ -23,6 +23,7 @@ import (
 // it); once confirmed (4 keys closed), a second rebuild applies it as run
 // did, and nothing is held afterwards.
 func TestRebuildKeepsGuardDecisions(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := patternSource("public", "customers")
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, src.Topic()), kfake.GroupMinSessionTimeout(time.Second))
@@ -110,6 +111,7 @@ tables:
 // a replay and a confirmation are refused (the swap would drop what they
 // wrote into the live tables).
 func TestReplayRefusedDuringRebuild(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "src.x"))
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 // table comes once from an exact entry, once from a topic_pattern entry
 // (rebuild takes the topics it matches in Kafka).
 func TestRebuild(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, item string }{
 		{"exact", "topic: src.item, target: item_history"},
 		{"pattern", `topic_pattern: 'src\.i[a-z]+'`},

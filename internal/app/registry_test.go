@@ -193,6 +193,7 @@ func TestRegistryHiccups(t *testing.T) {
 // TestRegistryTLSAndToken: the registry over mutual TLS with a CA made
 // here, and a bearer token read from token_file (basic auth off).
 func TestRegistryTLSAndToken(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca, caKey := newCA(t)
 	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
@@ -282,6 +283,7 @@ func writePEM(t *testing.T, path, kind string, der []byte) {
 // the token from token_file, and a token rotated in the file is used for
 // the next connection without a restart.
 func TestOAuthBearerTokenFile(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(file, []byte("first-token\n"), 0o600); err != nil {
 		t.Fatal(err)

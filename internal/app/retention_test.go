@@ -23,6 +23,7 @@ import (
 // event older than what is left is a dead letter (reason expired), counted, a new one is
 // applied, the metrics say what went, and verify passes.
 func TestRetentionWhileRunning(t *testing.T) {
+	t.Parallel()
 	first, every := retentionFirst, retentionEvery
 	retentionFirst, retentionEvery = 50*time.Millisecond, 200*time.Millisecond
 	t.Cleanup(func() { retentionFirst, retentionEvery = first, every })

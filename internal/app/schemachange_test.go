@@ -163,6 +163,7 @@ const versionsQ = `SELECT string_agg(concat_ws(' ', id, coalesce(plan, '-'), coa
 // column's type; an incompatible one keeps it too and dead-letters the
 // values that do not fit; a rename is a drop plus an add.
 func TestSchemaChanges(t *testing.T) {
+	t.Parallel()
 	r := newSchemaRig(t, "evolve", schemaV1)
 	row := scdtest.Row{"id": 1, "plan": "basic", "city": "Wien", "score": 5, "visits": 1}
 	r.produce("c", row) // day 2
@@ -233,6 +234,7 @@ func TestSchemaChanges(t *testing.T) {
 // (nothing applied, nothing dead-lettered, the service running) until the
 // operator acts; here by switching to evolve, after which they apply.
 func TestSchemaChangesFail(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		change func([]scdtest.Col) []scdtest.Col

@@ -12,6 +12,7 @@ import (
 // PostgreSQL estimates it below a million rows, and shows the estimate,
 // marked "~", above (counting hundreds of big tables would take minutes).
 func TestCountVersions(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
 	if err != nil {

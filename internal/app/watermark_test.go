@@ -25,6 +25,7 @@ import (
 // both targets, the one whose topic is empty too, are complete through
 // the connector's last change less the window.
 func TestWatermark(t *testing.T) {
+	t.Parallel()
 	a, b := patternSource("public", "accounts"), patternSource("public", "empty")
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, a.Topic()), kfake.SeedTopics(1, b.Topic()))
 	if err != nil {
@@ -151,6 +152,7 @@ tables:
 // connector is source.name, not the topic's first part), and not on the
 // clock after a restart that has read nothing of billing since.
 func TestWatermarkConnectors(t *testing.T) {
+	t.Parallel()
 	shop, billing := patternSource("public", "orders"), patternSource("public", "invoices")
 	shop.Server, billing.Server = "prod.shop", "prod.billing"
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, shop.Topic(), billing.Topic()))

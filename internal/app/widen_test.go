@@ -24,6 +24,7 @@ import (
 // column altered by hand under the running instance does not turn its
 // stale statements into dead letters.
 func TestWidenedColumn(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "accounts", Keys: []string{"id"}, Cols: []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
@@ -132,6 +133,7 @@ tables:
 // dead letter, nothing of it applied, the service keeps running) until
 // the view is dropped, then the column is widened and the change applied.
 func TestWideningWaitsForAView(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src := &scdtest.Source{Server: "shop", DB: "shop", Schema: "public", Table: "ranks", Keys: []string{"id"}, Cols: []scdtest.Col{
 		{Name: "id", Schema: `{"type":"int32","optional":false}`},
