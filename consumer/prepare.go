@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink"
 	"go.uber.org/zap"
 )
@@ -134,69 +135,78 @@ var (
 )
 
 // retry runs fn until it succeeds, fails with an error neither transient
-// nor blocked, or ctx ends. Meanwhile /readyz says what it waits for and
-// scd2sink_retries_total counts each try by SQLSTATE; warnings come at a
-// bounded rate. It never gives up on an outage, however long.
+// nor blocked, or ctx ends (internal/retry's loop: the one that retries a
+// batch; the sink returns its errors classified). Meanwhile /readyz says
+// what it waits for and scd2sink_retries_total counts each try by
+// SQLSTATE; warnings come at a bounded rate. It never gives up on an
+// outage, however long.
 func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() error) error {
-	backoff := 100 * time.Millisecond
 	var lastLogged string
 	var loggedAt time.Time
-	for attempt := 0; ; attempt++ {
-		err := fn()
-		if err == nil {
-			c.health.Postgres.Store(true)
-			c.health.Wait(stage, "")
-			if attempt > 0 {
-				c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempt+1))
+	blocked := false // the last error was blocked
+	p := retry.Policy{Backoff: 100 * time.Millisecond, Max: transientBackoffMax, BlockedMax: blockedBackoffMax,
+		Classify: func(err error) retry.Class {
+			blocked = false
+			unsure := errors.As(err, new(kafkaUnsure))
+			if _, park := sink.ParkTarget(err); park && !unsure {
+				return retry.Fatal // one table's: parked, the others go on (park.go)
 			}
-			return nil
-		}
-		if _, park := sink.ParkTarget(err); park && !errors.As(err, new(kafkaUnsure)) {
-			return fmt.Errorf("%s: %w", what, err) // one table's: parked, the others go on (park.go)
-		}
-		class := c.cfg.Classify(err)
-		if errors.As(err, new(kafkaUnsure)) {
-			class = sink.Transient // Kafka, not PostgreSQL, is unavailable
-		}
-		if class == sink.Data {
-			// A value rejected outside the per-key isolation (bookkeeping
-			// of a key change, a truncate, the dead letters themselves):
-			// not one event's fault, so wait for an operator like a
-			// blocked table instead of exiting into a crash loop.
-			class = sink.Blocked
-		}
-		if ctx.Err() != nil || (class != sink.Transient && class != sink.Blocked) || (class == sink.Blocked && c.draining.Load()) {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		state := sink.SQLState(err)
-		c.m.Retries.WithLabelValues(state).Inc()
-		c.health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
-		limit := transientBackoffMax
-		if class == sink.Blocked {
-			limit = blockedBackoffMax
-			if msg := err.Error(); msg != lastLogged || time.Since(loggedAt) > blockedLogEvery {
-				lastLogged, loggedAt = msg, time.Now()
-				c.log.Error("progress stopped until this is fixed (retrying slowly; a fix made live is picked up)",
-					zap.String("what", what), zap.String("sqlstate", state), zap.String("hint", sink.Hint(err)), zap.Error(err))
+			if unsure {
+				return retry.Transient // Kafka, not PostgreSQL, is unavailable
 			}
-		} else {
+			class := c.cfg.Classify(err)
+			if class == sink.Data {
+				// A value rejected outside the per-key isolation
+				// (bookkeeping of a key change, a truncate, the dead
+				// letters themselves): not one event's fault, so wait for
+				// an operator like a blocked table instead of exiting into
+				// a crash loop.
+				class = sink.Blocked
+			}
+			blocked = class == sink.Blocked
+			if blocked && c.draining.Load() {
+				return retry.Fatal
+			}
+			return class
+		},
+		OnRetry: func(attempt int, class retry.Class, err error, _ time.Duration) {
+			state := sink.SQLState(err)
+			c.m.Retries.WithLabelValues(state).Inc()
+			c.health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
+			if class == sink.Blocked {
+				if msg := err.Error(); msg != lastLogged || time.Since(loggedAt) > blockedLogEvery {
+					lastLogged, loggedAt = msg, time.Now()
+					c.log.Error("progress stopped until this is fixed (retrying slowly; a fix made live is picked up)",
+						zap.String("what", what), zap.String("sqlstate", state), zap.String("hint", sink.Hint(err)), zap.Error(err))
+				}
+				return
+			}
 			c.health.Postgres.Store(false)
 			if attempt%10 == 0 {
 				c.log.Warn("PostgreSQL unavailable, retrying", zap.String("what", what), zap.String("sqlstate", state),
 					zap.Int("attempt", attempt+1), zap.Error(err))
 			}
+		},
+		Interrupt: func(class retry.Class) <-chan struct{} {
+			if class == sink.Blocked {
+				return c.drainStart // a drain leaves a blocked batch for the next start
+			}
+			return nil
+		}}
+	attempts, err := p.Do(ctx, func(context.Context) error { return fn() })
+	switch {
+	case err == nil:
+		c.health.Postgres.Store(true)
+		c.health.Wait(stage, "")
+		if attempts > 0 {
+			c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempts+1))
 		}
-		var drainWake <-chan struct{}
-		if class == sink.Blocked {
-			drainWake = c.drainStart
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-drainWake:
-			return fmt.Errorf("%s (left for the next start): %w", what, err)
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, limit)
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case blocked && c.draining.Load():
+		return fmt.Errorf("%s (left for the next start): %w", what, err)
 	}
+	return fmt.Errorf("%s: %w", what, err)
 }
+

@@ -164,15 +164,16 @@
 //
 // Dead letters and the batch's Kafka offsets (scd2sink_offsets) are written
 // in the same transaction. Errors are classified by SQLSTATE (Classify,
-// retry.go): transient ones (connections, serialization, resources, lock
-// and statement timeouts, a read-only failover) retry the whole
-// transaction with capped backoff, then are returned for the caller to
-// retry for as long as they last; blocked ones (a table changed by hand, a
-// missing privilege) are returned for a slow retry; anything else is
-// returned as it is. A failure in one target's statements (or its DDL) is
-// a TargetError naming it; when ParkTarget says waiting cures it (blocked
-// and data errors, lock and statement timeouts) it is returned at once,
-// without the transaction's retries, and the consumer parks that target
+// retry.go) and returned: the Sink never retries a batch, its caller
+// does, with internal/retry's one loop — the consumer for as long as
+// transient ones (connections, serialization, resources, lock and
+// statement timeouts, a read-only failover) last, slowly for blocked ones
+// (a table changed by hand, a missing privilege); anything else stops.
+// Only maintenance (erase, retention, verify, partitions ahead, a
+// reconciliation's chunks) retries its own steps, with the same loop. A
+// failure in one target's statements (or its DDL) is a TargetError
+// naming it; when ParkTarget says waiting cures it (blocked and data
+// errors, lock and statement timeouts) the consumer parks that target
 // while the others go on: Prepared.Split cuts a batch along targets, which
 // is exact for the reason parts are (park.go), and ApplyPart applies the
 // parked target's probe beside later batches.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
 )
@@ -175,14 +176,15 @@ func TestDeadLettersAndOffsets(t *testing.T) {
 }
 
 // TestRetriesLostConnections kills the sink's PostgreSQL backends while
-// batches are applied; every batch must still land exactly once.
+// batches are applied; retried as the consumer retries them (the one
+// loop of internal/retry, on Classify), every batch lands exactly once:
+// a transaction cut anywhere leaves nothing of itself behind.
 func TestRetriesLostConnections(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
 	spec := custSpec("public")
-	// Backends die every 15-80 ms: allow more retries than the default.
-	s, err := sink.New(sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}, MaxRetries: 100, MaxBackoff: 100 * time.Millisecond}, pool)
+	s, err := sink.New(sink.Config{Schema: "public", Tables: []sink.TableSpec{spec}}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,16 +218,21 @@ func TestRetriesLostConnections(t *testing.T) {
 		}
 	}()
 	retries := 0
+	// Backends die every 15-80 ms: up to 100 retries, 100 ms apart at most.
+	policy := retry.Policy{Classify: sink.Classify, Tries: 100, Backoff: 10 * time.Millisecond, Max: 100 * time.Millisecond}
 	// Re-applying changes nothing, so rounds repeat until the killer has
 	// hit an apply (bounded: a fast machine may finish a round unharmed).
 	for round := 0; round < 20 && (round == 0 || retries == 0); round++ {
 		for i := 0; i < len(evs); i += 100 {
-			res, err := s.Apply(ctx, sink.Batch{Events: evs[i : i+100]})
+			n, err := policy.Do(ctx, func(ctx context.Context) error {
+				_, err := s.Apply(ctx, sink.Batch{Events: evs[i : i+100]})
+				return err
+			})
 			if err != nil {
 				stop()
 				t.Fatalf("round %d, batch %d: %v", round, i/100, err)
 			}
-			retries += res.Retries
+			retries += n
 		}
 	}
 	stop()

@@ -75,7 +75,6 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	var worst error
 	for i, r := range results {
 		res.add(r) // a failed part's result is empty: only what committed counts
-		res.Retries += r.Retries
 		if errs[i] != nil && (worst == nil || severity(errs[i]) > severity(worst)) {
 			worst = errs[i]
 		}

@@ -134,7 +134,6 @@ func (s *Sink) ApplyPart(ctx context.Context, p *Prepared) (Result, error) {
 		}
 		r, err := s.applyOne(ctx, part)
 		res.add(r)
-		res.Retries += r.Retries
 		if err != nil {
 			return res, err
 		}

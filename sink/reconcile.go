@@ -305,11 +305,14 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 			// another instance (or run beside reconcile --confirm) forgets
 			// the keys before its next apply, never appending to a key a
 			// chunk has just closed from a stale cache.
-			p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts, Outside: true})
-			if err != nil {
+			if _, err := s.withRetry(ctx, "reconcile", "applying the snapshot deletes of "+sn.Target, func(ctx context.Context) error {
+				p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts, Outside: true})
+				if err != nil {
+					return err
+				}
+				_, err = s.applyPrepared(ctx, p)
 				return err
-			}
-			if _, err := s.applyPrepared(ctx, p); err != nil {
+			}); err != nil {
 				return fmt.Errorf("applying the snapshot deletes of %s: %w", sn.Target, err)
 			}
 			closed += len(chunk)

@@ -4,53 +4,39 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"go.uber.org/zap"
 )
 
 // Class is what the service does about an error from PostgreSQL
-// (DESIGN.md section 6): decided by SQLSTATE class, never by message.
-type Class int
+// (DESIGN.md section 6, retry.Class): decided by SQLSTATE class, never
+// by message.
+type Class = retry.Class
 
 // The error classes.
 const (
 	// Fatal errors stop the service loudly (exit 1): a bug or something no
 	// wait can fix.
-	Fatal Class = iota
+	Fatal = retry.Fatal
 	// Transient errors (connection, serialization, resources such as a
 	// full disk, lock timeouts, cancellations, shutdowns, a read-only
 	// database during a failover) are retried with capped backoff for as
 	// long as they last.
-	Transient
+	Transient = retry.Transient
 	// Blocked errors (a history table changed by hand, a missing
 	// privilege, failed authentication) stop progress with one clear error
 	// and are retried slowly, so that a fix made live is picked up.
-	Blocked
+	Blocked = retry.Blocked
 	// Data errors are a value PostgreSQL rejects for its column: the
 	// event carrying it is dead-lettered.
-	Data
+	Data = retry.Data
 )
-
-// String names the class as logs and /readyz show it.
-func (c Class) String() string {
-	switch c {
-	case Transient:
-		return "transient"
-	case Blocked:
-		return "blocked"
-	case Data:
-		return "data"
-	}
-	return "fatal"
-}
-
-// Error names the table and what is wrong.
 
 // TargetError is a failure that belongs to one target: a statement on its
 // tables failed (a lock or statement timeout, a table changed by hand, a
@@ -128,7 +114,7 @@ func Classify(err error) Class {
 	}
 	if staleStatement(err) {
 		// A column's type changed under a prepared statement (altered by
-		// hand, or by another instance widening it): withRetry drops the
+		// hand, or by another instance widening it): once drops the
 		// pool's connections, and the next try prepares and describes
 		// anew.
 		return Transient
@@ -207,47 +193,45 @@ func SQLState(err error) string {
 	return "network"
 }
 
-// isTransient reports whether err is worth retrying at once.
-func isTransient(err error) bool { return Classify(err) == Transient }
-
-// withRetry runs fn (a part of stage: init, prepare, apply or verify) until it succeeds, fails permanently, the retries run
-// out or ctx ends, waiting with capped exponential backoff and jitter.
-// It returns the number of retries.
+// withRetry runs fn, a step of maintenance (stage: erase, retention,
+// partitions, verify or a reconciliation's chunk), retrying transient
+// errors with the Sink's policy (Config.MaxRetries, MaxBackoff) until it
+// succeeds, fails otherwise or ctx ends. It returns the number of
+// retries. The batch path does not retry (once): its caller does.
 func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(context.Context) error) (int, error) {
-	backoff := 50 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		err := fn(ctx)
-		if err == nil {
-			return attempt, nil
-		}
-		if staleStatement(err) {
-			// Every connection may hold statements prepared, or COPY
-			// column types described, for the old type.
-			s.pool.Reset()
-		}
-		if !isTransient(err) || attempt >= s.cfg.MaxRetries || ctx.Err() != nil {
-			return attempt, err
-		}
-		if _, park := ParkTarget(err); park {
-			return attempt, err // one table's: the consumer parks it, the others go on
-		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		if s.cfg.OnRetry != nil {
-			s.cfg.OnRetry(stage, what, err)
-		}
-		if attempt == 0 || attempt%5 == 4 {
-			s.log.Warn("transient PostgreSQL error, retrying", zap.String("what", what), zap.Int("attempt", attempt+1),
-				zap.Duration("wait", wait), zap.Error(err))
-		}
-		select {
-		case <-ctx.Done():
-			return attempt, err
-		case <-time.After(wait):
-		}
-		if backoff *= 2; backoff > s.cfg.MaxBackoff {
-			backoff = s.cfg.MaxBackoff
-		}
+	p := retry.Policy{Tries: s.cfg.MaxRetries, Backoff: 50 * time.Millisecond, Max: s.cfg.MaxBackoff, Jitter: true,
+		Classify: func(err error) retry.Class {
+			if _, park := ParkTarget(err); park {
+				return Fatal // one table's: the consumer parks it, the others go on
+			}
+			if Classify(err) == Transient {
+				return Transient
+			}
+			return Fatal
+		},
+		OnRetry: func(attempt int, _ retry.Class, err error, wait time.Duration) {
+			if s.cfg.OnRetry != nil {
+				s.cfg.OnRetry(stage, what, err)
+			}
+			if attempt == 0 || attempt%5 == 4 {
+				s.log.Warn("transient PostgreSQL error, retrying", zap.String("what", what), zap.Int("attempt", attempt+1),
+					zap.Duration("wait", wait), zap.Error(err))
+			}
+		}}
+	return p.Do(ctx, func(ctx context.Context) error { return s.once(ctx, fn) })
+}
+
+// once runs fn once: a step of the batch path (Init, Prepare's tables,
+// a batch's transaction), whose caller retries it — the consumer or a
+// command, with internal/retry. A statement prepared, or a COPY's column
+// types described, for a column's old type empties the pool first: every
+// connection may hold one.
+func (s *Sink) once(ctx context.Context, fn func(context.Context) error) error {
+	err := fn(ctx)
+	if err != nil && staleStatement(err) {
+		s.pool.Reset()
 	}
+	return err
 }
 
 // staleStatement reports whether err comes from a statement prepared, or a

@@ -177,7 +177,7 @@ func (s *Sink) snapshotDeletes(target string) bool {
 func (s *Sink) Init(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, err := s.withRetry(ctx, "init", "creating tables", func(ctx context.Context) error {
+	err := s.once(ctx, func(ctx context.Context) error {
 		if err := ensureServiceTables(ctx, s.pool, &s.cfg); err != nil {
 			return err
 		}

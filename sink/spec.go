@@ -97,7 +97,11 @@ type Config struct {
 	// ApplyWorkers is how many transactions may apply one batch side by
 	// side, each for a disjoint set of partitions (0 or 1: one; parallel.go).
 	ApplyWorkers int
-	// MaxRetries bounds the retries of one batch on transient errors (0 = 10).
+	// MaxRetries bounds the retries of one step of maintenance (erase,
+	// retention, verify, partitions ahead, a reconciliation's chunk) on
+	// transient errors (0 = 10). Batches are not retried by the Sink:
+	// Apply returns the error, classified (Classify), and its caller
+	// retries (the consumer; commands with internal/retry).
 	MaxRetries int
 	// MaxBackoff caps the wait between retries (0 = 5s).
 	MaxBackoff time.Duration
@@ -108,8 +112,8 @@ type Config struct {
 	// negative = no bound but CacheKeys).
 	CacheBytes int
 	// OnRetry is called with every error the Sink retries itself, before
-	// it waits (scd2sink_retries_total, /readyz); stage is init, prepare,
-	// apply or verify.
+	// it waits (scd2sink_retries_total, /readyz); stage is erase,
+	// retention, partitions, verify or reconcile.
 	OnRetry func(stage, what string, err error)
 	Logger  *zap.Logger
 }
@@ -275,7 +279,6 @@ type Result struct {
 	// history a late event can change, docs/benchmarks.md).
 	RepairVersionsRead int
 	RepairSideRowsRead int
-	Retries            int
 	// TypeMismatches counts dead letters whose value no longer fits its
 	// column's type; Rejected those PostgreSQL refused. Both are among
 	// DeadLetters.

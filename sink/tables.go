@@ -187,7 +187,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	for _, target := range targets {
 		old := s.tables[target]
 		var t *table
-		_, err := s.withRetry(ctx, "prepare", "widening columns of "+target, func(ctx context.Context) (err error) {
+		err := s.once(ctx, func(ctx context.Context) (err error) {
 			s.unlocked(func() { t, err = widenColumns(ctx, s, old, widen[target]) })
 			return targetErr(target, err)
 		})
@@ -200,7 +200,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		cols := extra[target].cols
 		spec, _ := s.spec(target)
 		var t *table
-		_, err := s.withRetry(ctx, "prepare", "creating table "+target, func(ctx context.Context) (err error) {
+		err := s.once(ctx, func(ctx context.Context) (err error) {
 			s.unlocked(func() { t, err = ensureTable(ctx, s.pool, spec, cols) })
 			return targetErr(target, err)
 		})
@@ -214,9 +214,9 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 }
 
 // targetErr makes err, of one target's DDL, a TargetError (nil stays
-// nil): inside withRetry too, so that a lock or statement timeout is not
-// retried there, on the loop that prepares every table's batches, but
-// parks the target at once (ParkTarget).
+// nil), so that a lock or statement timeout is not retried by the loop
+// that prepares every table's batches, but parks the target at once
+// (ParkTarget).
 func targetErr(target string, err error) error {
 	var te *TargetError
 	if err == nil || errors.As(err, &te) {
@@ -257,7 +257,7 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 			continue
 		}
 		var t *table
-		_, err := s.withRetry(ctx, "prepare", "loading table "+ev.Table, func(ctx context.Context) (err error) {
+		err := s.once(ctx, func(ctx context.Context) (err error) {
 			s.unlocked(func() {
 				var exists bool
 				if err = s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {

@@ -252,7 +252,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			return nil
 		})
 	}
-	retries, err := s.withRetry(ctx, "apply", "applying batch", attempt)
+	err := s.once(ctx, attempt)
 	for tries := 0; tries < 3; tries++ {
 		var grown *errTopicGrown
 		if !errors.As(err, &grown) {
@@ -264,24 +264,19 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			err = fmt.Errorf("%v: %w", grown, nerr)
 			break
 		}
-		var more int
-		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
-		retries += more
+		err = s.once(ctx, attempt)
 	}
 	if err != nil && isDataError(err) {
 		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
 		isolate = true
-		var more int
-		more, err = s.withRetry(ctx, "apply", "applying batch", attempt)
-		retries += more
+		err = s.once(ctx, attempt)
 	}
-	res.Retries = retries
 	res.TypeMismatches = p.mismatches
 	s.amu.Lock()
 	defer s.amu.Unlock()
 	if err != nil {
 		s.cache.Reset()
-		return Result{Retries: res.Retries}, err // nothing of it committed
+		return Result{}, err // nothing of it committed
 	}
 	if len(p.snapshots) > 0 {
 		// Committed: a reconciliation that starts from here sees them

@@ -29,6 +29,7 @@ import (
 	"github.com/scd2sink/scd2sink/consumer"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/apicurio"
+	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -349,40 +350,37 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 // PostgreSQL is unreachable, and slowly, with one clear error, while it
 // refuses (a missing grant, a table changed by hand): never a crash loop.
 func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consumer.Health, metrics *consumer.Metrics) error {
-	backoff := 200 * time.Millisecond
 	var lastBlocked string
-	for attempt := 0; ; attempt++ {
-		err := s.Init(ctx)
-		if err == nil {
-			health.Wait("init", "")
-			return nil
-		}
-		if errors.Is(err, sink.ErrErasureKey) {
-			return &config.Error{Key: "erasure_key_file", Msg: strings.TrimPrefix(err.Error(), sink.ErrErasureKey.Error()+": ")}
-		}
-		class := sink.Classify(err)
-		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
-			return fmt.Errorf("preparing PostgreSQL: %w", err)
-		}
-		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
-		health.Wait("init", fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
-		limit := 10 * time.Second
-		if class == sink.Blocked {
-			limit = 30 * time.Second
-			if msg := err.Error(); msg != lastBlocked {
-				lastBlocked = msg
-				log.Error("PostgreSQL refuses what the service needs; waiting for a fix", zap.String("hint", sink.Hint(err)), zap.Error(err))
+	p := retry.Policy{Backoff: 200 * time.Millisecond, Max: 10 * time.Second, BlockedMax: 30 * time.Second,
+		Classify: func(err error) retry.Class {
+			if errors.Is(err, sink.ErrErasureKey) {
+				return retry.Fatal
 			}
-		} else if attempt%10 == 0 {
-			log.Warn("PostgreSQL unreachable, retrying", zap.Error(err))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, limit)
+			return sink.Classify(err)
+		},
+		OnRetry: func(attempt int, class retry.Class, err error, _ time.Duration) {
+			metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
+			health.Wait("init", fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
+			if class == sink.Blocked {
+				if msg := err.Error(); msg != lastBlocked {
+					lastBlocked = msg
+					log.Error("PostgreSQL refuses what the service needs; waiting for a fix", zap.String("hint", sink.Hint(err)), zap.Error(err))
+				}
+			} else if attempt%10 == 0 {
+				log.Warn("PostgreSQL unreachable, retrying", zap.Error(err))
+			}
+		}}
+	_, err := p.Do(ctx, s.Init)
+	switch {
+	case err == nil:
+		health.Wait("init", "")
+		return nil
+	case errors.Is(err, sink.ErrErasureKey):
+		return &config.Error{Key: "erasure_key_file", Msg: strings.TrimPrefix(err.Error(), sink.ErrErasureKey.Error()+": ")}
+	case ctx.Err() != nil:
+		return ctx.Err()
 	}
+	return fmt.Errorf("preparing PostgreSQL: %w", err)
 }
 
 func kafkaTLS(cfg *config.Config) (*tls.Config, error) {

@@ -57,7 +57,7 @@ func carryOver(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, 
 				return &config.Error{Msg: err.Error()}
 			}
 			if err := s.Init(ctx); err != nil {
-				return err
+				return err // rebuild's loop tries the carry again
 			}
 		}
 		c, err := carry.Read(ctx, pool, p, carryChunk, func(evs []*change.Event) error {

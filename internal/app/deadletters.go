@@ -225,7 +225,10 @@ func replay(ctx context.Context, dec *debezium.Decoder, s *sink.Sink, pool *pgxp
 		for p := range locks {
 			lock = append(lock, p)
 		}
-		if _, err := s.Apply(ctx, sink.Batch{Events: evs, Lock: lock, Replay: byOrigin}); err != nil {
+		if err := retried(ctx, func(ctx context.Context) error {
+			_, err := s.Apply(ctx, sink.Batch{Events: evs, Lock: lock, Replay: byOrigin})
+			return err
+		}); err != nil {
 			return fmt.Errorf("replaying %d dead letters: %w", len(evs), err)
 		}
 		evs, byOrigin, locks = nil, map[change.Origin][]int64{}, map[change.Partition]bool{}

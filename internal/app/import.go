@@ -163,7 +163,11 @@ func Import(ctx context.Context, cfg *config.Config, opts Options, q ImportQuery
 			return err
 		}
 		for evs := range chunks {
-			p, err := s.Prepare(gctx, sink.Batch{Events: evs, Outside: true, LockTargets: []string{entry.Target}})
+			var p *sink.Prepared
+			err := retried(gctx, func(ctx context.Context) (err error) {
+				p, err = s.Prepare(ctx, sink.Batch{Events: evs, Outside: true, LockTargets: []string{entry.Target}})
+				return err
+			})
 			if err != nil {
 				_ = wait() // the chunk in flight ends before the import does
 				return fmt.Errorf("importing into %s: %w", entry.Target, err)
@@ -173,7 +177,11 @@ func Import(ctx context.Context, cfg *config.Config, opts Options, q ImportQuery
 			}
 			applying = make(chan error, 1)
 			go func() {
-				r, err := s.ApplyPrepared(gctx, p)
+				var r sink.Result
+				err := retried(gctx, func(ctx context.Context) (err error) {
+					r, err = s.ApplyPrepared(ctx, p)
+					return err
+				})
 				if err != nil {
 					err = fmt.Errorf("importing into %s: %w", entry.Target, err)
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
+	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -199,45 +200,37 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode Rebuild
 	// The carry is tried again while the failure is transient or blocked
 	// (a failover, a lock, a privilege put right): what a try carried is
 	// in the rebuilt table and is not carried again.
-	for backoff := 500 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
-		err := carryOver(ctx, pool, cfg, rc, mode.FromScratch, log, opts.beforeCarry)
-		if err == nil {
-			break
-		}
-		class := sink.Classify(err)
-		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
-			return fmt.Errorf("rebuild caught up, but %w (nothing was swapped in)", err)
-		}
-		log.Warn("carrying the live tables' versions over must wait; trying again", zap.Duration("wait", backoff), zap.Error(err))
-		select {
-		case <-ctx.Done():
+	waits := retry.Policy{Classify: sink.Classify, Backoff: 500 * time.Millisecond, Max: 10 * time.Second}
+	waits.OnRetry = func(_ int, _ retry.Class, err error, wait time.Duration) {
+		log.Warn("carrying the live tables' versions over must wait; trying again", zap.Duration("wait", wait), zap.Error(err))
+	}
+	if _, err := waits.Do(ctx, func(ctx context.Context) error {
+		return carryOver(ctx, pool, cfg, rc, mode.FromScratch, log, opts.beforeCarry)
+	}); err != nil {
+		if ctx.Err() != nil {
 			return fmt.Errorf("rebuild caught up but nothing was carried or swapped in (run it again): %w", ctx.Err())
-		case <-time.After(backoff):
 		}
+		return fmt.Errorf("rebuild caught up, but %w (nothing was swapped in)", err)
 	}
 	// The swap locks the live tables, waiting at most lock_timeout behind
 	// a reader each try: it is tried again until it gets them (the replay
 	// is done; a failed rebuild run again would start it over).
 	var offsets kadm.Offsets
-	for backoff := 500 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
-		offsets, err = swap(ctx, pool, cfg, rc, log)
-		if err == nil {
-			break
-		}
-		class := sink.Classify(err)
-		if (class != sink.Transient && class != sink.Blocked) || ctx.Err() != nil {
-			return err
-		}
+	waits.OnRetry = func(_ int, class retry.Class, err error, wait time.Duration) {
 		what := "the swap must wait (a reader holds the live table, or PostgreSQL is unavailable); trying again"
 		if class == sink.Blocked {
 			what = "the swap is blocked by the database's objects or privileges (see the error); it goes on once that is put right, or stop it with SIGTERM"
 		}
-		log.Warn(what, zap.Duration("wait", backoff), zap.Error(err))
-		select {
-		case <-ctx.Done():
+		log.Warn(what, zap.Duration("wait", wait), zap.Error(err))
+	}
+	if _, err := waits.Do(ctx, func(ctx context.Context) (err error) {
+		offsets, err = swap(ctx, pool, cfg, rc, log)
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
 			return fmt.Errorf("rebuild caught up but not swapped in (run it again): %w", ctx.Err())
-		case <-time.After(backoff):
 		}
+		return err
 	}
 	if len(offsets) > 0 {
 		resp, err := adm.CommitOffsets(ctx, cfg.Kafka.GroupID, offsets)

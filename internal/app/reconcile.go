@@ -121,7 +121,7 @@ func commandSink(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, de
 	if err != nil {
 		return nil, &config.Error{Msg: err.Error()}
 	}
-	if err := s.Init(ctx); err != nil {
+	if err := retried(ctx, s.Init); err != nil {
 		return nil, err
 	}
 	return s, nil
