@@ -209,4 +209,3 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
-
