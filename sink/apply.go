@@ -37,9 +37,8 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			continue
 		}
 		known[string(tr.Seq)] = true
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)`,
-			pgx.Identifier{s.cfg.Schema}.Sanitize()), t.Hist.Sanitize(), []byte(tr.Seq), tr.T); err != nil {
-			return res, nil, fmt.Errorf("recording truncate: %w", err)
+		if err := recordTruncate(ctx, tx, s.cfg.Schema, t.Hist.Sanitize(), tr.Seq, tr.T); err != nil {
+			return res, nil, err
 		}
 		truncs = append(truncs, tr)
 		fresh = append(fresh, tr.Seq)

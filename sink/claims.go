@@ -16,18 +16,6 @@ import (
 // scd2sink_targets holds, per consumer group, a target's topic; the first
 // claim stays (until its row is deleted by hand, to hand the target over).
 
-const claimsTable = "scd2sink_targets"
-
-func claimsDDL(cat *catalog.Catalog, cfg *Config) []string {
-	if cat.Has(claimsTable) {
-		return nil
-	}
-	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
-		consumer_group text NOT NULL, target text NOT NULL, topic text NOT NULL,
-		claimed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer_group, target))`,
-		pgx.Identifier{cfg.Schema}.Sanitize(), claimsTable)}
-}
-
 // Claim records topic as the writer of target unless another topic holds
 // it, and returns the topic that holds it.
 func (s *Sink) Claim(ctx context.Context, target, topic string) (string, error) {
@@ -36,7 +24,7 @@ func (s *Sink) Claim(ctx context.Context, target, topic string) (string, error) 
 			ON CONFLICT (consumer_group, target) DO NOTHING RETURNING topic)
 		SELECT topic FROM ins UNION ALL
 		SELECT topic FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2
-		LIMIT 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable)
+		LIMIT 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable)
 	// A claim committed by another member after this statement's snapshot
 	// was taken conflicts with the insert yet is not seen by the select:
 	// the next try sees it.

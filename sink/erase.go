@@ -143,7 +143,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 			}
 			topic := spec.Topic
 			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), $2) FROM %s.%s WHERE target = $1`,
-				pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), spec.Target, topic).Scan(&topic); err != nil {
+				pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable), spec.Target, topic).Scan(&topic); err != nil {
 				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
 			}
 			casts := make([]string, len(types))
@@ -191,7 +191,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 					action = "lift"
 				}
 				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, key_hash, action, reason, versions, side_rows, repairs, dead_letters, key_check, text_hash)
-					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.cfg.Schema}.Sanitize(), erasuresTable),
+					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ErasuresTable),
 					spec.Target, e.Hash, action, req.Reason, e.Versions, e.SideRows, e.Repairs, e.DeadLetters, keyCheck(s.cfg.ErasureSecret),
 					textHash(s.cfg.ErasureSecret, texts)); err != nil {
 					return fmt.Errorf("recording the erasure: %w", err)
@@ -203,7 +203,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 			// count move).
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS w (consumer_group, n)
 				SELECT consumer_group, 1 FROM %[1]s.%[2]s UNION SELECT consumer_group, 1 FROM %[1]s.scd2sink_offsets UNION SELECT $1, 1
-				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, catalog.OutsideWritesTable), s.cfg.ConsumerGroup); err != nil {
 				return fmt.Errorf("counting an outside write: %w", err)
 			}
 			return nil
@@ -236,7 +236,7 @@ func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec,
 			UNION ALL
 			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
 			WHERE r.topic IN (SELECT topic FROM t)) x) d ORDER BY consumer_group COLLATE "C", topic COLLATE "C", partition`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable, topicsTable), targets, exact)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable, catalog.TopicsTable), targets, exact)
 	if err != nil {
 		return fmt.Errorf("reading the partitions of %s: %w", target, err)
 	}

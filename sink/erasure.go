@@ -31,26 +31,10 @@ import (
 // or fences after it; the erase bumps every group's outside-writes count,
 // so that fence sees it, forgets its cached states and reloads the set.
 
-const erasuresTable = "scd2sink_erasures"
-
 // ErrErasureKey is returned when scd2sink_erasures holds erasures but the
 // Sink has no erasure secret, or not the one they were recorded with:
 // erased keys could not be recognised, so nothing is applied.
 var ErrErasureKey = errors.New("erasure_key_file")
-
-func erasureDDL(cat *catalog.Catalog, cfg *Config) []string {
-	if cat.Has(erasuresTable) {
-		return nil
-	}
-	s := pgx.Identifier{cfg.Schema}.Sanitize()
-	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, target text NOT NULL, key_hash text NOT NULL,
-			action text NOT NULL CHECK (action IN ('erase', 'lift')), erased_at timestamptz NOT NULL DEFAULT now(),
-			reason text, versions bigint NOT NULL DEFAULT 0, side_rows bigint NOT NULL DEFAULT 0,
-			repairs bigint NOT NULL DEFAULT 0, dead_letters bigint NOT NULL DEFAULT 0, key_check text NOT NULL,
-			text_hash text)`, s, erasuresTable),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s.%s (target, key_hash, id)`, erasuresTable+"_key", s, erasuresTable)}
-}
 
 // keyHash is the erasure hash of a key identity (keyID).
 func keyHash(secret []byte, id string) string {
@@ -83,9 +67,9 @@ func keyCheck(secret []byte) string {
 func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
 	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT target, key_hash, key_check, coalesce(text_hash, '') FROM (
 			SELECT DISTINCT ON (target, key_hash) target, key_hash, action, key_check, text_hash FROM %s.%s ORDER BY target, key_hash, id DESC) e
-		WHERE action = 'erase'`, pgx.Identifier{s.cfg.Schema}.Sanitize(), erasuresTable))
+		WHERE action = 'erase'`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ErasuresTable))
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", erasuresTable, err)
+		return fmt.Errorf("reading %s: %w", catalog.ErasuresTable, err)
 	}
 	defer rows.Close()
 	erased := map[string]map[string]bool{}
@@ -96,10 +80,10 @@ func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
 	for rows.Next() {
 		var target, hash, kc, th string
 		if err := rows.Scan(&target, &hash, &kc, &th); err != nil {
-			return fmt.Errorf("reading %s: %w", erasuresTable, err)
+			return fmt.Errorf("reading %s: %w", catalog.ErasuresTable, err)
 		}
 		if check == "" {
-			return fmt.Errorf("%w: %s records erased keys, and no erasure_key_file is configured to recognise them", ErrErasureKey, erasuresTable)
+			return fmt.Errorf("%w: %s records erased keys, and no erasure_key_file is configured to recognise them", ErrErasureKey, catalog.ErasuresTable)
 		}
 		if kc != check {
 			return fmt.Errorf("%w: the erasures of %s were recorded with another key than erasure_key_file's", ErrErasureKey, target)
@@ -116,7 +100,7 @@ func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reading %s: %w", erasuresTable, err)
+		return fmt.Errorf("reading %s: %w", catalog.ErasuresTable, err)
 	}
 	s.erased = erased
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"slices"
 	"sort"
 	"strings"
@@ -70,7 +71,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		FROM (SELECT x.k, x.t, r.resized_at IS NOT NULL AS rz, coalesce(r.resized_at IS NULL AND x.m >= r.partitions, false) AS g
 			FROM unnest($1::bigint[], $2::text[], $4::int[]) WITH ORDINALITY AS x(k, t, m, o)
 			LEFT JOIN %s.%s r ON r.consumer_group = $3 AND r.topic = x.t ORDER BY x.o) l`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), tlocks, tnames, s.cfg.ConsumerGroup, tmax)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.TopicsTable), tlocks, tnames, s.cfg.ConsumerGroup, tmax)
 	// With the offsets, the number of reconciled snapshots: a new one
 	// closed keys behind every writer's back (reconcile.go). For a
 	// resized topic, every partition's offset: a key may have been
@@ -89,7 +90,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			SELECT o.topic, o.partition, o.next_offset FROM %[1]s.%[2]s r
 				JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = r.consumer_group AND o.topic = r.topic
 			WHERE r.consumer_group = $1 AND r.resized_at IS NOT NULL AND r.topic = ANY ($2::text[])) o ON true`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), topicsTable), s.cfg.ConsumerGroup, topics, nums)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.TopicsTable), s.cfg.ConsumerGroup, topics, nums)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"strconv"
 	"strings"
 	"time"
@@ -48,8 +49,6 @@ import (
 // deletes the notes it sees before it looks for keys; a note committed
 // after that runs it again.
 
-const lateTable = "scd2sink_snapshots_late"
-
 // noteLate notes, in the batch's transaction, every recorded snapshot of
 // p's table above the lowest sequence of the events p applied.
 func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
@@ -67,7 +66,7 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, target, scd_seq)
 		SELECT consumer_group, target, scd_seq FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq > $3`,
-		sch, lateTable), s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
+		sch, catalog.LateTable), s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
 	if err != nil {
 		return fmt.Errorf("noting late events of %s: %w", p.t.Spec.Target, err)
 	}
@@ -85,7 +84,7 @@ func (s *Sink) takeLateNotes(ctx context.Context, db interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 }, sn Snapshot) error {
 	if _, err := db.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.LateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
 		return fmt.Errorf("taking the late notes of the snapshot of %s: %w", sn.Target, err)
 	}
 	return nil
@@ -134,7 +133,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 		WHERE sn.consumer_group = $1 AND (sn.done_at IS NULL AND (sn.held_at IS NULL OR sn.confirmed_at IS NOT NULL)
 			OR sn.done_at IS NOT NULL AND EXISTS (SELECT 1 FROM %[1]s.%[2]s l
 				WHERE l.consumer_group = sn.consumer_group AND l.target = sn.target AND l.scd_seq = sn.scd_seq))
-		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at, sn.done_at ORDER BY sn.scd_seq`, schema, lateTable), s.cfg.ConsumerGroup)
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at, sn.done_at ORDER BY sn.scd_seq`, schema, catalog.LateTable), s.cfg.ConsumerGroup)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
@@ -244,7 +243,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT done_at IS NOT NULL FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
 			AND (done_at IS NULL OR EXISTS (SELECT 1 FROM %[1]s.%[2]s l WHERE l.consumer_group = $1 AND l.target = $2 AND l.scd_seq = $3))
-			FOR UPDATE OF sn SKIP LOCKED`, sch, lateTable),
+			FOR UPDATE OF sn SKIP LOCKED`, sch, catalog.LateTable),
 			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&done); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Done with nothing late, or another instance is at it:
@@ -253,7 +252,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 				busy := true // unknown counts as busy: looked at again
 				_ = tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2
 					AND scd_seq = $3 AND done_at IS NULL) OR EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3)`,
-					sch, lateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
+					sch, catalog.LateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
 				skipped = busy
 				return nil
 			}

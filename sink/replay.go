@@ -27,23 +27,6 @@ import (
 // batch's dead letters first: nothing of the batch is applied.
 var ErrReplayedAlready = errors.New("a dead letter of the batch was replayed meanwhile")
 
-const outsideWritesTable = "scd2sink_outside_writes"
-
-func replayDDL(cat *catalog.Catalog, cfg *Config) []string {
-	s := pgx.Identifier{cfg.Schema}.Sanitize()
-	var out []string
-	if cat.Has(cfg.DeadLetterTable) && !cat.HasCol(cfg.DeadLetterTable, "decoded") {
-		// replayed_at: put right by a replay; decoded: Key and Value are
-		// the decoded form (DeadLetter.Decoded).
-		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS replayed_at timestamptz, ADD COLUMN IF NOT EXISTS decoded boolean`,
-			s, pgx.Identifier{cfg.DeadLetterTable}.Sanitize()))
-	}
-	if !cat.Has(outsideWritesTable) {
-		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (consumer_group text PRIMARY KEY, n bigint NOT NULL)`, s, outsideWritesTable))
-	}
-	return out
-}
-
 // markReplayed marks the batch's dead letters replayed and bumps the
 // outside-writes count, in the batch's transaction.
 func (s *Sink) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64) error {
@@ -70,7 +53,7 @@ func (s *Sink) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Or
 // next fence (offsets.go) sees it and forgets its cached states.
 func (s *Sink) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS w (consumer_group, n) VALUES ($1, 1)
-		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), outsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.OutsideWritesTable), s.cfg.ConsumerGroup); err != nil {
 		return fmt.Errorf("counting an outside write: %w", err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"hash/fnv"
 	"sort"
 	"strings"
@@ -29,9 +30,6 @@ import (
 // members' transactions on a resized topic no longer overlap. A topic
 // resized before the first start of a version that records the counts is
 // not recognised (its count is taken as the original one).
-
-// topicsTable records each topic's partition count and whether it grew.
-const topicsTable = "scd2sink_topics"
 
 // partitionLock is the advisory lock key of a partition of the consumer
 // group (partition -1: the whole topic's).
@@ -64,7 +62,7 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 		var marked bool
 		err := s.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS r (consumer_group, topic, partitions) VALUES ($1, $2, $3)
 			ON CONFLICT (consumer_group, topic) DO UPDATE SET partitions = r.partitions
-			RETURNING partitions, resized_at IS NOT NULL`, sch, topicsTable), s.cfg.ConsumerGroup, topic, n).Scan(&was, &marked)
+			RETURNING partitions, resized_at IS NOT NULL`, sch, catalog.TopicsTable), s.cfg.ConsumerGroup, topic, n).Scan(&was, &marked)
 		if err != nil {
 			return resized, fmt.Errorf("recording the partitions of %s: %w", topic, err)
 		}
@@ -81,7 +79,7 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 				return fmt.Errorf("waiting for the writers of %s: %w", topic, err)
 			}
 			_, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET partitions = greatest(partitions, $3), resized_at = coalesce(resized_at, now())
-				WHERE consumer_group = $1 AND topic = $2`, sch, topicsTable), s.cfg.ConsumerGroup, topic, n)
+				WHERE consumer_group = $1 AND topic = $2`, sch, catalog.TopicsTable), s.cfg.ConsumerGroup, topic, n)
 			return err
 		})
 		if err != nil {

@@ -399,7 +399,7 @@ func (s *Sink) RetainedTargets(ctx context.Context) ([]string, error) {
 		return out, nil
 	}
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target FROM %s.%s WHERE consumer_group = $1 ORDER BY target`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), claimsTable), s.cfg.ConsumerGroup)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable), s.cfg.ConsumerGroup)
 	if err != nil {
 		return nil, fmt.Errorf("reading the claimed targets: %w", err)
 	}

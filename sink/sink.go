@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -178,7 +179,8 @@ func (s *Sink) Init(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := s.once(ctx, func(ctx context.Context) error {
-		if err := ensureServiceTables(ctx, s.pool, &s.cfg); err != nil {
+		if err := catalog.EnsureService(ctx, s.pool, catalog.Service{Schema: s.cfg.Schema, DeadLetterTable: s.cfg.DeadLetterTable,
+			ReorderWindow: s.cfg.ReorderWindow, Logger: s.log}); err != nil {
 			return err
 		}
 		for _, spec := range s.cfg.Tables {

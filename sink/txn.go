@@ -182,9 +182,8 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			seen = s.reconciled // what this transaction's fence saw
 			s.amu.Unlock()
 			for _, e := range p.early {
-				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_truncates (target, scd_seq, valid_from) VALUES ($1, $2, $3)
-					ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()), e.target, []byte(e.seq), e.at); err != nil {
-					return fmt.Errorf("recording truncate of %s: %w", e.target, err)
+				if err := recordTruncate(ctx, tx, s.cfg.Schema, e.target, e.seq, e.at); err != nil {
+					return err
 				}
 			}
 			if err := s.markReplayed(ctx, tx, p.replay); err != nil {

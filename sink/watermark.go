@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,48 +23,6 @@ import (
 // less the reorder window (events within it may still come out of order);
 // a target's is the minimum over every partition of its topic, NULL while
 // any of them has neither. Rebuild groups are left out.
-
-const watermarkView = "scd2sink_watermarks"
-
-// watermarkNote marks the view's definition: it is replaced only when the
-// window changes, so that a restart runs no DDL.
-func watermarkNote(cfg *Config) string {
-	return fmt.Sprintf("scd2sink watermarks v3: window %s", cfg.ReorderWindow)
-}
-
-// watermarkDDL creates scd2sink_progress, and creates or replaces the view
-// when it is missing or stale. scd2sink_progress has a row for every
-// partition of every topic a member reads (all partitions, not only its
-// own: one never applied holds its target's watermark at NULL), with the
-// target and the last look that found it fully applied; the looks never
-// write scd2sink_offsets.
-func watermarkDDL(cat *catalog.Catalog, cfg *Config) []string {
-	s := pgx.Identifier{cfg.Schema}.Sanitize()
-	var out []string
-	if !cat.Has(progressTable) {
-		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
-			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, target text NOT NULL,
-			caught_up_at timestamptz, connector text, PRIMARY KEY (consumer_group, topic, partition))`, s, progressTable))
-	} else if !cat.HasCol(progressTable, "connector") {
-		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS connector text`, s, progressTable))
-	}
-	note := watermarkNote(cfg)
-	if cat.Has(watermarkView) && cat.Notes[watermarkView] == note {
-		return out
-	}
-	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
-	return append(out,
-		fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
-			SELECT target, CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END AS complete_through
-			FROM (SELECT p.target, greatest(o.last_valid_from, p.caught_up_at) - interval %[3]s AS w
-				FROM %[1]s.%[5]s AS p LEFT JOIN %[1]s.scd2sink_offsets AS o
-					ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
-				WHERE p.consumer_group NOT LIKE %[4]s) AS q
-			GROUP BY target`, s, watermarkView, lit(fmt.Sprintf("%d microseconds", cfg.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`), progressTable),
-		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, watermarkView, lit(note)))
-}
-
-const progressTable = "scd2sink_progress"
 
 // Look is what the consumer saw of one partition of a topic it reads: the
 // target the topic writes, the log's first and end offsets, and the time
@@ -125,7 +82,7 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 		WHERE g.target IS DISTINCT FROM excluded.target OR excluded.caught_up_at > g.caught_up_at
 			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)
 			OR (excluded.connector IS NOT NULL AND g.connector IS DISTINCT FROM excluded.connector)`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at, ids, conns)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ProgressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at, ids, conns)
 	if err != nil {
 		return fmt.Errorf("recording the watermark: %w", err)
 	}
@@ -136,9 +93,9 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 // which it is complete (absent: not known yet).
 func (s *Sink) Watermarks(ctx context.Context) (map[string]time.Time, error) {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target, complete_through FROM %s.%s WHERE complete_through IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), watermarkView))
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.WatermarkView))
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", watermarkView, err)
+		return nil, fmt.Errorf("reading %s: %w", catalog.WatermarkView, err)
 	}
 	defer rows.Close()
 	out := map[string]time.Time{}
@@ -157,9 +114,9 @@ func (s *Sink) Watermarks(ctx context.Context) (map[string]time.Time, error) {
 // (Look.Connector).
 func (s *Sink) Connectors(ctx context.Context) (map[string]string, error) {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, connector FROM %s.%s WHERE consumer_group = $1 AND connector IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), progressTable), s.cfg.ConsumerGroup)
+		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ProgressTable), s.cfg.ConsumerGroup)
 	if err != nil {
-		return nil, fmt.Errorf("reading the connectors from %s: %w", progressTable, err)
+		return nil, fmt.Errorf("reading the connectors from %s: %w", catalog.ProgressTable, err)
 	}
 	defer rows.Close()
 	out := map[string]string{}
