@@ -100,7 +100,7 @@ func (a *applier) reconcile(ctx context.Context) {
 	a.mu.Lock()
 	a.cancel = cancel // an abandonment (a rebalance that may not wait) cuts it short too
 	a.mu.Unlock()
-	err := a.c.sink.Reconcile(rctx)
+	err := a.c.batches.Reconcile(rctx)
 	a.mu.Lock()
 	a.cancel = nil
 	a.mu.Unlock()

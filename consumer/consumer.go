@@ -29,19 +29,38 @@ import (
 	"go.uber.org/zap"
 )
 
-// Sink applies batches. Prepare (the CPU-bound half) is called by the poll
-// loop and ApplyPrepared by the applier goroutine, each from one goroutine,
-// possibly at the same time; prepared batches are applied in the order they
-// were prepared, each all-or-nothing. Offsets returns the offsets its
-// transactions recorded; Forget is called on every rebalance, while nothing
-// is being prepared or applied, when what it remembers may have gone stale.
+// Sink is what the consumer needs of the sink (package sink's *Sink):
+// the batch path, the ledger of what was applied, and the completeness
+// watermark, each used by other parts of the consumer.
 type Sink interface {
+	BatchSink
+	Ledger
+	Watermarks
+}
+
+// BatchSink applies batches. Prepare (the CPU-bound half) is called by the
+// poll loop and ApplyPrepared by the applier goroutine, each from one
+// goroutine, possibly at the same time; prepared batches are applied in
+// the order they were prepared, each all-or-nothing; an error is returned
+// classified (sink.Classify) and the consumer retries (retry).
+type BatchSink interface {
 	Prepare(ctx context.Context, b sink.Batch) (*sink.Prepared, error)
 	ApplyPrepared(ctx context.Context, p *sink.Prepared) (sink.Result, error)
 	// ApplyPart applies a part split off a prepared batch (a parked
 	// target's probe, park.go) beside ApplyPrepared: its partitions are
 	// disjoint from those of every batch applied meanwhile.
 	ApplyPart(ctx context.Context, p *sink.Prepared) (sink.Result, error)
+	// Reconcile decides the recorded snapshots that are ready, whoever
+	// recorded them; called by the applying goroutine while idle.
+	Reconcile(ctx context.Context) error
+}
+
+// Ledger is what the transactions recorded: read when partitions are
+// assigned (rebalance.go), lowered when partitions are rewound on purpose
+// (offsets.go). Forget is called on every rebalance, while nothing is
+// being prepared or applied, when what the sink remembers may have gone
+// stale.
+type Ledger interface {
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
 	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
@@ -50,20 +69,20 @@ type Sink interface {
 	// Rewind lowers recorded offsets to the given ones (never raises
 	// them): partitions placed back on purpose (offsets.go).
 	Rewind(ctx context.Context, to map[change.Partition]int64) error
-	// Watermark records looks at the logs' ends; Watermarks reads the
-	// completeness watermark per target (watermark.go).
-	Watermark(ctx context.Context, looks map[change.Partition]sink.Look) error
-	Watermarks(ctx context.Context) (map[string]time.Time, error)
-	// Connectors returns the connector stream of each topic the looks
-	// recorded (sink.Look.Connector).
-	Connectors(ctx context.Context) (map[string]string, error)
-	// Reconcile decides the recorded snapshots that are ready, whoever
-	// recorded them; called by the applying goroutine while idle.
-	Reconcile(ctx context.Context) error
 	// HistoryTables reports which of the given targets' history tables
 	// exist.
 	HistoryTables(ctx context.Context, targets []string) (map[string]bool, error)
 	Forget()
+}
+
+// Watermarks is the completeness watermark (watermark.go): Watermark
+// records looks at the logs' ends, Watermarks reads it per target, and
+// Connectors returns the connector stream of each topic the looks
+// recorded (sink.Look.Connector). Called by the watermark loop alone.
+type Watermarks interface {
+	Watermark(ctx context.Context, looks map[change.Partition]sink.Look) error
+	Watermarks(ctx context.Context) (map[string]time.Time, error)
+	Connectors(ctx context.Context) (map[string]string, error)
 }
 
 // Decoder turns Kafka records into change events. The poll loop calls it
@@ -152,11 +171,16 @@ type Consumer struct {
 	log    *zap.Logger
 	client *kgo.Client
 	// ready is closed once client is set (awaitClient).
-	ready  chan struct{}
-	sink   Sink
-	dec    Decoder
-	m      *Metrics
-	health *Health
+	ready chan struct{}
+	// batches, ledger and marks are the sink's parts this consumer uses;
+	// sink is all of it (optional interfaces are asked of it).
+	batches BatchSink
+	ledger  Ledger
+	marks   Watermarks
+	sink    Sink
+	dec     Decoder
+	m       *Metrics
+	health  *Health
 
 	applier     *applier
 	cancelApply context.CancelFunc
@@ -258,7 +282,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.Decoder == nil {
 		cfg.Decoder = debezium.New(cfg.Rules, nil, cfg.Logger)
 	}
-	c := &Consumer{ready: make(chan struct{}), drainStart: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
+	c := &Consumer{ready: make(chan struct{}), drainStart: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, batches: s, ledger: s, marks: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),

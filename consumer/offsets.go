@@ -253,7 +253,7 @@ func (c *Consumer) recordRewinds(ctx context.Context, to map[change.Partition]in
 	}
 	rctx, cancel := context.WithTimeout(ctx, rewindBudget)
 	defer cancel()
-	if err := c.sink.Rewind(rctx, to); err != nil {
+	if err := c.ledger.Rewind(rctx, to); err != nil {
 		c.log.Warn("recording the rewound offsets failed; the next batch records them", zap.Error(err))
 	}
 }

@@ -605,7 +605,7 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			part, err = c.prepareAlone(pctx, *alone)
 		}
 		if err == nil {
-			err = c.applyWith(pctx, j, part, c.sink.ApplyPart)
+			err = c.applyWith(pctx, j, part, c.batches.ApplyPart)
 		}
 		switch {
 		case gen != a.gen.Load():
@@ -652,7 +652,7 @@ func (c *Consumer) prepareAlone(ctx context.Context, b sink.Batch) (*sink.Prepar
 	what := fmt.Sprintf("preparing a parked table's part of %d events", len(b.Events))
 	err := c.retry(ctx, "prepare", what, func() (err error) {
 		defer c.recoverPanic(what, sink.Offsets(b.Positions), &err)
-		p, err = c.sink.Prepare(ctx, b)
+		p, err = c.batches.Prepare(ctx, b)
 		return err
 	})
 	return p, err

@@ -21,7 +21,7 @@ import (
 // retrying transient errors until ctx ends; an error that parks a target
 // is returned at once.
 func (c *Consumer) apply(ctx context.Context, j job, p *sink.Prepared) error {
-	return c.applyWith(ctx, j, p, c.sink.ApplyPrepared)
+	return c.applyWith(ctx, j, p, c.batches.ApplyPrepared)
 }
 
 // applyWith is apply through fn (ApplyPrepared, or ApplyPart for a probe).
@@ -72,7 +72,7 @@ func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job,
 		what := fmt.Sprintf("preparing batch of %d events", len(b.Events))
 		err := c.retry(ctx, "prepare", what, func() (err error) {
 			defer c.recoverPanic(what, j.offsets, &err)
-			j.prepared, err = c.sink.Prepare(ctx, b)
+			j.prepared, err = c.batches.Prepare(ctx, b)
 			return err
 		})
 		t, park := sink.ParkTarget(err)

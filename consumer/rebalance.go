@@ -44,7 +44,7 @@ func (c *Consumer) onAssigned(ctx context.Context, _ *kgo.Client, assigned map[s
 		}
 		cancel()
 	}
-	c.sink.Forget()
+	c.ledger.Forget()
 	c.health.Joined.Store(true)
 	c.log.Info("partitions assigned", zap.Any("partitions", assigned))
 	c.skipUnroutable(ctx, assigned)
@@ -184,16 +184,16 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 	if !c.awaitClient(ctx) {
 		return offsets, ctx.Err()
 	}
-	applied, err := c.sink.Offsets(ctx)
+	applied, err := c.ledger.Offsets(ctx)
 	if err != nil {
 		c.log.Warn("reading scd2sink_offsets; resuming from Kafka's offsets", zap.Error(err))
 		return offsets, nil
 	}
-	anchors, err := c.sink.Anchors(ctx)
+	anchors, err := c.ledger.Anchors(ctx)
 	if err != nil {
 		c.log.Warn("reading scd2sink_offsets' anchors", zap.Error(err))
 	}
-	storedIDs, err := c.sink.TopicIDs(ctx)
+	storedIDs, err := c.ledger.TopicIDs(ctx)
 	if err != nil {
 		c.log.Warn("reading the topic IDs in scd2sink_offsets", zap.Error(err))
 	}
@@ -284,7 +284,7 @@ func (c *Consumer) lostProgress(ctx context.Context, offsets map[string]map[int3
 		names = append(names, targets[t])
 	}
 	hctx, hcancel := context.WithTimeout(ctx, routeBudget) // a rebalance callback: bounded
-	exists, err := c.sink.HistoryTables(hctx, names)
+	exists, err := c.ledger.HistoryTables(hctx, names)
 	hcancel()
 	if err != nil {
 		c.log.Warn("looking for the history tables of partitions scd2sink_offsets has no offset for; resuming from Kafka's offsets", zap.Error(err))
@@ -375,7 +375,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 	c.seq.DropPartitions(parts)
 	c.anchors.drop(parts)
 	c.forgetCommitted(parts)
-	c.sink.Forget()
+	c.ledger.Forget()
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
 }
 
@@ -398,7 +398,7 @@ func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]
 	c.anchors.drop(parts)
 	c.dropPending(parts)
 	c.forgetCommitted(parts)
-	c.sink.Forget()
+	c.ledger.Forget()
 	c.health.Joined.Store(false)
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
 }

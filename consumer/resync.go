@@ -187,7 +187,7 @@ func (c *Consumer) resync(ctx context.Context) error {
 	c.pending, c.pendBytes, c.dead, c.snaps, c.lost = nil, 0, nil, nil, nil
 	c.noteBuffer()
 	c.seekTo(targets)
-	c.sink.Forget()
+	c.ledger.Forget()
 	c.resyncWhy.Store(nil)
 	c.log.Warn("batches not applied were abandoned; reading their records again from the last applied offsets",
 		zap.String("why", *p), zap.Any("from", targets))

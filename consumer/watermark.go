@@ -141,10 +141,10 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client, before map[
 				TopicID: ids[e.Topic], Connector: conns[e.Topic]}
 		}
 	})
-	if err := c.sink.Watermark(lctx, looks); err != nil {
+	if err := c.marks.Watermark(lctx, looks); err != nil {
 		return published, err
 	}
-	wm, err := c.sink.Watermarks(lctx)
+	wm, err := c.marks.Watermarks(lctx)
 	if err != nil {
 		return published, err
 	}
@@ -212,7 +212,7 @@ func (c *Consumer) noteValid(topic, source string, v time.Time) {
 func (c *Consumer) loadConnectors(ctx context.Context) bool {
 	lctx, cancel := context.WithTimeout(ctx, 5*watermarkEvery)
 	defer cancel()
-	known, err := c.sink.Connectors(lctx)
+	known, err := c.marks.Connectors(lctx)
 	if err != nil {
 		return false
 	}
