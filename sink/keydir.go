@@ -41,7 +41,7 @@ func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *table) error {
 		return nil
 	}
 	rows := w.dir
-	types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
+	types, names := t.KeyTypes(), genericNames("k", len(t.KeyIdx))
 	var args []any
 	for i := range t.KeyIdx {
 		args = append(args, column(len(rows), func(j int) any { return rows[j].key[i] }))
@@ -98,10 +98,10 @@ func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan
 		JOIN %s d ON %s
 		LEFT JOIN LATERAL (SELECT * FROM %s x WHERE %s AND NOT x.is_current AND x.valid_to >= d.last_to ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.Side.Sanitize(), t.keyJoin("o", "k"), src,
-		t.Parts.Dir().Sanitize(), t.keyJoin("d", "k"),
-		t.Hist.Sanitize(), t.keyJoin("x", "k"),
-		t.Side.Sanitize(), t.keyJoin("e", "k"))
+		versionCols, t.colList("h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src,
+		t.Parts.Dir().Sanitize(), t.KeyJoin("d", "k"),
+		t.Hist.Sanitize(), t.KeyJoin("x", "k"),
+		t.Side.Sanitize(), t.KeyJoin("e", "k"))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading closed versions of %s: %w", t.Hist.Sanitize(), err)

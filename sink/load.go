@@ -30,16 +30,6 @@ func (t *table) keysSource(keys []*keyPlan, firstParam int) (string, []any) {
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
-// keyJoin renders "a.k1 = b.k1 AND ...".
-func (t *table) keyJoin(a, b string) string {
-	var parts []string
-	for _, k := range t.KeyNames() {
-		q := pgx.Identifier{k}.Sanitize()
-		parts = append(parts, fmt.Sprintf("%s.%s = %s.%s", a, q, b, q))
-	}
-	return strings.Join(parts, " AND ")
-}
-
 func (t *table) colList(prefix string) string {
 	parts := make([]string, len(t.Cols))
 	for i, c := range t.Cols {
@@ -169,7 +159,7 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	src, args := t.keysSource(missing, 1)
 	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
 		JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		src, t.Side.Sanitize(), t.keyJoin("e", "k"))
+		src, t.Side.Sanitize(), t.KeyJoin("e", "k"))
 	rows2, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading side rows of %s: %w", t.Hist.Sanitize(), err)
@@ -229,8 +219,8 @@ func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (strin
 		FROM %s
 		JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.Side.Sanitize(), t.keyJoin("o", "k"), src, t.Hist.Sanitize(), t.keyJoin("x", "k"), cur,
-		t.Side.Sanitize(), t.keyJoin("e", "k"))
+		versionCols, t.colList("h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src, t.Hist.Sanitize(), t.KeyJoin("x", "k"), cur,
+		t.Side.Sanitize(), t.KeyJoin("e", "k"))
 	return q, args
 }
 
@@ -353,7 +343,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 					AND h.valid_from >= f.t AND h.scd_op <> 'd' AS ok FROM %[1]s h WHERE %[2]s AND h.scd_seq > f.l ORDER BY h.scd_seq LIMIT 64) b
 					WHERE b.ok ORDER BY b.s LIMIT 1)
 			FROM %[3]s JOIN unnest($%[4]d::bytea[], $%[5]d::bytea[], $%[6]d::timestamptz[]) WITH ORDINALITY AS f(s, l, t, ord) ON f.ord = k.scd_ord`,
-			t.Hist.Sanitize(), t.keyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
+			t.Hist.Sanitize(), t.KeyJoin("h", "k"), src, len(args)+1, len(args)+2, len(args)+3), append(args, from, lasts, latest)...)
 		if err != nil {
 			return nil, fmt.Errorf("reading where the history of %s is read from: %w", t.Hist.Sanitize(), err)
 		}
@@ -394,7 +384,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	}
 	// Per key, one index range scan of (key, scd_seq) between its bounds.
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN LATERAL (SELECT * FROM %s h WHERE %s%s) h ON true ORDER BY k.scd_ord, h.scd_seq`,
-		versionCols, t.colList("h."), src, t.Hist.Sanitize(), t.keyJoin("h", "k"), histFrom)
+		versionCols, t.colList("h."), src, t.Hist.Sanitize(), t.KeyJoin("h", "k"), histFrom)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
@@ -420,7 +410,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
 	}
 	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN LATERAL (SELECT * FROM %s e WHERE %s%s) e ON true ORDER BY k.scd_ord, e.scd_seq`,
-		t.colList("e."), src, t.Side.Sanitize(), t.keyJoin("e", "k"), sideFrom)
+		t.colList("e."), src, t.Side.Sanitize(), t.KeyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading side rows of %s: %w", t.Hist.Sanitize(), err)
@@ -522,7 +512,7 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 		JOIN LATERAL (SELECT e.scd_absent, e.scd_attnum FROM %[3]s e WHERE %[4]s AND e.scd_op IN ('c', 'r', 'u')
 			AND e.scd_seq > coalesce(f.v, (SELECT h.scd_seq FROM %[5]s h WHERE %[6]s AND h.scd_op <> 'd' ORDER BY h.scd_seq DESC LIMIT 1), ''::bytea)
 			ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		src, len(args)+1, t.Side.Sanitize(), t.keyJoin("e", "k"), t.Hist.Sanitize(), t.keyJoin("h", "k"))
+		src, len(args)+1, t.Side.Sanitize(), t.KeyJoin("e", "k"), t.Hist.Sanitize(), t.KeyJoin("h", "k"))
 	rows, err := tx.Query(ctx, q, append(args, after)...)
 	if err != nil {
 		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)

@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/scd2sink/scd2sink/sink/catalog"
 	"slices"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/scd2sink/scd2sink/sink/catalog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"

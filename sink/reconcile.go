@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/scd2sink/scd2sink/sink/catalog"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/scd2sink/scd2sink/sink/catalog"
 
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 

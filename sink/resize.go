@@ -3,10 +3,11 @@ package sink
 import (
 	"context"
 	"fmt"
-	"github.com/scd2sink/scd2sink/sink/catalog"
 	"hash/fnv"
 	"sort"
 	"strings"
+
+	"github.com/scd2sink/scd2sink/sink/catalog"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"

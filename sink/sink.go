@@ -2,17 +2,16 @@ package sink
 
 import (
 	"context"
-	"fmt"
-	"github.com/scd2sink/scd2sink/sink/catalog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/maint"
+
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/statecache"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -106,6 +105,8 @@ type Sink struct {
 	// the first batch); stats counts the ways batches took.
 	tune  tuning
 	stats counters
+	// maint is the history's upkeep (package maint, upkeep.go).
+	maint *maint.Maint
 }
 
 // New validates cfg and returns a Sink writing through pool. Call Init before
@@ -131,6 +132,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		s.snapDeletes[t.Target] = t.SnapshotDeletes
 	}
 	s.erasureStale.Store(true)
+	s.maint = maint.New(maint.Config{Schema: cfg.Schema, ConsumerGroup: cfg.ConsumerGroup, Patterns: cfg.Resolve != nil,
+		Logger: cfg.Logger, Retry: s.withRetry, Tuning: &s.tune.Tuning}, pool, upkeepView{s})
 	return s, nil
 }
 
@@ -218,32 +221,12 @@ func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, erro
 
 // Querier is what reads the catalog: a pool, a connection or a
 // transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+type Querier = catalog.Querier
 
 // KeyColumns reads the key columns of the history table schema.target
-// from its (key columns, scd_seq) index (a partitioned table's: key
-// columns, scd_seq, is_current, valid_to), in order; none when it does not
-// exist.
-func KeyColumns(ctx context.Context, pool Querier, schema, target string) ([]string, error) {
-	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
-		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-		WHERE n.nspname = $1 AND c.relname = $2
-		ORDER BY array_position(i.indkey::int2[], a.attnum)`, schema, target+"_scd_key_seq")
-	if err != nil {
-		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
-	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
-	}
-	// A partitioned table's index goes on with its partition keys.
-	if i := slices.Index(cols, "scd_seq"); i >= 0 {
-		cols = cols[:i]
-	}
-	return cols, nil
+// (catalog.KeyColumns); none when it does not exist.
+func KeyColumns(ctx context.Context, q Querier, schema, target string) ([]string, error) {
+	return catalog.KeyColumns(ctx, q, schema, target)
 }
 
 // Forget empties the Sink's memory of what it wrote. The consumer calls it

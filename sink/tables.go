@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"go.uber.org/zap"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -287,4 +288,16 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// warnPlain logs, once per table, that a table configured with
+// partitioning exists unpartitioned and is left as it is.
+func (s *Sink) warnPlain(t *table) {
+	if t == nil || !t.PlainButPartitioned {
+		return
+	}
+	if _, done := s.plainWarned.LoadOrStore(t.Spec.Target, true); !done {
+		s.log.Warn("the history table exists unpartitioned and is left as it is: partitioning applies to tables the service creates; migrate with scd2sink rebuild (docs/history-tables.md)",
+			zap.String("target", t.Spec.Target))
+	}
 }

@@ -30,7 +30,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 	}
 	keys := catalog.QuoteIdents(t.KeyNames())
 	var after []string
-	for i, kt := range t.keyTypes() {
+	for i, kt := range t.KeyTypes() {
 		after = append(after, fmt.Sprintf("$%d::%s", i+2, kt))
 	}
 	// Keys with a NULL (only in a table adopted with such rows; the sink

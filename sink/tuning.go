@@ -3,6 +3,8 @@ package sink
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/scd2sink/scd2sink/sink/maint"
 )
 
 // tuning holds the sizes and hooks a Sink's maintenance and repairs work
@@ -28,13 +30,9 @@ type tuning struct {
 	// LateRerunEvery bounds how often one Sink runs a reconciliation
 	// again for late events (reconcile.go).
 	LateRerunEvery time.Duration
-	// RetentionChunk is how many keys one retention transaction handles;
-	// RetentionWindow how many rows one retention pick reads;
-	// AfterRetentionPick, when set, is called with the phase after each
-	// pick, before the chunk's lock (retention.go).
-	RetentionChunk     int
-	RetentionWindow    int
-	AfterRetentionPick func(phase string)
+	// Tuning holds retention's chunk and window sizes and its hook
+	// (package maint).
+	maint.Tuning
 }
 
 // defaultTuning is the service's tuning.
@@ -44,7 +42,7 @@ func defaultTuning() tuning {
 		TruncateChunk:  5000,
 		ReconcileChunk: 5000,
 		LateRerunEvery: 10 * time.Second,
-		RetentionChunk: 1000, RetentionWindow: 50_000,
+		Tuning:         maint.DefaultTuning(),
 	}
 }
 

@@ -82,14 +82,6 @@ func column[T any](n int, get func(int) T) pgtype.FlatArray[T] {
 	return out
 }
 
-func (t *table) keyTypes() []string {
-	out := make([]string, len(t.KeyIdx))
-	for i, ki := range t.KeyIdx {
-		out[i] = t.Cols[ki].TypeName
-	}
-	return out
-}
-
 func genericNames(prefix string, n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -254,7 +246,7 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 	if len(rows) == 0 {
 		return nil
 	}
-	types, names := t.keyTypes(), genericNames("k", len(t.KeyIdx))
+	types, names := t.KeyTypes(), genericNames("k", len(t.KeyIdx))
 	var args []any
 	for i := range t.KeyIdx {
 		args = append(args, column(len(rows), func(j int) any { return rows[j].key[i] }))
@@ -296,7 +288,7 @@ func (t *table) versionKeys(vs []*fold.Version, b *change.Boxes) (types, names [
 // seq; the sequences are boxed from b (an array of byte slices boxes each
 // element as pgx encodes it: one allocation per element).
 func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
-	types, names = append(t.keyTypes(), "bytea"), append(genericNames("k", len(t.KeyIdx)), "seq")
+	types, names = append(t.KeyTypes(), "bytea"), append(genericNames("k", len(t.KeyIdx)), "seq")
 	for i := range t.KeyIdx {
 		args = append(args, column(n, func(j int) any { return key(j)[i] }))
 	}
@@ -429,4 +421,17 @@ func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string
 		texts[i] = string(b)
 	}
 	return "text", texts, fmt.Sprintf("%s::%s", ref, c.TypeName), nil
+}
+
+// closedTimes are the valid_to of the versions w writes closed.
+func (w *writes) closedTimes() []time.Time {
+	var out []time.Time
+	for _, vs := range [][]*fold.Version{w.closeOnly, w.full, w.insVersions} {
+		for _, v := range vs {
+			if v.Closed {
+				out = append(out, v.To)
+			}
+		}
+	}
+	return out
 }

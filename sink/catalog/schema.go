@@ -267,3 +267,46 @@ func (t *Table) Has(name string, ignored []string) bool {
 	_, ok := t.Index[Ident(name)]
 	return ok || slices.Contains(ignored, name)
 }
+
+// KeyTypes are the types of t's key columns, in key order.
+func (t *Table) KeyTypes() []string {
+	out := make([]string, len(t.KeyIdx))
+	for i, ki := range t.KeyIdx {
+		out[i] = t.Cols[ki].TypeName
+	}
+	return out
+}
+
+// KeyJoin renders "a.k1 = b.k1 AND ..." over t's key columns.
+func (t *Table) KeyJoin(a, b string) string {
+	var parts []string
+	for _, k := range t.KeyNames() {
+		q := pgx.Identifier{k}.Sanitize()
+		parts = append(parts, fmt.Sprintf("%s.%s = %s.%s", a, q, b, q))
+	}
+	return strings.Join(parts, " AND ")
+}
+
+// KeyColumns reads the key columns of the history table schema.target
+// from its (key columns, scd_seq) index (a partitioned table's: key
+// columns, scd_seq, is_current, valid_to), in order; none when it does
+// not exist.
+func KeyColumns(ctx context.Context, q Querier, schema, target string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT a.attname FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+		WHERE n.nspname = $1 AND c.relname = $2
+		ORDER BY array_position(i.indkey::int2[], a.attnum)`, schema, target+KeyIndexSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading the key of %s: %w", target, err)
+	}
+	// A partitioned table's index goes on with its partition keys.
+	if i := slices.Index(cols, "scd_seq"); i >= 0 {
+		cols = cols[:i]
+	}
+	return cols, nil
+}

@@ -1,4 +1,4 @@
-package sink
+package maint
 
 import (
 	"context"
@@ -30,16 +30,16 @@ func (v Violation) String() string {
 // target: at most one current version per key; is_current exactly when
 // valid_to is NULL; valid_from <= valid_to; versions of a key never
 // overlap; (key, scd_seq) unique. It returns every violation found.
-func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
-	spec, ok := s.spec(target)
+func (m *Maint) Verify(ctx context.Context, target string) ([]Violation, error) {
+	spec, ok := m.w.Spec(target)
 	if !ok {
 		return nil, fmt.Errorf("verifying %s: no such table is configured", target)
 	}
 	hist := pgx.Identifier{spec.Schema, spec.Target}.Sanitize()
 	n := catalog.NamesOf(spec.Target)
 	var cat *catalog.Catalog
-	_, err := s.withRetry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
-		cat, err = catalog.ReadCatalog(ctx, s.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex, n.Hist + catalog.DirSuffix},
+	_, err := m.cfg.Retry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
+		cat, err = catalog.ReadCatalog(ctx, m.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex, n.Hist + catalog.DirSuffix},
 			n.AsOf, n.Hist)
 		return err
 	})
@@ -51,8 +51,8 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 	}
 	if len(spec.Keys) == 0 {
 		var keys []string
-		if _, err := s.withRetry(ctx, "verify", "reading the key of "+hist, func(ctx context.Context) (err error) {
-			keys, err = s.existingKeys(ctx, spec)
+		if _, err := m.cfg.Retry(ctx, "verify", "reading the key of "+hist, func(ctx context.Context) (err error) {
+			keys, err = catalog.KeyColumns(ctx, m.pool, spec.Schema, spec.Target)
 			return err
 		}); err != nil {
 			return nil, err
@@ -129,12 +129,12 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 			 WHERE scd_deleted AND prev_id IS NOT NULL AND (prev_deleted OR prev_to IS DISTINCT FROM valid_from)`, keyJSON, hist, keys)})
 	}
 	var out []Violation
-	_, err = s.withRetry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
+	_, err = m.cfg.Retry(ctx, "verify", "verifying "+hist, func(ctx context.Context) error {
 		out = append([]Violation(nil), missing...)
-		if err := s.verify(ctx, hist, checks, &out); err != nil {
+		if err := m.verify(ctx, hist, checks, &out); err != nil {
 			return err
 		}
-		erased, err := s.erasedViolations(ctx, spec, hist)
+		erased, err := m.w.ErasedViolations(ctx, spec, hist)
 		out = append(out, erased...)
 		return err
 	})
@@ -146,7 +146,7 @@ func (s *Sink) Verify(ctx context.Context, target string) ([]Violation, error) {
 // with its columns and index, the repair audit, _current and _as_of (a
 // table or index dropped or changed by hand); columns reports whether a
 // column of the history table itself is missing.
-func structure(hist string, spec TableSpec, cat *catalog.Catalog) (out []Violation, columns bool) {
+func structure(hist string, spec catalog.TableSpec, cat *catalog.Catalog) (out []Violation, columns bool) {
 	n := catalog.NamesOf(spec.Target)
 	missing := func(what string) {
 		out = append(out, Violation{Table: hist, Check: "missing " + what, Key: "-", Info: "restore it, or restart scd2sink run to create it again"})
@@ -198,9 +198,9 @@ const MaxViolationsListed = 1000
 
 // verify runs checks, streaming each one's rows: at most
 // MaxViolationsListed are kept per check, the rest only counted.
-func (s *Sink) verify(ctx context.Context, hist string, checks []struct{ name, sql string }, out *[]Violation) error {
+func (m *Maint) verify(ctx context.Context, hist string, checks []struct{ name, sql string }, out *[]Violation) error {
 	for _, c := range checks {
-		rows, err := s.pool.Query(ctx, c.sql)
+		rows, err := m.pool.Query(ctx, c.sql)
 		if err != nil {
 			return fmt.Errorf("verifying %s (%s): %w", hist, c.name, err)
 		}

@@ -1,4 +1,4 @@
-package sink
+package maint
 
 import (
 	"context"
@@ -18,19 +18,19 @@ import (
 
 // Claim records topic as the writer of target unless another topic holds
 // it, and returns the topic that holds it.
-func (s *Sink) Claim(ctx context.Context, target, topic string) (string, error) {
+func (m *Maint) Claim(ctx context.Context, target, topic string) (string, error) {
 	q := fmt.Sprintf(`WITH ins AS (
 			INSERT INTO %[1]s.%[2]s (consumer_group, target, topic) VALUES ($1, $2, $3)
 			ON CONFLICT (consumer_group, target) DO NOTHING RETURNING topic)
 		SELECT topic FROM ins UNION ALL
 		SELECT topic FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2
-		LIMIT 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable)
+		LIMIT 1`, pgx.Identifier{m.cfg.Schema}.Sanitize(), catalog.ClaimsTable)
 	// A claim committed by another member after this statement's snapshot
 	// was taken conflicts with the insert yet is not seen by the select:
 	// the next try sees it.
 	for try := 0; try < 3; try++ {
 		var owner string
-		err := s.pool.QueryRow(ctx, q, s.cfg.ConsumerGroup, target, topic).Scan(&owner)
+		err := m.pool.QueryRow(ctx, q, m.cfg.ConsumerGroup, target, topic).Scan(&owner)
 		if err == nil {
 			return owner, nil
 		}
