@@ -77,7 +77,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
 		}
 	}
-	loaded, err := t.loadLatest(ctx, tx, uncached, pre)
+	loaded, err := loadLatest(t, ctx, tx, uncached, pre)
 	if err != nil {
 		return res, nil, err
 	}
@@ -100,7 +100,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		}
 		appending, appendStates = append(appending, kp), append(appendStates, states[i])
 	}
-	if err := t.readPrevAbsent(ctx, tx, appending, appendStates, batchEvents); err != nil {
+	if err := readPrevAbsent(t, ctx, tx, appending, appendStates, batchEvents); err != nil {
 		return res, nil, err
 	}
 	w := &writes{pre: ops.pre}
@@ -137,7 +137,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			}
 		}
 	}
-	hists, err := t.loadHistoryFrom(ctx, tx, repair, repairFrom, bounds)
+	hists, err := loadHistoryFrom(t, ctx, tx, repair, repairFrom, bounds)
 	if err != nil {
 		return res, nil, err
 	}
@@ -149,7 +149,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)
 		if !ok {
 			// The boundary would have moved: read on to the end.
-			again, err := t.loadHistoryFrom(ctx, tx, repair[i:i+1], repairFrom[i:i+1], nil)
+			again, err := loadHistoryFrom(t, ctx, tx, repair[i:i+1], repairFrom[i:i+1], nil)
 			if err != nil {
 				return res, nil, err
 			}
@@ -376,7 +376,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 			}
 		}
 		var expired []DeadLetter
-		batch, expired = t.afterHorizon(batch, h.horizon, first)
+		batch, expired = expiredOf(t, batch, h.horizon, first)
 		dead = append(dead, expired...)
 		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fold.Event) bool { return !afterHorizon(tr.Seq, h.horizon, first) })
 	}

@@ -75,7 +75,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 			match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
 			args = append(args, e.OldKey[i])
 		}
-		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", t.colList("h."), t.Hist.Sanitize(), match)
+		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", colList(t, "h."), t.Hist.Sanitize(), match)
 		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("reading the old key of a primary-key change in %s: %w", t.Hist.Sanitize(), err)

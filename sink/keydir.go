@@ -81,7 +81,7 @@ func prefixed(p string, names []string) []string {
 // directory row has no version and is not looked up (its ClosedFrom is
 // fold.NoneClosed); a key whose bound
 // finds nothing is returned in again, to be read from every partition.
-func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest) (again []int, err error) {
+func readClosedLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest) (again []int, err error) {
 	sub := make([]*keyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]
@@ -89,7 +89,7 @@ func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan
 	for _, i := range idx {
 		out[i].ClosedFrom = fold.NoneClosed // unless the directory has it
 	}
-	src, args := t.keysSource(sub, 1)
+	src, args := keysSource(t, sub, 1)
 	// (The bound is a parameter of the inner side of a nested loop: the
 	// partitions ending at or before it are pruned at run time.)
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
@@ -98,7 +98,7 @@ func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan
 		JOIN %s d ON %s
 		LEFT JOIN LATERAL (SELECT * FROM %s x WHERE %s AND NOT x.is_current AND x.valid_to >= d.last_to ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src,
+		versionCols, colList(t, "h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src,
 		t.Parts.Dir().Sanitize(), t.KeyJoin("d", "k"),
 		t.Hist.Sanitize(), t.KeyJoin("x", "k"),
 		t.Side.Sanitize(), t.KeyJoin("e", "k"))
@@ -118,7 +118,7 @@ func (t *table) readClosedLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan
 			again = append(again, i)
 			continue
 		}
-		if err := t.latestFromRow(vals, &out[i]); err != nil {
+		if err := latestFromRow(t, vals, &out[i]); err != nil {
 			return nil, err
 		}
 	}

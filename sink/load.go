@@ -15,7 +15,7 @@ import (
 
 // keysSource renders "unnest($1::t1[], ...) WITH ORDINALITY AS k(k1, ..., ord)"
 // and its arguments for the given keys; rows come back numbered from 1.
-func (t *table) keysSource(keys []*keyPlan, firstParam int) (string, []any) {
+func keysSource(t *table, keys []*keyPlan, firstParam int) (string, []any) {
 	var casts []string
 	args := make([]any, len(t.KeyIdx))
 	for i, ki := range t.KeyIdx {
@@ -30,7 +30,7 @@ func (t *table) keysSource(keys []*keyPlan, firstParam int) (string, []any) {
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
-func (t *table) colList(prefix string) string {
+func colList(t *table, prefix string) string {
 	parts := make([]string, len(t.Cols))
 	for i, c := range t.Cols {
 		parts[i] = prefix + pgx.Identifier{c.Name}.Sanitize()
@@ -44,7 +44,7 @@ const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.
 // after the key ordinal.
 const rowAt = 12
 
-func (t *table) scanVersion(vals []any, off int) (*fold.Version, error) {
+func scanVersion(t *table, vals []any, off int) (*fold.Version, error) {
 	v := &fold.Version{Stored: true}
 	var ok bool
 	if v.ID, ok = vals[off].(int64); !ok {
@@ -65,7 +65,7 @@ func (t *table) scanVersion(vals []any, off int) (*fold.Version, error) {
 		v.CloseSeq = change.Seq(cs)
 	}
 	v.Unavail = asStrings(vals[off+7])
-	v.Absent = t.unknown(asStrings(vals[off+8]), vals[off+10])
+	v.Absent = unknown(t, asStrings(vals[off+8]), vals[off+10])
 	v.Complete = vals[off+10] == nil
 	v.OpenAbsent = v.Absent
 	v.Raw, _ = vals[off+9].(time.Time)
@@ -75,7 +75,7 @@ func (t *table) scanVersion(vals []any, off int) (*fold.Version, error) {
 // unknown adds to absent the non-key columns added to the table after a
 // row was written (attnum above the row's scd_attnum; NULL in rows from
 // before scd_attnum, taken as knowing every column).
-func (t *table) unknown(absent []string, rowAttnum any) []string {
+func unknown(t *table, absent []string, rowAttnum any) []string {
 	n, ok := rowAttnum.(int16)
 	if !ok || n >= t.Attnum {
 		return absent
@@ -107,7 +107,7 @@ func asBytes(v any) []byte {
 // loadLatest reads, for each key, its latest version and side-table
 // summary. pre holds what the batch's prefetch (prefetch.go) read of some
 // keys in its first read: those are not read again.
-func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*fold.Latest) ([]fold.Latest, error) {
+func loadLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*fold.Latest) ([]fold.Latest, error) {
 	out := make([]fold.Latest, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -129,19 +129,19 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	// among the closed ones, from the directory's bound on; those it does
 	// not find there, in every partition.
 	if len(first) > 0 {
-		if err := t.readLatest(ctx, tx, keys, first, out, t.Parts != nil); err != nil {
+		if err := readLatest(t, ctx, tx, keys, first, out, t.Parts != nil); err != nil {
 			return nil, err
 		}
 	}
 	pending := all
 	if t.Parts != nil {
 		if pending = withoutVersion(out, all); len(pending) > 0 {
-			again, err := t.readClosedLatest(ctx, tx, keys, pending, out)
+			again, err := readClosedLatest(t, ctx, tx, keys, pending, out)
 			if err != nil {
 				return nil, err
 			}
 			if len(again) > 0 {
-				if err := t.readLatest(ctx, tx, keys, again, out, false); err != nil {
+				if err := readLatest(t, ctx, tx, keys, again, out, false); err != nil {
 					return nil, err
 				}
 			}
@@ -156,7 +156,7 @@ func (t *table) loadLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre 
 	for j, i := range idx {
 		missing[j] = keys[i]
 	}
-	src, args := t.keysSource(missing, 1)
+	src, args := keysSource(t, missing, 1)
 	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_seq, s.scd_t FROM %s
 		JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
 		src, t.Side.Sanitize(), t.KeyJoin("e", "k"))
@@ -191,23 +191,23 @@ func withoutVersion(out []fold.Latest, idx []int) []int {
 
 // readLatest reads into out[i], for the keys keys[i] of idx, the latest
 // version (onlyCurrent: the current one) and the side-table summary.
-func (t *table) readLatest(ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
-	q, args := t.latestQuery(keys, idx, onlyCurrent)
+func readLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
+	q, args := latestQuery(t, keys, idx, onlyCurrent)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("reading current versions of %s: %w", t.Hist.Sanitize(), err)
 	}
 	defer rows.Close()
-	return t.scanLatest(rows, idx, out)
+	return scanLatest(t, rows, idx, out)
 }
 
 // latestQuery is readLatest's statement.
-func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (string, []any) {
+func latestQuery(t *table, keys []*keyPlan, idx []int, onlyCurrent bool) (string, []any) {
 	sub := make([]*keyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]
 	}
-	src, args := t.keysSource(sub, 1)
+	src, args := keysSource(t, sub, 1)
 	cur := ""
 	if onlyCurrent {
 		cur = " AND x.is_current"
@@ -219,19 +219,19 @@ func (t *table) latestQuery(keys []*keyPlan, idx []int, onlyCurrent bool) (strin
 		FROM %s
 		JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
-		versionCols, t.colList("h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src, t.Hist.Sanitize(), t.KeyJoin("x", "k"), cur,
+		versionCols, colList(t, "h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src, t.Hist.Sanitize(), t.KeyJoin("x", "k"), cur,
 		t.Side.Sanitize(), t.KeyJoin("e", "k"))
 	return q, args
 }
 
 // scanLatest reads latestQuery's rows into out (see readLatest).
-func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
+func scanLatest(t *table, rows pgx.Rows, idx []int, out []fold.Latest) error {
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
 			return err
 		}
-		if err := t.latestFromRow(vals, &out[idx[vals[0].(int64)-1]]); err != nil {
+		if err := latestFromRow(t, vals, &out[idx[vals[0].(int64)-1]]); err != nil {
 			return err
 		}
 	}
@@ -244,9 +244,9 @@ func (t *table) scanLatest(rows pgx.Rows, idx []int, out []fold.Latest) error {
 // latestFromRow sets l from a row of latestQuery (or readClosedLatest):
 // the key's ordinal, its version, the side-table summary and whether
 // the version's opener is saved.
-func (t *table) latestFromRow(vals []any, l *fold.Latest) error {
+func latestFromRow(t *table, vals []any, l *fold.Latest) error {
 	n := len(t.Cols)
-	v, err := t.scanVersion(vals, 1)
+	v, err := scanVersion(t, vals, 1)
 	if err != nil {
 		return err
 	}
@@ -299,8 +299,8 @@ type bound struct {
 }
 
 // loadHistory reads every version and side row of the keys.
-func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
-	return t.loadHistoryFrom(ctx, tx, keys, nil, nil)
+func loadHistory(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
+	return loadHistoryFrom(t, ctx, tx, keys, nil, nil)
 }
 
 // loadHistoryFrom reads the history of each key from the version before
@@ -313,13 +313,13 @@ func (t *table) loadHistory(ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]
 //
 // With bounds (one per key; a zero one for none), a key's history is read
 // only up to its boundary version, when it has one (see bound).
-func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq, bounds []bound) ([]history, error) {
+func loadHistoryFrom(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq, bounds []bound) ([]history, error) {
 	out := make([]history, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	n := len(t.Cols)
-	src, args := t.keysSource(keys, 1)
+	src, args := keysSource(t, keys, 1)
 	if after != nil {
 		from := make([][]byte, len(keys))
 		lasts := make([][]byte, len(keys))
@@ -384,7 +384,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 	}
 	// Per key, one index range scan of (key, scd_seq) between its bounds.
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s FROM %s JOIN LATERAL (SELECT * FROM %s h WHERE %s%s) h ON true ORDER BY k.scd_ord, h.scd_seq`,
-		versionCols, t.colList("h."), src, t.Hist.Sanitize(), t.KeyJoin("h", "k"), histFrom)
+		versionCols, colList(t, "h."), src, t.Hist.Sanitize(), t.KeyJoin("h", "k"), histFrom)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
@@ -395,7 +395,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 			rows.Close()
 			return nil, err
 		}
-		v, err := t.scanVersion(vals, 1)
+		v, err := scanVersion(t, vals, 1)
 		if err != nil {
 			rows.Close()
 			return nil, err
@@ -410,7 +410,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		return nil, fmt.Errorf("reading history of %s: %w", t.Hist.Sanitize(), err)
 	}
 	q = fmt.Sprintf(`SELECT k.scd_ord, e.scd_seq, e.scd_op, e.scd_t, e.scd_hash, e.scd_unavailable, e.scd_absent, e.scd_raw_t, e.scd_attnum, %s FROM %s JOIN LATERAL (SELECT * FROM %s e WHERE %s%s) e ON true ORDER BY k.scd_ord, e.scd_seq`,
-		t.colList("e."), src, t.Side.Sanitize(), t.KeyJoin("e", "k"), sideFrom)
+		colList(t, "e."), src, t.Side.Sanitize(), t.KeyJoin("e", "k"), sideFrom)
 	rows, err = tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading side rows of %s: %w", t.Hist.Sanitize(), err)
@@ -429,7 +429,7 @@ func (t *table) loadHistoryFrom(ctx context.Context, tx pgx.Tx, keys []*keyPlan,
 		if _, err := change.ParseOp(op); err != nil {
 			return nil, &DriftError{Table: t.Side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
-		fe := fold.Event{Seq: change.Seq(asBytes(vals[1])), Op: change.Op(op[0]), Hash: asBytes(vals[4]), Unavail: asStrings(vals[5]), Absent: t.unknown(asStrings(vals[6]), vals[8]), Complete: vals[8] == nil}
+		fe := fold.Event{Seq: change.Seq(asBytes(vals[1])), Op: change.Op(op[0]), Hash: asBytes(vals[4]), Unavail: asStrings(vals[5]), Absent: unknown(t, asStrings(vals[6]), vals[8]), Complete: vals[8] == nil}
 		fe.T, _ = vals[3].(time.Time)
 		fe.Raw, _ = vals[7].(time.Time)
 		if fe.Op.HasAfter() {
@@ -474,7 +474,7 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.E
 // whose row holds NULL for the columns it lacked: nothing to change. Keys
 // without side rows after that version are not read; a batch without
 // placeholders reads nothing.
-func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, states []*fold.Latest, evs map[*keyPlan][]fold.Event) error {
+func readPrevAbsent(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, states []*fold.Latest, evs map[*keyPlan][]fold.Event) error {
 	var need []*keyPlan
 	var at []int
 	var after [][]byte // the latest version's sequence; nil: marked deleted
@@ -506,7 +506,7 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 	if len(need) == 0 {
 		return nil
 	}
-	src, args := t.keysSource(need, 1)
+	src, args := keysSource(t, need, 1)
 	q := fmt.Sprintf(`SELECT k.scd_ord, s.scd_absent, s.scd_attnum
 		FROM %[1]s JOIN unnest($%[2]d::bytea[]) WITH ORDINALITY AS f(v, ord) ON f.ord = k.scd_ord
 		JOIN LATERAL (SELECT e.scd_absent, e.scd_attnum FROM %[3]s e WHERE %[4]s AND e.scd_op IN ('c', 'r', 'u')
@@ -524,7 +524,7 @@ func (t *table) readPrevAbsent(ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 			return err
 		}
 		l := states[at[vals[0].(int64)-1]]
-		l.PrevAbsent = t.unknown(asStrings(vals[1]), vals[2])
+		l.PrevAbsent = unknown(t, asStrings(vals[1]), vals[2])
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)

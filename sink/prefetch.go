@@ -142,10 +142,10 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 			for i := range idx {
 				idx[i] = i
 			}
-			q, args := t.latestQuery(keys, idx, t.Parts != nil)
+			q, args := latestQuery(t, keys, idx, t.Parts != nil)
 			queue(b, name, q, args, func(rows pgx.Rows) error {
 				out := make([]fold.Latest, len(keys))
-				if err := t.scanLatest(rows, idx, out); err != nil {
+				if err := scanLatest(t, rows, idx, out); err != nil {
 					return err
 				}
 				m := make(map[*keyPlan]*fold.Latest, len(keys))

@@ -78,12 +78,12 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 			rid, keys, seqs = append(rid, ids[i]), append(keys, r.key), append(seqs, sq)
 		}
 	}
-	types, names, args := t.keySeqColumns(n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.mem.Boxes)
+	types, names, args := keySeqColumns(t, n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.mem.Boxes)
 	types, names, args = append(types, "bigint"), append(names, "id"), append(args, rid)
 	q := fmt.Sprintf(`UPDATE %[1]s r SET %[2]s = a.arr FROM (
 			SELECT x.id, jsonb_agg(to_jsonb(h) - 'scd_seq' - 'scd_close_seq' - 'scd_hash' - 'scd_unavailable' - 'scd_absent' - 'scd_raw_t' - 'scd_attnum' ORDER BY h.scd_seq) AS arr
 			FROM %[3]s JOIN %[4]s h ON %[5]s AND h.scd_seq = x.seq GROUP BY x.id) a
-		WHERE r.id = a.id`, t.Repairs.Sanitize(), col, unnest("x", 1, types, names), t.Hist.Sanitize(), t.keyMatch("h", "x"))
+		WHERE r.id = a.id`, t.Repairs.Sanitize(), col, unnest("x", 1, types, names), t.Hist.Sanitize(), keyMatch(t, "h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 	}
@@ -93,7 +93,7 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 // keyObject renders the key x.k0.. as a JSON object of the key columns,
 // whose names are bound as parameter param (a text[] of t.keyNames()):
 // a column name, which comes from events, is never pasted into SQL.
-func (t *table) keyObject(x string, param int) string {
+func keyObject(t *table, x string, param int) string {
 	parts := make([]string, len(t.KeyIdx))
 	for i := range t.KeyIdx {
 		parts[i] = fmt.Sprintf("($%d::text[])[%d], %s.k%d", param, i+1, x, i)
@@ -111,14 +111,14 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 	if err := w.noteBelow(ctx, tx, t); err != nil {
 		return nil, err
 	}
-	types, names, args := t.keySeqColumns(len(w.repairs),
+	types, names, args := keySeqColumns(t, len(w.repairs),
 		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.mem.Boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
 	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
 		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.KeyNames())
 	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, omitted, before, after)
 		SELECT %s, x.seq, x.omitted, '[]', '[]' FROM %s ORDER BY x.ord RETURNING id`,
-		t.Repairs.Sanitize(), t.keyObject("x", len(args)), unnest("x", 1, types, names))
+		t.Repairs.Sanitize(), keyObject(t, "x", len(args)), unnest("x", 1, types, names))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)

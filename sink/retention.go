@@ -37,11 +37,11 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 	return seq.Compare(horizon) > 0
 }
 
-// afterHorizon returns the events of evs after the horizon, and the
+// expiredOf returns the events of evs after the horizon, and the
 // others described as dead letters of reason ReasonExpired, for
 // applyTable to count (Result.Expired) and log, never to store: what
 // they would change is gone.
-func (t *table) afterHorizon(evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []DeadLetter) {
+func expiredOf(t *table, evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []DeadLetter) {
 	var out []fold.Event
 	var dead []DeadLetter
 	for _, e := range evs {

@@ -77,7 +77,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.Hist.Sanitize(), err)
 		}
 		if len(chunk) > 0 {
-			hists, err := t.loadHistory(ctx, tx, chunk)
+			hists, err := loadHistory(t, ctx, tx, chunk)
 			if err != nil {
 				return err
 			}

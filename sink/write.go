@@ -91,7 +91,7 @@ func genericNames(prefix string, n int) []string {
 }
 
 // keyMatch renders "h.k1 = x.k0 AND ..." for generic key aliases.
-func (t *table) keyMatch(h, x string) string {
+func keyMatch(t *table, h, x string) string {
 	parts := make([]string, len(t.KeyIdx))
 	for i, k := range t.KeyNames() {
 		parts[i] = fmt.Sprintf("%s.%s = %s.k%d", h, pgx.Identifier{k}.Sanitize(), x, i)
@@ -133,9 +133,9 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 	}
 	if len(w.delSide) > 0 {
-		types, names, args := t.keySeqColumns(len(w.delSide),
+		types, names, args := keySeqColumns(t, len(w.delSide),
 			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.Seq }, &w.mem.Boxes)
-		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), t.keyMatch("e", "x"))
+		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), keyMatch(t, "e", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("deleting side rows of %s: %w", side, err)
 		}
@@ -147,7 +147,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 	}
 	if len(w.closeOnly) > 0 {
 		vs := w.closeOnly
-		types, names, args := t.versionKeys(vs, &w.mem.Boxes)
+		types, names, args := versionKeys(t, vs, &w.mem.Boxes)
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
 		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
 			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
@@ -160,7 +160,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 			cur = " AND h.is_current"
 		}
 		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq%s",
-			hist, unnest("x", 1, types, names), t.keyMatch("h", "x"), cur)
+			hist, unnest("x", 1, types, names), keyMatch(t, "h", "x"), cur)
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
@@ -177,7 +177,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 		}
 		if _, err := pgcodec.CopyIn(ctx, tx, t.Hist, cols, w.pre.columnTypes(t.Hist), len(w.insVersions), func(i int, row []any) []any {
 			v := w.insVersions[i]
-			row = t.appendBook(append(row, v.Row...), v, &w.mem.Boxes)
+			row = appendBook(t, append(row, v.Row...), v, &w.mem.Boxes)
 			if t.DeletedCol {
 				row = append(row, v.Deleted())
 			}
@@ -200,7 +200,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 				}
 			}
 			b := &w.mem.Boxes
-			return append(row, b.Bytes(sr.ev.Seq), opText[sr.ev.Op], b.Time(sr.ev.T), b.Bytes(sr.ev.Hash), sr.ev.Unavail, sr.ev.Absent, timeOrNil(sr.ev.Raw, b), t.attnumOf(sr.ev.Complete))
+			return append(row, b.Bytes(sr.ev.Seq), opText[sr.ev.Op], b.Time(sr.ev.T), b.Bytes(sr.ev.Hash), sr.ev.Unavail, sr.ev.Absent, timeOrNil(sr.ev.Raw, b), attnumOf(t, sr.ev.Complete))
 		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
@@ -259,7 +259,7 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 	}
 	var sets, lhs, rhs []string
 	for n, ci := range t.Type1 {
-		typ, arg, val, err := t.unnestColumn(tx, ci, len(rows), func(j int) any { return rows[j].row[ci] }, fmt.Sprintf("x.c%d", n))
+		typ, arg, val, err := unnestColumn(t, tx, ci, len(rows), func(j int) any { return rows[j].row[ci] }, fmt.Sprintf("x.c%d", n))
 		if err != nil {
 			return err
 		}
@@ -272,7 +272,7 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 		rhs = append(rhs, val)
 	}
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below)%s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
-		t.Hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names), t.keyMatch("h", "x"), cond, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
+		t.Hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names), keyMatch(t, "h", "x"), cond, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("updating Type 1 columns of %s: %w", t.Hist.Sanitize(), err)
 	}
@@ -280,14 +280,14 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
-func (t *table) versionKeys(vs []*fold.Version, b *change.Boxes) (types, names []string, args []any) {
-	return t.keySeqColumns(len(vs), func(j int) []any { return vs[j].Key }, func(j int) []byte { return vs[j].Seq }, b)
+func versionKeys(t *table, vs []*fold.Version, b *change.Boxes) (types, names []string, args []any) {
+	return keySeqColumns(t, len(vs), func(j int) []any { return vs[j].Key }, func(j int) []byte { return vs[j].Seq }, b)
 }
 
 // keySeqColumns renders n (key, sequence) pairs as unnest columns k0..,
 // seq; the sequences are boxed from b (an array of byte slices boxes each
 // element as pgx encodes it: one allocation per element).
-func (t *table) keySeqColumns(n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
+func keySeqColumns(t *table, n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
 	types, names = append(t.KeyTypes(), "bytea"), append(genericNames("k", len(t.KeyIdx)), "seq")
 	for i := range t.KeyIdx {
 		args = append(args, column(n, func(j int) any { return key(j)[i] }))
@@ -301,7 +301,7 @@ const bookWidth = 11
 
 // appendBook appends a version's bookkeeping columns, in insert order.
 // Values are boxed from b.
-func (t *table) appendBook(row []any, v *fold.Version, b *change.Boxes) []any {
+func appendBook(t *table, row []any, v *fold.Version, b *change.Boxes) []any {
 	var to any
 	var cs any
 	if v.Closed {
@@ -310,13 +310,13 @@ func (t *table) appendBook(row []any, v *fold.Version, b *change.Boxes) []any {
 	if v.CloseSeq != nil {
 		cs = b.Bytes(v.CloseSeq)
 	}
-	return append(row, b.Time(v.From), to, !v.Closed, b.Bytes(v.Seq), cs, opText[v.Op], b.Bytes(v.Hash), v.Unavail, v.Absent, timeOrNil(v.Raw, b), t.attnumOf(v.Complete))
+	return append(row, b.Time(v.From), to, !v.Closed, b.Bytes(v.Seq), cs, opText[v.Op], b.Bytes(v.Hash), v.Unavail, v.Absent, timeOrNil(v.Raw, b), attnumOf(t, v.Complete))
 }
 
 // attnumOf is the scd_attnum a row is written with: the table's newest
 // column, or NULL for a complete image (it knows every column, those
 // added later too: they are null in it).
-func (t *table) attnumOf(complete bool) any {
+func attnumOf(t *table, complete bool) any {
 	if complete {
 		return nil
 	}
@@ -342,14 +342,14 @@ var opText = func() map[change.Op]any {
 
 func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	vs := w.full
-	types, names, args := t.versionKeys(vs, &w.mem.Boxes)
+	types, names, args := versionKeys(t, vs, &w.mem.Boxes)
 	var sets []string
 	for ci, c := range t.Cols {
 		if c.Key {
 			continue
 		}
 		n := fmt.Sprintf("c%d", ci)
-		typ, arg, val, err := t.unnestColumn(tx, ci, len(vs), func(i int) any { return vs[i].Row[ci] }, "x."+n)
+		typ, arg, val, err := unnestColumn(t, tx, ci, len(vs), func(i int) any { return vs[i].Row[ci] }, "x."+n)
 		if err != nil {
 			return err
 		}
@@ -365,7 +365,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 	}
 	books := make([]any, 0, len(vs)*bookWidth)
 	for _, v := range vs {
-		books = t.appendBook(books, v, &w.mem.Boxes)
+		books = appendBook(t, books, v, &w.mem.Boxes)
 	}
 	for bi, b := range book {
 		if b.col == "scd_seq" || b.typ == "" {
@@ -391,7 +391,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 		sets = append(sets, fmt.Sprintf(`%s = string_to_array(x.b_%s, chr(31))`, l.col, l.col))
 	}
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND h.scd_seq = x.seq", t.Hist.Sanitize(), strings.Join(sets, ", "),
-		unnest("x", 1, types, names), t.keyMatch("h", "x"))
+		unnest("x", 1, types, names), keyMatch(t, "h", "x"))
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("rewriting versions of %s: %w", t.Hist.Sanitize(), err)
 	}
@@ -402,7 +402,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 // the argument, and the expression giving the value from ref. unnest
 // flattens arrays of arrays, so array columns travel as their text and are
 // cast back.
-func (t *table) unnestColumn(tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
+func unnestColumn(t *table, tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
 	c := &t.Cols[ci]
 	if !strings.HasSuffix(c.TypeName, "[]") {
 		return c.TypeName, column(n, get), ref, nil
