@@ -69,7 +69,7 @@ func TestDeadLettersLoggedAndCounted(t *testing.T) {
 func TestDeadLettersCountInBatchBytes(t *testing.T) {
 	t.Parallel()
 	rs := &recordingSink{}
-	c := &Consumer{cfg: Config{BatchMaxEvents: 1000, BatchMaxBytes: 3 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify}, sink: rs,
+	c := &Consumer{cfg: Config{BatchMaxEvents: 1000, BatchMaxBytes: 3 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify}, sink: rs, batches: rs, ledger: rs, marks: rs,
 		m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))

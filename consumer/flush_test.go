@@ -49,7 +49,7 @@ func TestFlushBatches(t *testing.T) {
 	t.Parallel()
 	p0, p1 := change.Partition{Topic: "t", Partition: 0}, change.Partition{Topic: "t", Partition: 1}
 	rs := &recordingSink{}
-	c := &Consumer{cfg: Config{BatchMaxEvents: 3}, sink: rs, m: NewMetrics(nil), health: &Health{},
+	c := &Consumer{cfg: Config{BatchMaxEvents: 3}, sink: rs, batches: rs, ledger: rs, marks: rs, m: NewMetrics(nil), health: &Health{},
 		seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	for i := int64(0); i < 8; i++ {
@@ -105,7 +105,7 @@ func TestBatchesCutByBytes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := &recordingSink{}
-			c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: tc.maxBytes, BatchMaxWait: time.Hour}, sink: rs, m: NewMetrics(nil), log: zap.NewNop(),
+			c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: tc.maxBytes, BatchMaxWait: time.Hour}, sink: rs, batches: rs, ledger: rs, marks: rs, m: NewMetrics(nil), log: zap.NewNop(),
 				health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
 				committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1")) // no group: commits fail at once, harmlessly

@@ -27,7 +27,8 @@ func (panickySink) ApplyPrepared(context.Context, *sink.Prepared) (sink.Result, 
 func TestPanicStopsLoudly(t *testing.T) {
 	t.Parallel()
 	core, logs := observer.New(zap.ErrorLevel)
-	c := &Consumer{cfg: Config{Classify: sink.Classify}, sink: &panickySink{}, m: NewMetrics(nil), health: &Health{}, log: zap.New(core)}
+	ps := &panickySink{}
+	c := &Consumer{cfg: Config{Classify: sink.Classify}, sink: ps, batches: ps, ledger: ps, marks: ps, m: NewMetrics(nil), health: &Health{}, log: zap.New(core)}
 	p := change.Partition{Topic: "shop.public.customers", Partition: 2}
 	err := c.apply(context.Background(), job{offsets: map[change.Partition]int64{p: 42}, events: 7}, nil)
 	if err == nil || !strings.Contains(err.Error(), "panic") || !strings.Contains(err.Error(), "shop.public.customers/2@42") {
