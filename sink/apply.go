@@ -71,7 +71,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	var uncached []*keyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.cached(t.cacheKey(kp.id), &ops.mem.Boxes, &ops.mem); ok {
+		if l, ok := s.mem.cached(t.cacheKey(kp.id), &ops.mem.Boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)

@@ -249,23 +249,3 @@ func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
 		d.keyCols = kc
 	}
 }
-
-// keyIDOf is the identity of an event's key in table t, when its values
-// convert to the key columns.
-func (s *Sink) keyIDOf(t *table, ev *change.Event) string {
-	if len(ev.Key) != len(t.KeyIdx) {
-		return ""
-	}
-	key := make([]any, len(ev.Key))
-	for i, ki := range t.KeyIdx {
-		v, err := s.conv.convert(&t.Cols[ki], ev.Key[i])
-		if err != nil || v == nil {
-			return ""
-		}
-		if _, ok := v.(unavailable); ok {
-			return ""
-		}
-		key[i] = v
-	}
-	return keyID(key)
-}

@@ -109,55 +109,33 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		return &errTopicGrown{topics: strings.Split(grown, ","), max: tmax, names: tnames}
 	}
 	if resized != "" {
-		s.amu.Lock()
-		for _, t := range strings.Split(resized, ",") {
-			s.resized[t] = true // not applied in parts any more (parallel.go)
-		}
-		s.amu.Unlock()
+		s.mem.noteResized(strings.Split(resized, ",")) // not applied in parts any more (parallel.go)
 	}
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
 	defer rows.Close()
-	s.amu.Lock() // the other parts of the batch look too (parallel.go)
-	defer s.amu.Unlock()
+	var reconciled int64
+	var recs []recorded
 	for rows.Next() {
 		var topic *string
 		var part *int32
 		var off *int64
-		var reconciled int64
 		if err := rows.Scan(&topic, &part, &off, &reconciled); err != nil {
 			return err
 		}
-		if reconciled != s.reconciled {
-			s.erasureStale.Store(true) // an erase counts as an outside write
-			if s.reconciled >= 0 {
-				s.cache.Reset()
-			}
-			s.reconciled = reconciled
+		if topic != nil { // else no offsets recorded yet
+			recs = append(recs, recorded{part: change.Partition{Topic: *topic, Partition: *part}, offset: *off})
 		}
-		if topic == nil {
-			continue // no offsets recorded yet
-		}
-		p := change.Partition{Topic: *topic, Partition: *part}
-		if w, ok := s.written[p]; ok && w == *off {
-			continue // as this Sink left it
-		}
-		if _, mine := offsets[p]; !mine {
-			// Another partition of a resized topic: unchanged since the
-			// last look, nobody wrote through it meanwhile.
-			if seen, ok := s.seen[p]; ok && seen == *off {
-				continue
-			}
-			s.seen[p] = *off
-		}
-		s.cache.Reset()
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
 	rows.Close()
+	if s.mem.sawFence(reconciled, recs, offsets) {
+		s.erasureStale.Store(true) // an erase counts as an outside write
+	}
 	return br.Close()
 }
 

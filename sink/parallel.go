@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"github.com/scd2sink/scd2sink/internal/change"
-	"github.com/scd2sink/scd2sink/sink/fold"
-	"github.com/scd2sink/scd2sink/sink/statecache"
 	"go.uber.org/zap"
 )
 
@@ -104,14 +102,9 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 		len(p.lockTargets) > 0 || p.outside {
 		return nil
 	}
-	s.amu.Lock()
-	for part := range p.positions {
-		if s.resized[part.Topic] {
-			s.amu.Unlock()
-			return nil // its parts would take turns on the topic's lock anyway (resize.go)
-		}
+	if s.mem.anyResized(p.positions) {
+		return nil // its parts would take turns on the topic's lock anyway (resize.go)
 	}
-	s.amu.Unlock()
 	parent := map[change.Partition]change.Partition{}
 	var find func(change.Partition) change.Partition
 	find = func(x change.Partition) change.Partition {
@@ -219,16 +212,4 @@ func partitionLess(a, b change.Partition) bool {
 		return a.Topic < b.Topic
 	}
 	return a.Partition < b.Partition
-}
-
-// cached returns a key's state remembered between batches, its values
-// boxed from boxes.
-func (s *Sink) cached(k statecache.Key, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool) {
-	s.amu.Lock()
-	e, ok := s.cache.Entry(k)
-	s.amu.Unlock()
-	if !ok {
-		return nil, false
-	}
-	return e.State(boxes, mem)
 }

@@ -84,10 +84,29 @@ func appendKeyID(b []byte, key []any) []byte {
 	return b
 }
 
-// plan converts a batch's events into typed rows grouped by table and key.
+// planner turns a batch's events into typed rows grouped by table and
+// key: CPU only, no SQL. Its fields are scratch reused batch after batch,
+// so it is used by one goroutine at a time (Prepare, under the Sink's mu).
+type planner struct {
+	conv converter
+	// has is the columns an image carries.
+	has []bool
+	// boxes holds the values plan decodes into the rows of a batch; they
+	// die with the batch (the cache packs or detaches what it keeps).
+	boxes change.Boxes
+	// pending and owners are emptied after use.
+	pending []fold.Event
+	owners  []*keyPlan
+	// fill and fillPut: toFevent's.
+	fill    rowFill
+	fillPut func(name string, raw any) error
+}
+
+// plan converts a batch's events into typed rows grouped by table and key,
+// for the tables the writers have loaded; spec gives a target's spec.
 // Events that cannot be converted become dead letters. Truncates of tables
 // that do not exist yet are returned apart: they are only recorded.
-func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
+func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[string]*table, spec func(string) (TableSpec, bool)) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
 	plans = map[string]*tablePlan{}
 	// The keys' events are gathered first and then laid out in one slice,
 	// a key's events side by side: one allocation per batch, not per key.
@@ -101,14 +120,14 @@ func (s *Sink) plan(evs []*change.Event, afters []map[string]any) (plans map[str
 		if afters[i] == nil && ev.AfterJSON != nil && ev.Op.HasAfter() && !ev.CanVisitAfter() {
 			continue // undecodable: already a dead letter
 		}
-		t := s.tables[ev.Table]
-		if spec, ok := s.spec(ev.Table); ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
+		t := tables[ev.Table]
+		if spec, ok := spec(ev.Table); ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
 			early = append(early, earlyTruncate{name: spec.Target, target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
 			continue
 		}
 		if t == nil {
 			err := fmt.Errorf("no table is configured for %q", ev.Table)
-			if _, ok := s.spec(ev.Table); ok {
+			if _, ok := spec(ev.Table); ok {
 				err = fmt.Errorf("table %s has no key columns yet: configure keys, or send keyed events first", ev.Table)
 			}
 			dead = append(dead, eventDeadLetter(ev, ReasonNoTable, err))
@@ -180,7 +199,7 @@ func sortEvents(evs []fold.Event) {
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq.Compare(evs[j].Seq) < 0 })
 }
 
-func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.Event, []any, error) {
+func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fold.Event, []any, error) {
 	h := ev.Hash()
 	fe := fold.Event{Seq: ev.Seq, Op: ev.Op, T: ev.ValidFrom, Hash: s.boxes.CopyBytes(h[:]), Src: ev, Complete: ev.Complete}
 	if len(ev.Seq) == 0 {
@@ -223,7 +242,7 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.
 		if cap(s.has) < len(t.Cols) {
 			s.has = make([]bool, len(t.Cols))
 		}
-		has := s.has[:len(t.Cols)] // scratch: Prepare holds s.mu
+		has := s.has[:len(t.Cols)] // scratch: Prepare holds the Sink's mu
 		clear(has)
 		f := &s.fill
 		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.KeyIdx)}
@@ -270,9 +289,9 @@ func (s *Sink) toFevent(t *table, ev *change.Event, after map[string]any) (fold.
 }
 
 // rowFill puts an image's values into a row of table t (toFevent's
-// scratch, under the Sink's mu).
+// scratch).
 type rowFill struct {
-	s       *Sink
+	s       *planner
 	t       *table
 	ev      *change.Event
 	row     []any
@@ -371,4 +390,24 @@ func eventDeadLetter(ev *change.Event, reason string, err error) DeadLetter {
 		"op": ev.Op.String(), "seq": ev.Seq.Parts(), "valid_from": ev.ValidFrom, "after": after,
 	})
 	return DeadLetter{Origin: ev.Origin, Table: ev.Table, Key: key, Value: val, Err: err.Error(), Decoded: true, Reason: reason}
+}
+
+// keyIDOf is the identity of an event's key in table t, when its values
+// convert to the key columns.
+func (s *planner) keyIDOf(t *table, ev *change.Event) string {
+	if len(ev.Key) != len(t.KeyIdx) {
+		return ""
+	}
+	key := make([]any, len(ev.Key))
+	for i, ki := range t.KeyIdx {
+		v, err := s.conv.convert(&t.Cols[ki], ev.Key[i])
+		if err != nil || v == nil {
+			return ""
+		}
+		if _, ok := v.(unavailable); ok {
+			return ""
+		}
+		key[i] = v
+	}
+	return keyID(key)
 }

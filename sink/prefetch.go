@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
-	"github.com/scd2sink/scd2sink/sink/statecache"
 )
 
 // Reading ahead for a batch of many tables.
@@ -130,7 +129,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		}
 		var keys []*keyPlan
 		for _, kp := range p.order {
-			if len(kp.events) > 0 && !s.holds(t.cacheKey(kp.id)) {
+			if len(kp.events) > 0 && !s.mem.holds(t.cacheKey(kp.id)) {
 				keys = append(keys, kp)
 			}
 		}
@@ -205,11 +204,4 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		return nil, fmt.Errorf("reading ahead for %d tables: %w", len(names), err)
 	}
 	return pre, nil
-}
-
-// holds reports whether the state cache holds k, without unpacking it.
-func (s *Sink) holds(k statecache.Key) bool {
-	s.amu.Lock()
-	defer s.amu.Unlock()
-	return s.cache.Holds(k)
 }

@@ -9,12 +9,8 @@ import (
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/maint"
 
-	"github.com/scd2sink/scd2sink/sink/fold"
-	"github.com/scd2sink/scd2sink/sink/statecache"
-
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/scd2sink/scd2sink/internal/change"
 	"go.uber.org/zap"
 )
 
@@ -29,36 +25,16 @@ type Sink struct {
 	log  *zap.Logger
 	// plainWarned holds the targets warned about by warnPlain.
 	plainWarned sync.Map
-	conv        converter
 	// specs (guarded by specMu) are the known targets' specs: the
 	// configured ones and those cfg.Resolve gave.
 	specMu sync.Mutex
 	specs  map[string]TableSpec
 	tables map[string]*table
-	cache  *statecache.Cache
-	// written is the offset this Sink last recorded per partition; another
-	// value in scd2sink_offsets means another writer applied that partition.
-	written map[change.Partition]int64
-	// seen is, for partitions of resized topics this Sink does not write,
-	// the offset the fence last saw; resized are the topics its fences
-	// found resized (resize.go; both under amu).
-	seen    map[change.Partition]int64
-	resized map[string]bool
-	// forgets counts Forget calls; forgot is the count the applying
-	// goroutines last acted on. Forget may be called from a rebalance
-	// callback while a batch is still being applied (one abandoned after
-	// the revoke budget): it only bumps the count, and the applying
-	// goroutines, the only ones touching cache and written (under amu),
-	// empty them.
-	forgets atomic.Uint64
-	forgot  uint64
-	// amu guards cache, written, forgot and reconciled while the parts of
-	// a batch are applied side by side (parallel.go).
-	amu sync.Mutex
+	// mem is what the Sink remembers of what it wrote (memory.go).
+	mem *memory
 	// snapshotsPending: scd2sink_snapshots may hold snapshots to reconcile;
 	// reconciling guards against reconciling from reconciliation's own
-	// batches (reconcile.go). reconciled is the count of reconciled
-	// snapshots the fence last saw (-1: none seen yet).
+	// batches (reconcile.go).
 	// snapshotsPending is set by any goroutine recording a snapshot (a
 	// probe applies beside the batches, park.go); snapshotsRecorded counts
 	// those records, so that a reconciliation that began before one does
@@ -69,25 +45,14 @@ type Sink struct {
 	// notBefore is, by target and sequence, when this Sink looks at a
 	// snapshot again: a re-run for late events, or one another instance
 	// holds (reconcile.go). An entry goes once its time has passed.
-	notBefore  map[string]time.Time
-	reconciled int64
+	notBefore map[string]time.Time
 	// skipReconcile, when set, names targets whose snapshots wait (the
 	// consumer's parked targets: their tables are in trouble).
 	skipReconcile func(target string) bool
 	// reconcileWarned is when a failed reconciliation was last logged.
 	reconcileWarned time.Time
-	// has is plan's scratch: the columns an image carries (under mu).
-	has []bool
-	// boxes holds the values plan decodes into the rows of a batch
-	// (under mu); they die with the batch (the cache packs or detaches
-	// what it keeps).
-	boxes change.Boxes
-	// pending and owners: plan's scratch (under mu), emptied after use.
-	pending []fold.Event
-	owners  []*keyPlan
-	// fill and fillPut: toFevent's scratch (under mu).
-	fill    rowFill
-	fillPut func(name string, raw any) error
+	// planner turns batches into plans (plan.go), under mu.
+	planner planner
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
@@ -115,10 +80,9 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, conv: converter{m: pgtype.NewMap()}, kconv: converter{m: pgtype.NewMap()},
+	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: planner{conv: converter{m: pgtype.NewMap()}}, kconv: converter{m: pgtype.NewMap()},
 		specs: map[string]TableSpec{}, tables: map[string]*table{},
-		cache: statecache.New(cfg.CacheKeys, cfg.CacheBytes), written: map[change.Partition]int64{}, seen: map[change.Partition]int64{}, resized: map[string]bool{},
-		reconciled: -1, tune: defaultTuning()}
+		mem: newMemory(cfg.CacheKeys, cfg.CacheBytes), tune: defaultTuning()}
 	s.snapshotsPending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
 	// connection: Prepare and the consumer's bookkeeping need two more.
@@ -233,23 +197,4 @@ func KeyColumns(ctx context.Context, q Querier, schema, target string) ([]string
 // when partitions are assigned, revoked or lost; it is safe to call from
 // any goroutine, a batch being applied meanwhile included (its memory is
 // then not kept either). It never waits.
-func (s *Sink) Forget() { s.forgets.Add(1) }
-
-// forgetNow acts on Forget calls made since the last look (called by the
-// applying goroutines) and returns the count acted on.
-func (s *Sink) forgetNow() uint64 {
-	s.amu.Lock()
-	defer s.amu.Unlock()
-	return s.forgetLocked()
-}
-
-// forgetLocked is forgetNow with amu held.
-func (s *Sink) forgetLocked() uint64 {
-	if g := s.forgets.Load(); g != s.forgot {
-		s.cache.Reset()
-		s.written = map[change.Partition]int64{}
-		s.seen = map[change.Partition]int64{}
-		s.forgot = g
-	}
-	return s.forgot
-}
+func (s *Sink) Forget() { s.mem.forget() }

@@ -81,7 +81,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	if err := s.prepare(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
-	plans, dead, early, mismatches := s.plan(b.Events, afters)
+	plans, dead, early, mismatches := s.planner.plan(b.Events, afters, s.tables, s.spec)
 	dead = append(bad, dead...)
 	topics := map[string]string{}
 	for part, pos := range b.Positions {
@@ -162,8 +162,8 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	// applied again isolating the events that carry such values.
 	isolate := false
 	attempt := func(ctx context.Context) error {
-		res, ops = Result{}, &cacheOps{Ops: statecache.Ops{Off: isolate || s.cache.Limit() <= 0}}
-		gen = s.forgetNow() // a Forget during the retries counts too
+		res, ops = Result{}, &cacheOps{Ops: statecache.Ops{Off: isolate || s.mem.cache.Limit() <= 0}}
+		gen = s.mem.forgetNow() // a Forget during the retries counts too
 		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
 			if err := s.fence(ctx, tx, positions, p.lock); err != nil {
@@ -178,9 +178,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 					return &TargetError{Target: name, Err: err}
 				}
 			}
-			s.amu.Lock()
-			seen = s.reconciled // what this transaction's fence saw
-			s.amu.Unlock()
+			seen = s.mem.lastReconciled() // what this transaction's fence saw
 			for _, e := range p.early {
 				if err := recordTruncate(ctx, tx, s.cfg.Schema, e.target, e.seq, e.at); err != nil {
 					return err
@@ -271,10 +269,8 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		err = s.once(ctx, attempt)
 	}
 	res.TypeMismatches = p.mismatches
-	s.amu.Lock()
-	defer s.amu.Unlock()
 	if err != nil {
-		s.cache.Reset()
+		s.mem.failed()
 		return Result{}, err // nothing of it committed
 	}
 	if len(p.snapshots) > 0 {
@@ -283,19 +279,10 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 		s.snapshotsRecorded.Add(1)
 		s.snapshotsPending.Store(true)
 	}
-	if s.forgetLocked() != gen {
-		return res, nil // forgotten while it was applied: keep nothing of it
-	}
-	if isolate || s.reconciled != seen {
-		// Savepoints rolled back what ops recorded; or another part's
-		// fence saw a reconciliation that committed after this one's.
-		s.cache.Reset()
-	} else {
-		s.cache.Apply(&ops.Ops)
-	}
-	for part, pos := range positions {
-		s.written[part] = pos.Offset
-	}
+	// Savepoints roll back what ops recorded; another part's fence may
+	// have seen a reconciliation that committed after this one's; a
+	// Forget meanwhile keeps nothing of it.
+	s.mem.committed(gen, &ops.Ops, isolate, seen, positions)
 	return res, nil
 }
 
