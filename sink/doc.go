@@ -44,7 +44,7 @@
 //     transaction, so an erase and a batch of the same partitions never
 //     interleave; the rest of the fold does not change, because a key's
 //     history depends on its own events only.
-//   - Retention (retention.go) removes a prefix of a key's history: the
+//   - Retention (package maint) removes a prefix of a key's history: the
 //     versions closed before the horizon and the side rows before the first
 //     version kept, leaving a side row of operation 'h' at the highest
 //     sequence removed. The horizon never passes the watermark, so no late
@@ -97,7 +97,8 @@
 //     types (convert.go) into a fold.Event, grouped by table and key into
 //     tablePlans and keyPlans; what cannot be converted becomes a dead
 //     letter.
-//  2. ApplyPrepared (txn.go, then applyPrepared in parallel.go) splits a
+//  2. ApplyPrepared (txn.go, then applyPrepared in parallel.go; cut.go
+//     groups a batch's pieces) splits a
 //     batch into parts of disjoint partitions when apply_workers allows,
 //     and applyOne (txn.go) applies each in one transaction: the fence
 //     and the offsets read (offsets.go), erased keys dropped (erasure.go),
@@ -105,7 +106,8 @@
 //     keys' latest versions and column types (prefetch.go).
 //  3. applyTable (apply.go), per table: a key whose events all come after
 //     what the table holds goes the append path (appendKey: its state from
-//     the state cache, package statecache, or the read-ahead; one
+//     the Sink's memory, memory.go and package statecache, or the
+//     read-ahead; one
 //     fold.Shape.Fold); a key with a late or repeated event, or one live
 //     at a new truncate's sequence, goes the repair path (repairKey: the
 //     stretch of its history from the version live at the earliest new
@@ -120,7 +122,7 @@
 //     after-images.
 //  5. Dead letters and the batch's offsets are written in the same
 //     transaction (offsets.go), which commits; only then does the state
-//     cache take the transaction's changes (statecache.Ops) and the
+//     cache take the transaction's changes (statecache.Ops, memory.go) and the
 //     consumer commit the offsets to Kafka (consumer/commit.go).
 //
 // # Applying a batch

@@ -167,7 +167,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", ")+", "+strings.Join(textCasts, ", "), args...).Scan(ptrs...); err != nil {
 					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
 				}
-				keys[n] = erasing{args: args, id: keyID(typed), texts: texts, e: Erased{Hash: keyHash(s.cfg.ErasureSecret, keyID(typed))}}
+				keys[n] = erasing{args: args, id: keyID(typed), texts: texts, e: Erased{Hash: s.erasures.hash(keyID(typed))}}
 			}
 			if !req.Lift {
 				for n := range keys {
@@ -209,7 +209,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 			return nil
 		})
 	})
-	s.erasureStale.Store(true)
+	s.erasures.stale.Store(true)
 	return res, err
 }
 
@@ -416,7 +416,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 		var newHeaders [][]byte
 		for _, l := range letters {
 			i := -1
-			rs, ok := s.letterKeyIDs(ctx, kc, &l.d)
+			rs, ok := s.erasures.letterKeyIDs(ctx, kc, &l.d)
 			if ok {
 				i = match(rs)
 				if i >= 0 && len(rs) > 1 {
@@ -443,7 +443,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 				keys[i].e.DeadLetters++
 				continue
 			}
-			if hs, n := s.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(rs []keyReading) bool { return match(rs) >= 0 }); n > 0 {
+			if hs, n := s.erasures.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(rs []keyReading) bool { return match(rs) >= 0 }); n > 0 {
 				b, _ := json.Marshal(hs)
 				changed, newHeaders = append(changed, l.id), append(newHeaders, b)
 				headers += int64(n)
@@ -533,10 +533,10 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 	}
 	defer conn.Release()
 	pgcodec.Register(conn.Conn().TypeMap())
-	s.emu.Lock()
-	err = s.loadErasures(ctx, conn)
-	set := s.erased[spec.Target]
-	s.emu.Unlock()
+	s.erasures.mu.Lock()
+	err = s.erasures.load(ctx, conn)
+	set := s.erasures.erased[spec.Target]
+	s.erasures.mu.Unlock()
 	if err != nil || len(set) == 0 {
 		return nil, err
 	}
@@ -552,7 +552,7 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 		if err != nil {
 			return nil, err
 		}
-		if h := keyHash(s.cfg.ErasureSecret, keyID(key)); set[h] {
+		if h := s.erasures.hash(keyID(key)); set[h] {
 			if n++; n <= MaxViolationsListed {
 				out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
 			}

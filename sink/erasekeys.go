@@ -45,7 +45,7 @@ type keyReading struct {
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
 // at all.
-func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]keyReading, bool) {
+func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]keyReading, bool) {
 	if d.kid != "" {
 		return []keyReading{{id: d.kid}}, true
 	}
@@ -64,10 +64,10 @@ func (s *Sink) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *Dea
 }
 
 // recordKeyIDs reads a record's message key (or a header's).
-func (s *Sink) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]keyReading, bool) {
-	if s.cfg.DecodeKey != nil {
+func (s *erasures) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]keyReading, bool) {
+	if s.decodeKey != nil {
 		dctx, cancel := context.WithTimeout(ctx, decodeKeyWait)
-		vals, names, err := s.cfg.DecodeKey(dctx, topic, key, hs)
+		vals, names, err := s.decodeKey(dctx, topic, key, hs)
 		cancel()
 		if err == nil {
 			if ids, ok := s.keyIDsOf(kc, names, vals); ok {
@@ -119,7 +119,7 @@ func jsonValue(r json.RawMessage) any {
 // keyIDsOf converts a key's values (named, or in key order when names is
 // nil) to the key columns kc and returns the identities they may stand
 // for.
-func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]keyReading, bool) {
+func (s *erasures) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]keyReading, bool) {
 	ordered := vals
 	if names != nil {
 		ordered = make([]any, len(kc))
@@ -166,7 +166,7 @@ func (s *Sink) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]
 // readings are the values of column col that v may stand for: v
 // converted as an event's value is, or, for a bare number in a time
 // column (a key without a schema), each of Debezium's encodings of it.
-func (s *Sink) readings(col *catalog.ColumnInfo, v any) []any {
+func (s *erasures) readings(col *catalog.ColumnInfo, v any) []any {
 	if v == nil {
 		return nil
 	}
@@ -225,7 +225,7 @@ var keyChangeHeaders = []string{"__debezium.oldkey", "__debezium.newkey"}
 
 // erasedHeaders returns hs without the key-change headers that name a
 // key whose identity erased accepts, and how many it left out.
-func (s *Sink) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(rs []keyReading) bool) ([]Header, int) {
+func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(rs []keyReading) bool) ([]Header, int) {
 	var out []Header
 	n := 0
 	for i, h := range hs {

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
 
@@ -62,20 +64,47 @@ func keyCheck(secret []byte) string {
 	return hex.EncodeToString(m.Sum(nil))[:16]
 }
 
-// loadErasures reads the erased hashes of every target, by the table this
-// Sink writes its history to.
-func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
+// erasures is what a Sink knows of erased keys: their hashes per table,
+// read from scd2sink_erasures (again whenever a fence saw an outside
+// write: stale), and how to read a key back the way erase hashed it
+// (erasekeys.go). erased is guarded by mu; the key reader by kmu.
+type erasures struct {
+	schema string
+	secret []byte
+	// alias names the table this Sink writes the history of a target
+	// erasures were recorded for (Config.ErasureAlias; nil: the target).
+	alias func(string) string
+	// decodeKey reads a record's key as the decoder does (Config.DecodeKey).
+	decodeKey func(ctx context.Context, topic string, key []byte, headers []Header) (vals []any, names []string, err error)
+	// spec gives a target's spec (its key columns).
+	spec func(target string) (TableSpec, bool)
+
+	mu     sync.Mutex
+	erased map[string]map[string]bool
+	stale  atomic.Bool
+	// kconv converts the keys read back, under kmu: a pgtype.Map of its
+	// own, apart from the planner's.
+	kmu   sync.Mutex
+	kconv converter
+}
+
+// hash is the erasure hash of a key identity.
+func (s *erasures) hash(id string) string { return keyHash(s.secret, id) }
+
+// load reads the erased hashes of every target, by the table this
+// Sink writes its history to. The caller holds mu.
+func (s *erasures) load(ctx context.Context, q Querier) error {
 	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT target, key_hash, key_check, coalesce(text_hash, '') FROM (
 			SELECT DISTINCT ON (target, key_hash) target, key_hash, action, key_check, text_hash FROM %s.%s ORDER BY target, key_hash, id DESC) e
-		WHERE action = 'erase'`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ErasuresTable))
+		WHERE action = 'erase'`, pgx.Identifier{s.schema}.Sanitize(), catalog.ErasuresTable))
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", catalog.ErasuresTable, err)
 	}
 	defer rows.Close()
 	erased := map[string]map[string]bool{}
 	check := ""
-	if len(s.cfg.ErasureSecret) > 0 {
-		check = keyCheck(s.cfg.ErasureSecret)
+	if len(s.secret) > 0 {
+		check = keyCheck(s.secret)
 	}
 	for rows.Next() {
 		var target, hash, kc, th string
@@ -88,8 +117,8 @@ func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
 		if kc != check {
 			return fmt.Errorf("%w: the erasures of %s were recorded with another key than erasure_key_file's", ErrErasureKey, target)
 		}
-		if s.cfg.ErasureAlias != nil {
-			target = s.cfg.ErasureAlias(target)
+		if s.alias != nil {
+			target = s.alias(target)
 		}
 		if erased[target] == nil {
 			erased[target] = map[string]bool{}
@@ -106,15 +135,15 @@ func (s *Sink) loadErasures(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// dropErased takes the events and dead letters of erased keys out of a
+// drop takes the events and dead letters of erased keys out of a
 // batch, after its fence (reloading the erased hashes when the fence saw
 // an outside write), and returns what it dropped per target.
-func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []DeadLetter) (map[string]int, []DeadLetter, error) {
-	s.emu.Lock()
-	defer s.emu.Unlock()
-	if s.erasureStale.Swap(false) {
-		if err := s.loadErasures(ctx, tx); err != nil {
-			s.erasureStale.Store(true)
+func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []DeadLetter) (map[string]int, []DeadLetter, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale.Swap(false) {
+		if err := s.load(ctx, tx); err != nil {
+			s.stale.Store(true)
 			return nil, nil, err
 		}
 	}
@@ -137,7 +166,7 @@ func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []De
 		// A new slice: the parts of a batch may share the order's array.
 		var kept []*keyPlan
 		for j, kp := range tp.order {
-			if !set[keyHash(s.cfg.ErasureSecret, kp.id)] {
+			if !set[s.hash(kp.id)] {
 				if kept != nil {
 					kept = append(kept, kp)
 				}
@@ -173,9 +202,9 @@ func (s *Sink) dropErased(ctx context.Context, tx pgx.Tx, p *Prepared, dead []De
 // erasedDeadLetter reports whether d is a dead letter of a key in set: by
 // its key's identity, whatever form the key took in it (letterKeyIDs),
 // else by its key's values as text.
-func (s *Sink) erasedDeadLetter(ctx context.Context, set map[string]bool, d *DeadLetter) bool {
+func (s *erasures) erasedDeadLetter(ctx context.Context, set map[string]bool, d *DeadLetter) bool {
 	if d.kid != "" {
-		return set[keyHash(s.cfg.ErasureSecret, d.kid)]
+		return set[s.hash(d.kid)]
 	}
 	if d.keyCols != nil {
 		if rs, ok := s.letterKeyIDs(ctx, d.keyCols, d); ok {
@@ -187,15 +216,15 @@ func (s *Sink) erasedDeadLetter(ctx context.Context, set map[string]bool, d *Dea
 		return false
 	}
 	vals, ok := deadLetterKey(d.Key, d.Decoded, spec.Keys)
-	return ok && set[textHash(s.cfg.ErasureSecret, vals)]
+	return ok && set[textHash(s.secret, vals)]
 }
 
 // anyErased reports whether one of the readings is erased in set. (A
 // reading of a key form without a schema that happens to be an erased key
 // drops the dead letter: keeping an erased key out comes first.)
-func (s *Sink) anyErased(set map[string]bool, rs []keyReading) bool {
+func (s *erasures) anyErased(set map[string]bool, rs []keyReading) bool {
 	for _, r := range rs {
-		if set[keyHash(s.cfg.ErasureSecret, r.id)] {
+		if set[s.hash(r.id)] {
 			return true
 		}
 	}
@@ -217,7 +246,7 @@ func hasKeyHeaders(hs []Header) bool {
 // noteLetterKeys gives the dead letters whose key has no identity yet
 // their table's key columns, loading a table not loaded yet (a batch of
 // dead letters alone after a restart), so that the writers' filter reads
-// their keys back (erasedDeadLetter). Called holding s.mu.
+// their keys back (erasures.erasedDeadLetter). Called holding s.mu.
 func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
 	var load []*change.Event
 	seen := map[string]bool{}

@@ -134,7 +134,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	}
 	rows.Close()
 	if s.mem.sawFence(reconciled, recs, offsets) {
-		s.erasureStale.Store(true) // an erase counts as an outside write
+		s.erasures.stale.Store(true) // an erase counts as an outside write
 	}
 	return br.Close()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
@@ -50,9 +51,63 @@ import (
 // deletes the notes it sees before it looks for keys; a note committed
 // after that runs it again.
 
+// reconciler decides completed full snapshots for the Sink s it belongs
+// to: a chunk of a snapshot's deletes is a batch of s, fenced like every
+// writer's. pending says scd2sink_snapshots may hold snapshots to decide;
+// it is set by any goroutine recording a snapshot (a probe applies beside
+// the batches, park.go), and recorded counts those records, so that a
+// reconciliation that began before one does not clear the flag. running
+// guards against reconciling from reconciliation's own batches; it,
+// notBefore (by target and sequence, when a snapshot is looked at again:
+// a re-run for late events, or one another instance holds) and warned
+// (when a failed reconciliation was last logged) belong to the goroutine
+// that applies batches. skip names targets whose snapshots wait (the
+// consumer's parked targets).
+type reconciler struct {
+	s         *Sink
+	pending   atomic.Bool
+	recorded  atomic.Int64
+	running   bool
+	notBefore map[string]time.Time
+	skip      func(target string) bool
+	warned    time.Time
+}
+
+// afterBatch reconciles, after a batch committed, the snapshots that may
+// be ready; a failure is logged (at most once a minute) and tried again
+// after the next batch.
+func (r *reconciler) afterBatch(ctx context.Context) {
+	if !r.pending.Load() || r.running {
+		return
+	}
+	r.running = true
+	defer func() { r.running = false }()
+	if err := r.reconcile(ctx); err != nil && time.Since(r.warned) > time.Minute {
+		r.warned = time.Now()
+		r.s.log.Warn("snapshot reconciliation failed; trying again after the next batch (logged at most once a minute)", zap.Error(err))
+	}
+}
+
+// idle reconciles while the consumer has nothing to apply (Sink.Reconcile).
+func (r *reconciler) idle(ctx context.Context) error {
+	if r.running || !r.s.anySnapshotDeletes() {
+		return nil
+	}
+	r.running = true
+	defer func() { r.running = false }()
+	return r.reconcile(ctx)
+}
+
+// noteRecorded says a snapshot was recorded (or noted late) by a
+// transaction that committed.
+func (r *reconciler) noteRecorded() {
+	r.recorded.Add(1)
+	r.pending.Store(true)
+}
+
 // noteLate notes, in the batch's transaction, every recorded snapshot of
 // p's table above the lowest sequence of the events p applied.
-func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
+func (r *reconciler) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 	var low change.Seq
 	for _, kp := range p.order {
 		for _, e := range kp.events {
@@ -64,38 +119,38 @@ func (s *Sink) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
 	if low == nil {
 		return nil
 	}
-	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	sch := pgx.Identifier{r.s.cfg.Schema}.Sanitize()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, target, scd_seq)
 		SELECT consumer_group, target, scd_seq FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq > $3`,
-		sch, catalog.LateTable), s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
+		sch, catalog.LateTable), r.s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
 	if err != nil {
 		return fmt.Errorf("noting late events of %s: %w", p.t.Spec.Target, err)
 	}
 	if tag.RowsAffected() > 0 {
 		// As a recorded snapshot: a reconciliation running meanwhile
 		// (listed before this commits) leaves the flag set.
-		s.snapshotsRecorded.Add(1)
-		s.snapshotsPending.Store(true)
+		r.recorded.Add(1)
+		r.pending.Store(true)
 	}
 	return nil
 }
 
 // takeLateNotes deletes the late notes of snapshot sn that db sees.
-func (s *Sink) takeLateNotes(ctx context.Context, db interface {
+func (r *reconciler) takeLateNotes(ctx context.Context, db interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 }, sn Snapshot) error {
 	if _, err := db.Exec(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.LateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
+		pgx.Identifier{r.s.cfg.Schema}.Sanitize(), catalog.LateTable), r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)); err != nil {
 		return fmt.Errorf("taking the late notes of the snapshot of %s: %w", sn.Target, err)
 	}
 	return nil
 }
 
 // recordSnapshots records completed snapshots in the batch's transaction.
-func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
+func (r *reconciler) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
 	recorded := false
 	for _, sn := range snaps {
-		if !s.snapshotDeletes(sn.Target) {
+		if !r.s.snapshotDeletes(sn.Target) {
 			continue
 		}
 		recorded = true
@@ -105,14 +160,14 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 		}
 		u, _ := json.Marshal(until)
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.scd2sink_snapshots (consumer_group, target, scd_seq, valid_from, topic, until)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
-			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), sn.At, sn.Topic, u); err != nil {
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, pgx.Identifier{r.s.cfg.Schema}.Sanitize()),
+			r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), sn.At, sn.Topic, u); err != nil {
 			return fmt.Errorf("recording the snapshot of %s: %w", sn.Target, err)
 		}
 	}
 	if recorded {
-		s.snapshotsRecorded.Add(1)
-		s.snapshotsPending.Store(true)
+		r.recorded.Add(1)
+		r.pending.Store(true)
 	}
 	return nil
 }
@@ -120,12 +175,12 @@ func (s *Sink) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot)
 // reconcile applies the deletes of every recorded snapshot whose topic has
 // been applied past it, and marks it done. Another instance reconciling
 // the same snapshot makes this one skip it.
-func (s *Sink) reconcile(ctx context.Context) error {
-	recorded := s.snapshotsRecorded.Load()
-	schema := pgx.Identifier{s.cfg.Schema}.Sanitize()
+func (r *reconciler) reconcile(ctx context.Context) error {
+	recorded := r.recorded.Load()
+	schema := pgx.Identifier{r.s.cfg.Schema}.Sanitize()
 	// Undecided snapshots, and reconciled ones that late events reached
 	// (decided: confirmed counts as true, the guard is not asked again).
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
+	rows, err := r.s.pool.Query(ctx, fmt.Sprintf(`SELECT sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until,
 		sn.confirmed_at IS NOT NULL OR sn.done_at IS NOT NULL, sn.done_at IS NOT NULL,
 		sn.done_at IS NOT NULL OR coalesce(bool_and(coalesce(o.next_offset, 0) >= u.until::bigint), true)
 		FROM %[1]s.scd2sink_snapshots sn
@@ -134,7 +189,7 @@ func (s *Sink) reconcile(ctx context.Context) error {
 		WHERE sn.consumer_group = $1 AND (sn.done_at IS NULL AND (sn.held_at IS NULL OR sn.confirmed_at IS NOT NULL)
 			OR sn.done_at IS NOT NULL AND EXISTS (SELECT 1 FROM %[1]s.%[2]s l
 				WHERE l.consumer_group = sn.consumer_group AND l.target = sn.target AND l.scd_seq = sn.scd_seq))
-		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at, sn.done_at ORDER BY sn.scd_seq`, schema, catalog.LateTable), s.cfg.ConsumerGroup)
+		GROUP BY sn.target, sn.scd_seq, sn.valid_from, sn.topic, sn.until, sn.confirmed_at, sn.done_at ORDER BY sn.scd_seq`, schema, catalog.LateTable), r.s.cfg.ConsumerGroup)
 	if err != nil {
 		return fmt.Errorf("reading scd2sink_snapshots: %w", err)
 	}
@@ -164,27 +219,27 @@ func (s *Sink) reconcile(ctx context.Context) error {
 	}
 	waiting := false
 	for _, p := range list {
-		if !p.ready || (s.skipReconcile != nil && s.skipReconcile(p.sn.Target)) {
+		if !p.ready || (r.skip != nil && r.skip(p.sn.Target)) {
 			waiting = true
 			continue
 		}
 		id := p.sn.Target + "\x00" + string(p.sn.Seq)
-		if at, ok := s.notBefore[id]; ok {
+		if at, ok := r.notBefore[id]; ok {
 			if time.Now().Before(at) {
 				waiting = true // looked at again later (a re-run's pace, another instance at it)
 				continue
 			}
-			delete(s.notBefore, id)
+			delete(r.notBefore, id)
 		}
-		if s.notBefore == nil {
-			s.notBefore = map[string]time.Time{}
+		if r.notBefore == nil {
+			r.notBefore = map[string]time.Time{}
 		}
 		if p.done {
 			// A re-run for late events reads the table's live versions: at
 			// most one per tuning.LateRerunEvery, a failed one too.
-			s.notBefore[id] = time.Now().Add(s.tune.LateRerunEvery)
+			r.notBefore[id] = time.Now().Add(r.s.tune.LateRerunEvery)
 		}
-		skipped, err := s.reconcileOne(ctx, p.sn, p.confirmed)
+		skipped, err := r.reconcileOne(ctx, p.sn, p.confirmed)
 		if err != nil {
 			return err
 		}
@@ -192,15 +247,15 @@ func (s *Sink) reconcile(ctx context.Context) error {
 			// Another instance is at it: look again, in a second.
 			waiting = true
 			if !p.done {
-				s.notBefore[id] = time.Now().Add(time.Second)
+				r.notBefore[id] = time.Now().Add(time.Second)
 			}
 		}
 	}
 	switch {
 	case waiting:
-		s.snapshotsPending.Store(true)
-	case s.snapshotsRecorded.Load() == recorded:
-		s.snapshotsPending.Store(false) // else one recorded meanwhile waits
+		r.pending.Store(true)
+	case r.recorded.Load() == recorded:
+		r.pending.Store(false) // else one recorded meanwhile waits
 	}
 	return nil
 }
@@ -208,44 +263,44 @@ func (s *Sink) reconcile(ctx context.Context) error {
 // reconcileOne reconciles one snapshot under a row lock on its record;
 // unless confirmed, the guard may hold it instead. It reports whether the
 // record was locked by another instance (it then did nothing).
-func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (skipped bool, err error) {
-	s.mu.Lock() // Prepare, on another goroutine, adds tables
-	t := s.tables[sn.Target]
-	spec, ok := s.spec(sn.Target)
+func (r *reconciler) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (skipped bool, err error) {
+	r.s.mu.Lock() // Prepare, on another goroutine, adds tables
+	t := r.s.tables[sn.Target]
+	spec, ok := r.s.spec(sn.Target)
 	if ok && spec.SnapshotDeletes && t == nil {
 		if len(spec.Keys) == 0 {
-			spec.Keys, err = s.existingKeys(ctx, spec)
+			spec.Keys, err = r.s.existingKeys(ctx, spec)
 		}
 		if err == nil && len(spec.Keys) > 0 {
-			if t, err = ensureTable(ctx, s.pool, spec, nil); err == nil {
-				s.tables[sn.Target] = t
+			if t, err = ensureTable(ctx, r.s.pool, spec, nil); err == nil {
+				r.s.tables[sn.Target] = t
 			}
 		}
 	}
-	s.mu.Unlock()
+	r.s.mu.Unlock()
 	if err != nil {
 		return false, err
 	}
 	if t == nil || !ok || !spec.SnapshotDeletes {
 		// Not a table of this configuration (any longer): nothing to close,
 		// nothing late to look at.
-		if err := s.takeLateNotes(ctx, s.pool, sn); err != nil {
+		if err := r.takeLateNotes(ctx, r.s.pool, sn); err != nil {
 			return false, err
 		}
-		return false, s.markDone(ctx, nil, sn)
+		return false, r.markDone(ctx, nil, sn)
 	}
 	parts := make([]change.Partition, 0, len(sn.Until))
 	for n := range sn.Until {
 		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
 		pgcodec.Register(tx.Conn().TypeMap()) // keys read as load.go reads them back
 		var done bool
-		sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+		sch := pgx.Identifier{r.s.cfg.Schema}.Sanitize()
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT done_at IS NOT NULL FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3
 			AND (done_at IS NULL OR EXISTS (SELECT 1 FROM %[1]s.%[2]s l WHERE l.consumer_group = $1 AND l.target = $2 AND l.scd_seq = $3))
 			FOR UPDATE OF sn SKIP LOCKED`, sch, catalog.LateTable),
-			s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&done); err != nil {
+			r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&done); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Done with nothing late, or another instance is at it:
 				// then what it may leave (a late note committed after it
@@ -253,7 +308,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 				busy := true // unknown counts as busy: looked at again
 				_ = tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2
 					AND scd_seq = $3 AND done_at IS NULL) OR EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3)`,
-					sch, catalog.LateTable), s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
+					sch, catalog.LateTable), r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq)).Scan(&busy)
 				skipped = busy
 				return nil
 			}
@@ -263,7 +318,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		// The late notes seen now are taken care of by this run (its key
 		// query starts after this statement); one committed later runs it
 		// again.
-		if err := s.takeLateNotes(ctx, tx, sn); err != nil {
+		if err := r.takeLateNotes(ctx, tx, sn); err != nil {
 			return err
 		}
 		keys := t.KeyNames()
@@ -282,7 +337,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		if f := spec.MaxCloseFraction; !confirmed && f > 0 && f < 1 {
 			// Live at S counts the keys whose snapshot read changed them
 			// too (their version before S is closed at S).
-			held, err := s.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h
+			held, err := r.guard(ctx, tx, sn, f, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %s), count(*) FROM %s h
 				WHERE h.scd_seq < $1 AND (h.scd_close_seq IS NULL OR h.scd_close_seq >= $1) AND h.scd_op <> 'd'`,
 				unread, t.Hist.Sanitize()))
 			if err != nil || held {
@@ -305,20 +360,20 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 			// another instance (or run beside reconcile --confirm) forgets
 			// the keys before its next apply, never appending to a key a
 			// chunk has just closed from a stale cache.
-			if _, err := s.withRetry(ctx, "reconcile", "applying the snapshot deletes of "+sn.Target, func(ctx context.Context) error {
-				p, err := s.Prepare(ctx, Batch{Events: chunk, Lock: parts, Outside: true})
+			if _, err := r.s.withRetry(ctx, "reconcile", "applying the snapshot deletes of "+sn.Target, func(ctx context.Context) error {
+				p, err := r.s.Prepare(ctx, Batch{Events: chunk, Lock: parts, Outside: true})
 				if err != nil {
 					return err
 				}
-				_, err = s.applyPrepared(ctx, p)
+				_, err = r.s.applyPrepared(ctx, p)
 				return err
 			}); err != nil {
 				return fmt.Errorf("applying the snapshot deletes of %s: %w", sn.Target, err)
 			}
 			closed += len(chunk)
 			chunk = chunk[:0]
-			if s.tune.AfterReconcileChunk != nil {
-				s.tune.AfterReconcileChunk()
+			if r.s.tune.AfterReconcileChunk != nil {
+				r.s.tune.AfterReconcileChunk()
 			}
 			return nil
 		}
@@ -332,7 +387,7 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 				key[i] = storedValue{v}
 			}
 			chunk = append(chunk, &change.Event{Table: sn.Target, Key: key, Seq: sn.Seq, Op: change.OpDelete, ValidFrom: sn.At})
-			if len(chunk) == s.tune.ReconcileChunk {
+			if len(chunk) == r.s.tune.ReconcileChunk {
 				if err := flush(); err != nil {
 					return err
 				}
@@ -344,22 +399,22 @@ func (s *Sink) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (s
 		if err := flush(); err != nil {
 			return err
 		}
-		s.log.Info("snapshot reconciled: keys it did not read closed", zap.String("table", sn.Target),
+		r.s.log.Info("snapshot reconciled: keys it did not read closed", zap.String("table", sn.Target),
 			zap.Stringer("seq", sn.Seq), zap.Time("at", sn.At), zap.Int("closed", closed))
-		return s.markDone(ctx, tx, sn)
+		return r.markDone(ctx, tx, sn)
 	})
 	return skipped, err
 }
 
 // markDone marks a snapshot reconciled (in tx when given).
-func (s *Sink) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
+func (r *reconciler) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
 	q := fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET done_at = now() WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize())
+		pgx.Identifier{r.s.cfg.Schema}.Sanitize())
 	var err error
 	if tx != nil {
-		_, err = tx.Exec(ctx, q, s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
+		_, err = tx.Exec(ctx, q, r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
 	} else {
-		_, err = s.pool.Exec(ctx, q, s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
+		_, err = r.s.pool.Exec(ctx, q, r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq))
 	}
 	if err != nil {
 		return fmt.Errorf("marking the snapshot of %s reconciled: %w", sn.Target, err)
@@ -374,7 +429,7 @@ func (s *Sink) markDone(ctx context.Context, tx pgx.Tx, sn Snapshot) error {
 // that read nothing or little (an empty table after a failed restore, a
 // filtering snapshot.select.statement.overrides) would otherwise close the
 // whole dimension in one step.
-func (s *Sink) guard(ctx context.Context, tx pgx.Tx, sn Snapshot, fraction float64, count string) (bool, error) {
+func (r *reconciler) guard(ctx context.Context, tx pgx.Tx, sn Snapshot, fraction float64, count string) (bool, error) {
 	var closing, live int64
 	if err := tx.QueryRow(ctx, count, []byte(sn.Seq)).Scan(&closing, &live); err != nil {
 		return false, fmt.Errorf("counting the keys the snapshot of %s did not read: %w", sn.Target, err)
@@ -383,11 +438,11 @@ func (s *Sink) guard(ctx context.Context, tx pgx.Tx, sn Snapshot, fraction float
 		return false, nil
 	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET held_at = now(), held_keys = $4, live_keys = $5
-		WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`, pgx.Identifier{s.cfg.Schema}.Sanitize()),
-		s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), closing, live); err != nil {
+		WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3`, pgx.Identifier{r.s.cfg.Schema}.Sanitize()),
+		r.s.cfg.ConsumerGroup, sn.Target, []byte(sn.Seq), closing, live); err != nil {
 		return false, fmt.Errorf("holding the reconciliation of %s: %w", sn.Target, err)
 	}
-	s.log.Warn("snapshot reconciliation held: it would close more of the table's live keys than snapshot_deletes_max_fraction allows; "+
+	r.s.log.Warn("snapshot reconciliation held: it would close more of the table's live keys than snapshot_deletes_max_fraction allows; "+
 		"check the snapshot, then run `scd2sink reconcile --table "+sn.Target+" --confirm` to apply it",
 		zap.String("table", sn.Target), zap.Time("snapshot_at", sn.At), zap.Int64("would_close", closing),
 		zap.Int64("live_keys", live), zap.Float64("max_fraction", fraction))
@@ -402,13 +457,11 @@ type Held struct {
 	Closing, Live int64
 }
 
-// HeldReconciliations lists the reconciliations the guard holds (target
-// "" for all), those confirmed but not applied yet too (a confirmation
-// cut short: confirm again).
-func (s *Sink) HeldReconciliations(ctx context.Context, target string) ([]Held, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target, valid_from, held_at, held_keys, live_keys FROM %s.scd2sink_snapshots
+// held lists the reconciliations the guard holds (Sink.HeldReconciliations).
+func (r *reconciler) held(ctx context.Context, target string) ([]Held, error) {
+	rows, err := r.s.pool.Query(ctx, fmt.Sprintf(`SELECT target, valid_from, held_at, held_keys, live_keys FROM %s.scd2sink_snapshots
 		WHERE consumer_group = $1 AND ($2 = '' OR target = $2) AND held_at IS NOT NULL AND done_at IS NULL
-		ORDER BY target, scd_seq`, pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target)
+		ORDER BY target, scd_seq`, pgx.Identifier{r.s.cfg.Schema}.Sanitize()), r.s.cfg.ConsumerGroup, target)
 	if err != nil {
 		return nil, fmt.Errorf("reading the held reconciliations: %w", err)
 	}
@@ -419,22 +472,34 @@ func (s *Sink) HeldReconciliations(ctx context.Context, target string) ([]Held, 
 	})
 }
 
+// confirm releases and applies target's held reconciliations (Sink.Confirm).
+func (r *reconciler) confirm(ctx context.Context, target string) ([]Held, error) {
+	held, err := r.s.HeldReconciliations(ctx, target)
+	if err != nil || len(held) == 0 {
+		return nil, err
+	}
+	// Only rows not confirmed yet: one confirmed is not waited for while
+	// a running instance reconciles it under its row lock.
+	if _, err := r.s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = now()
+		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND done_at IS NULL AND confirmed_at IS NULL`,
+		pgx.Identifier{r.s.cfg.Schema}.Sanitize()), r.s.cfg.ConsumerGroup, target); err != nil {
+		return nil, fmt.Errorf("confirming the held reconciliation of %s: %w", target, err)
+	}
+	return held, r.reconcile(ctx)
+}
+
+// HeldReconciliations lists the reconciliations the guard holds (target
+// "" for all), those confirmed but not applied yet too (a confirmation
+// cut short: confirm again).
+func (s *Sink) HeldReconciliations(ctx context.Context, target string) ([]Held, error) {
+	return s.recon.held(ctx, target)
+}
+
 // Confirm releases the reconciliations the guard holds for target and
 // applies them (with every other one that is ready), returning those it
 // released. It is for a Sink of its own (the reconcile command), not one
 // applying batches; an instance running meanwhile takes the deletes as
 // late events (they take the topic's partition locks, as batches do).
 func (s *Sink) Confirm(ctx context.Context, target string) ([]Held, error) {
-	held, err := s.HeldReconciliations(ctx, target)
-	if err != nil || len(held) == 0 {
-		return nil, err
-	}
-	// Only rows not confirmed yet: one confirmed is not waited for while
-	// a running instance reconciles it under its row lock.
-	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_snapshots SET confirmed_at = now()
-		WHERE consumer_group = $1 AND target = $2 AND held_at IS NOT NULL AND done_at IS NULL AND confirmed_at IS NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, target); err != nil {
-		return nil, fmt.Errorf("confirming the held reconciliation of %s: %w", target, err)
-	}
-	return held, s.reconcile(ctx)
+	return s.recon.confirm(ctx, target)
 }

@@ -3,8 +3,6 @@ package sink
 import (
 	"context"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/maint"
@@ -32,40 +30,16 @@ type Sink struct {
 	tables map[string]*table
 	// mem is what the Sink remembers of what it wrote (memory.go).
 	mem *memory
-	// snapshotsPending: scd2sink_snapshots may hold snapshots to reconcile;
-	// reconciling guards against reconciling from reconciliation's own
-	// batches (reconcile.go).
-	// snapshotsPending is set by any goroutine recording a snapshot (a
-	// probe applies beside the batches, park.go); snapshotsRecorded counts
-	// those records, so that a reconciliation that began before one does
-	// not clear the flag.
-	snapshotsPending  atomic.Bool
-	snapshotsRecorded atomic.Int64
-	reconciling       bool
-	// notBefore is, by target and sequence, when this Sink looks at a
-	// snapshot again: a re-run for late events, or one another instance
-	// holds (reconcile.go). An entry goes once its time has passed.
-	notBefore map[string]time.Time
-	// skipReconcile, when set, names targets whose snapshots wait (the
-	// consumer's parked targets: their tables are in trouble).
-	skipReconcile func(target string) bool
-	// reconcileWarned is when a failed reconciliation was last logged.
-	reconcileWarned time.Time
+	// recon decides completed full snapshots (reconcile.go).
+	recon *reconciler
 	// planner turns batches into plans (plan.go), under mu.
 	planner planner
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
 	snapDeletes map[string]bool
-	// erased holds the erased key hashes per table (under emu);
-	// erasureStale asks the next batch to read them again (erasure.go).
-	emu          sync.Mutex
-	erased       map[string]map[string]bool
-	erasureStale atomic.Bool
-	// kconv converts the keys erasure reads back (erasekeys.go), under
-	// kmu: a pgtype.Map of its own, apart from Prepare's.
-	kmu   sync.Mutex
-	kconv converter
+	// erasures knows the erased keys (erasure.go).
+	erasures *erasures
 	// tune holds sizes and hooks (tuning.go; tests change them before
 	// the first batch); stats counts the ways batches took.
 	tune  tuning
@@ -80,10 +54,10 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: planner{conv: converter{m: pgtype.NewMap()}}, kconv: converter{m: pgtype.NewMap()},
-		specs: map[string]TableSpec{}, tables: map[string]*table{},
+	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: planner{conv: converter{m: pgtype.NewMap()}}, specs: map[string]TableSpec{}, tables: map[string]*table{},
 		mem: newMemory(cfg.CacheKeys, cfg.CacheBytes), tune: defaultTuning()}
-	s.snapshotsPending.Store(true)
+	s.recon = &reconciler{s: s}
+	s.recon.pending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
 	// connection: Prepare and the consumer's bookkeeping need two more.
 	s.parts = max(1, cfg.ApplyWorkers)
@@ -95,7 +69,9 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		s.specs[t.Target] = t
 		s.snapDeletes[t.Target] = t.SnapshotDeletes
 	}
-	s.erasureStale.Store(true)
+	s.erasures = &erasures{schema: cfg.Schema, secret: cfg.ErasureSecret, alias: cfg.ErasureAlias, decodeKey: cfg.DecodeKey,
+		spec: s.spec, kconv: converter{m: pgtype.NewMap()}}
+	s.erasures.stale.Store(true)
 	s.maint = maint.New(maint.Config{Schema: cfg.Schema, ConsumerGroup: cfg.ConsumerGroup, Patterns: cfg.Resolve != nil,
 		Logger: cfg.Logger, Retry: s.withRetry, Tuning: &s.tune.Tuning}, pool, upkeepView{s})
 	return s, nil
@@ -170,9 +146,9 @@ func (s *Sink) Init(ctx context.Context) error {
 			s.tables[spec.Target] = t
 		}
 		// A writer that could not recognise erased keys must not start.
-		s.emu.Lock()
-		defer s.emu.Unlock()
-		return s.loadErasures(ctx, s.pool)
+		s.erasures.mu.Lock()
+		defer s.erasures.mu.Unlock()
+		return s.erasures.load(ctx, s.pool)
 	})
 	return err
 }

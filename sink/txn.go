@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/statecache"
@@ -105,13 +104,8 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 // there is logged and tried again after the next batch.
 func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	res, err := s.applyPrepared(ctx, p)
-	if err == nil && s.snapshotsPending.Load() && !s.reconciling {
-		s.reconciling = true
-		if rerr := s.reconcile(ctx); rerr != nil && time.Since(s.reconcileWarned) > time.Minute {
-			s.reconcileWarned = time.Now()
-			s.log.Warn("snapshot reconciliation failed; trying again after the next batch (logged at most once a minute)", zap.Error(rerr))
-		}
-		s.reconciling = false
+	if err == nil {
+		s.recon.afterBatch(ctx)
 	}
 	return res, err
 }
@@ -124,18 +118,13 @@ func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 // (DESIGN.md section 5). Called from the goroutine that applies batches;
 // without a table that closes what snapshots did not read it does nothing.
 func (s *Sink) Reconcile(ctx context.Context) error {
-	if s.reconciling || !s.anySnapshotDeletes() {
-		return nil
-	}
-	s.reconciling = true
-	defer func() { s.reconciling = false }()
-	return s.reconcile(ctx)
+	return s.recon.idle(ctx)
 }
 
 // SkipReconcile makes reconciliation leave the snapshots of the targets
 // skip names waiting (the consumer's parked targets). Call it before the
 // first batch.
-func (s *Sink) SkipReconcile(skip func(target string) bool) { s.skipReconcile = skip }
+func (s *Sink) SkipReconcile(skip func(target string) bool) { s.recon.skip = skip }
 
 // anySnapshotDeletes reports whether a known target closes what a full
 // snapshot did not read.
@@ -188,9 +177,9 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				return err
 			}
 			if len(positions) == 0 && len(p.lock) == 0 {
-				s.erasureStale.Store(true) // no fence read the outside-writes count
+				s.erasures.stale.Store(true) // no fence read the outside-writes count
 			}
-			erased, dead, err := s.dropErased(ctx, tx, p, dead)
+			erased, dead, err := s.erasures.drop(ctx, tx, p, dead)
 			if err != nil {
 				return err
 			}
@@ -213,7 +202,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
 				if err == nil && r.VersionsOpened > 0 && s.snapshotDeletes(name) {
-					err = s.noteLate(ctx, tx, plans[name])
+					err = s.recon.noteLate(ctx, tx, plans[name])
 				}
 				if err != nil {
 					return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
@@ -228,7 +217,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			if err := s.writeDeadLetters(ctx, tx, newDead); err != nil {
 				return err
 			}
-			if err := s.recordSnapshots(ctx, tx, p.snapshots); err != nil {
+			if err := s.recon.recordSnapshots(ctx, tx, p.snapshots); err != nil {
 				return err
 			}
 			res.DeadLetters = len(allDead)
@@ -276,8 +265,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 	if len(p.snapshots) > 0 {
 		// Committed: a reconciliation that starts from here sees them
 		// (recordSnapshots bumped the count too, before the commit).
-		s.snapshotsRecorded.Add(1)
-		s.snapshotsPending.Store(true)
+		s.recon.noteRecorded()
 	}
 	// Savepoints roll back what ops recorded; another part's fence may
 	// have seen a reconciliation that committed after this one's; a
