@@ -15,13 +15,16 @@ import (
 // logged with the next window's first line (and every dead letter is
 // counted in scd2sink_events_dead_lettered_total{target,reason} and kept in
 // the dead-letter table, whatever the log shows).
-var (
+const (
 	deadLogBurst  = 20
 	deadLogWindow = time.Minute
 )
 
-// deadLog rate-limits the dead-letter log lines.
+// deadLog rate-limits the dead-letter log lines: at most burst lines per
+// window (0: deadLogBurst, deadLogWindow; tests shorten them).
 type deadLog struct {
+	burst   int
+	window  time.Duration
 	mu      sync.Mutex
 	start   time.Time // the current window's start
 	logged  int       // lines in the current window
@@ -47,10 +50,17 @@ func (d *deadLog) log(l *zap.Logger, notes []sink.DeadNote) {
 // allow says whether a line may be logged now, adding to its fields the
 // count of lines left out before it. Called with d.mu held.
 func (d *deadLog) allow(fields ...zap.Field) ([]zap.Field, bool) {
-	if now := time.Now(); now.Sub(d.start) >= deadLogWindow {
+	burst, window := d.burst, d.window
+	if burst <= 0 {
+		burst = deadLogBurst
+	}
+	if window <= 0 {
+		window = deadLogWindow
+	}
+	if now := time.Now(); now.Sub(d.start) >= window {
 		d.start, d.logged = now, 0
 	}
-	if d.logged >= deadLogBurst {
+	if d.logged >= burst {
 		d.skipped++
 		return nil, false
 	}

@@ -23,12 +23,10 @@ import (
 // reason.
 func TestDeadLettersLoggedAndCounted(t *testing.T) {
 	t.Parallel()
-	defer func(b int, w time.Duration) { deadLogBurst, deadLogWindow = b, w }(deadLogBurst, deadLogWindow)
-	deadLogBurst, deadLogWindow = 3, 200*time.Millisecond
 	core, logs := observer.New(zapcore.WarnLevel)
 	l := zap.New(core)
 	m := NewMetrics(nil)
-	var d deadLog
+	d := deadLog{burst: 3, window: 200 * time.Millisecond}
 	note := func(i int, reason string) sink.DeadNote {
 		return sink.DeadNote{Origin: change.Origin{Partition: change.Partition{Topic: "shop.public.t", Partition: 2}, Offset: int64(i)},
 			Table: "t_history", Reason: reason, Err: "value too long for type character varying(6)"}

@@ -32,7 +32,6 @@ import (
 // catch up by themselves once the cause is gone, and every history ends
 // exactly as the changes say.
 func TestOneTableTroubleStaysInItsTable(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("35 s of traffic per case")
 	}

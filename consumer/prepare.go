@@ -202,7 +202,7 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 			c.log.Info("PostgreSQL accepted the batch again", zap.String("what", what), zap.Int("attempts", attempts+1))
 		}
 		return nil
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		return ctx.Err()
 	case blocked && c.draining.Load():
 		return fmt.Errorf("%s (left for the next start): %w", what, err)

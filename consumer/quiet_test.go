@@ -19,7 +19,6 @@ import (
 // recorded it stays quiet and the running member had already looked for
 // snapshots before it was recorded: nobody else would look again.
 func TestQuietSnapshotIsDecided(t *testing.T) {
-	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

@@ -37,12 +37,19 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			continue
 		}
 		known[string(tr.Seq)] = true
-		if err := recordTruncate(ctx, tx, s.cfg.Schema, t.Hist.Sanitize(), tr.Seq, tr.T); err != nil {
+		recorded, err := recordTruncate(ctx, tx, s.cfg.Schema, t.Hist.Sanitize(), tr.Seq, tr.T)
+		if err != nil {
 			return res, nil, err
 		}
+		// One another writer recorded meanwhile (it committed: the insert
+		// waited for it) is folded here too; it closes nothing new.
 		truncs = append(truncs, tr)
 		fresh = append(fresh, tr.Seq)
-		res.Events++
+		if recorded {
+			res.Events++
+		} else {
+			res.Duplicates++
+		}
 	}
 	sortEvents(truncs)
 	// Every key with a version live at a new truncate is folded again:

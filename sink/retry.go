@@ -218,7 +218,14 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 					zap.Duration("wait", wait), zap.Error(err))
 			}
 		}}
-	return p.Do(ctx, func(ctx context.Context) error { return s.once(ctx, fn) })
+	if s.cfg.MaxRetries < 0 {
+		return 0, s.once(ctx, fn) // no retries
+	}
+	n, err := p.Do(ctx, func(ctx context.Context) error { return s.once(ctx, fn) })
+	if n > 0 && s.cfg.OnRetry != nil {
+		s.cfg.OnRetry(stage, what, nil) // the step is over: no longer waiting
+	}
+	return n, err
 }
 
 // once runs fn once: a step of the batch path (Init, Prepare's tables,

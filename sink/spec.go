@@ -112,8 +112,10 @@ type Config struct {
 	// negative = no bound but CacheKeys).
 	CacheBytes int
 	// OnRetry is called with every error the Sink retries itself, before
-	// it waits (scd2sink_retries_total, /readyz); stage is erase,
-	// retention, partitions, verify or reconcile.
+	// it waits (scd2sink_retries_total, /readyz), and with a nil error
+	// once a step it retried is over, whether it succeeded or not (the
+	// stage waits no longer); stage is erase, retention, partitions,
+	// verify or reconcile.
 	OnRetry func(stage, what string, err error)
 	Logger  *zap.Logger
 }

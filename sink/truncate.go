@@ -97,12 +97,14 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 
 // recordTruncate records a truncate of the history table hist (its
 // qualified, quoted name) in scd2sink_truncates, in the batch's
-// transaction; one recorded already is kept. Every writer records
-// truncates here, and only here.
-func recordTruncate(ctx context.Context, tx pgx.Tx, schema, hist string, seq change.Seq, at time.Time) error {
-	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, scd_seq, valid_from) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-		pgx.Identifier{schema}.Sanitize(), catalog.TruncatesTable), hist, []byte(seq), at); err != nil {
-		return fmt.Errorf("recording a truncate of %s: %w", hist, err)
+// transaction, and reports whether it was not recorded before (one
+// recorded already is kept). Every writer records truncates here, and
+// only here.
+func recordTruncate(ctx context.Context, tx pgx.Tx, schema, hist string, seq change.Seq, at time.Time) (bool, error) {
+	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, scd_seq, valid_from) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+		pgx.Identifier{schema}.Sanitize(), catalog.TruncatesTable), hist, []byte(seq), at)
+	if err != nil {
+		return false, fmt.Errorf("recording a truncate of %s: %w", hist, err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }

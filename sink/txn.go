@@ -169,7 +169,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			}
 			seen = s.mem.lastReconciled() // what this transaction's fence saw
 			for _, e := range p.early {
-				if err := recordTruncate(ctx, tx, s.cfg.Schema, e.target, e.seq, e.at); err != nil {
+				if _, err := recordTruncate(ctx, tx, s.cfg.Schema, e.target, e.seq, e.at); err != nil {
 					return err
 				}
 			}

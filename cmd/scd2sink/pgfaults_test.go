@@ -167,7 +167,6 @@ func readyz(t *testing.T, base string) (int, string) {
 // change the restart takes no lock stronger than its DML, catches up while
 // the read stays open, and a third session's reads never wait.
 func TestRestartWithReadOpen(t *testing.T) {
-	t.Parallel()
 	r := newCrashRig(t, 3, 40, 3)
 	r.withHTTP(t)
 	half := len(r.recs) / 2
@@ -210,7 +209,6 @@ func TestRestartWithReadOpen(t *testing.T) {
 // are never blocked longer than that, and the column arrives once the read
 // ends.
 func TestColumnWaitsForRead(t *testing.T) {
-	t.Parallel()
 	r := newCrashRig(t, 4, 20, 1)
 	base := r.withHTTP(t)
 	r.produceSync(t, r.recs)
@@ -293,7 +291,6 @@ func TestColumnWaitsForRead(t *testing.T) {
 // in scd2sink_retries_total by its SQLSTATE and shows on /readyz; the
 // process never exits, and the history ends equal to the fold.
 func TestPostgresFaults(t *testing.T) {
-	t.Parallel()
 	r := newCrashRig(t, 6, 100, 3)
 	base := r.withHTTP(t)
 	ctx := context.Background()
@@ -387,8 +384,8 @@ func TestPostgresFaults(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			code, body := readyz(t, base)
-			// A few seconds: past the sink's own retries, into the
-			// service's, which never give up.
+			// A few seconds of the consumer's retries (the one loop,
+			// internal/retry), which never give up.
 			time.Sleep(time.Until(injected.Add(3 * time.Second)))
 			if cmd.ProcessState != nil {
 				t.Fatalf("scd2sink exited: %s\n%s", cmd.ProcessState, stderr)

@@ -49,8 +49,12 @@ type Options struct {
 	// group when it stops (run --leave-group).
 	LeaveGroup bool
 	// beforeCarry, when set (tests), is called as each try of a
-	// rebuild's carryOver starts.
-	beforeCarry func()
+	// rebuild's carryOver starts; afterEraseRound after each round of
+	// Erase; retentionFirst and retentionEvery, when set, replace run's
+	// retention schedule (retention.go).
+	beforeCarry                    func()
+	afterEraseRound                func(round int)
+	retentionFirst, retentionEvery time.Duration
 }
 
 // SinkConfig turns the configuration's tables into the sink's: the exact
@@ -296,6 +300,10 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	Route(cfg, router, dec, &sc)
 	sc.DecodeKey = keyDecoder(dec)
 	sc.OnRetry = func(stage, what string, err error) {
+		if err == nil {
+			health.Wait(stage, "") // the step is over
+			return
+		}
 		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
 		health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, sink.Classify(err), err))
 	}
@@ -321,7 +329,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		health.Postgres.Store(true)
 		if !cfg.Rebuilding {
-			r := &retainer{s: s, log: log.Named("retention"), metrics: metrics, health: health, now: time.Now}
+			r := &retainer{s: s, log: log.Named("retention"), metrics: metrics, health: health, now: time.Now, first: opts.retentionFirst, every: opts.retentionEvery}
 			g.Go(func() error { return r.Run(gctx) })
 		}
 		c, err := consumer.New(consumer.Config{

@@ -12,9 +12,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// afterEraseRound, when set (tests), is called after each round of Erase.
-var afterEraseRound func(round int)
-
 // EraseRequest is what `scd2sink erase` was asked.
 type EraseRequest struct {
 	Table  string
@@ -83,8 +80,8 @@ func Erase(ctx context.Context, cfg *config.Config, opts Options, req EraseReque
 		if err != nil {
 			return err
 		}
-		if afterEraseRound != nil {
-			afterEraseRound(round)
+		if opts.afterEraseRound != nil {
+			opts.afterEraseRound(round)
 		}
 		if round == 0 {
 			res = r

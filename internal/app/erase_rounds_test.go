@@ -84,14 +84,13 @@ tables:
 	}
 
 	t.Run("a rebuild's table appears after the first round", func(t *testing.T) {
-		afterEraseRound = func(round int) {
+		opts := Options{afterEraseRound: func(round int) {
 			if round == 0 {
 				rebuildWrites()
 			}
-		}
-		t.Cleanup(func() { afterEraseRound = nil })
+		}}
 		var out bytes.Buffer
-		if err := Erase(ctx, cfg, Options{}, EraseRequest{Table: "cust_history", Keys: [][]string{{"1"}}, Reason: "test"}, &out); err != nil {
+		if err := Erase(ctx, cfg, opts, EraseRequest{Table: "cust_history", Keys: [][]string{{"1"}}, Reason: "test"}, &out); err != nil {
 			t.Fatal(err)
 		}
 		if n, m := count("cust_history"), count("cust_history__rebuild"); n != 0 || m != 0 {
@@ -100,14 +99,13 @@ tables:
 	})
 
 	t.Run("tables changing in every round", func(t *testing.T) {
-		afterEraseRound = func(round int) {
+		opts := Options{afterEraseRound: func(round int) {
 			if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE cust_history__replaced_%d (LIKE cust_history)`, round)); err != nil {
 				t.Error(err)
 			}
-		}
-		t.Cleanup(func() { afterEraseRound = nil })
+		}}
 		var out bytes.Buffer
-		err := Erase(ctx, cfg, Options{}, EraseRequest{Table: "cust_history", Keys: [][]string{{"2"}}, Reason: "test"}, &out)
+		err := Erase(ctx, cfg, opts, EraseRequest{Table: "cust_history", Keys: [][]string{{"2"}}, Reason: "test"}, &out)
 		if err == nil {
 			t.Fatal("erase succeeded although its tables changed in every round")
 		}
@@ -117,7 +115,7 @@ tables:
 	t.Run("a swap renames the tables after the first round", func(t *testing.T) {
 		// The swap came between the round's listing and its erasure: the
 		// live table it renamed away still holds the key.
-		afterEraseRound = func(round int) {
+		opts := Options{afterEraseRound: func(round int) {
 			if round != 0 {
 				return
 			}
@@ -126,10 +124,9 @@ tables:
 				ALTER TABLE cust_history__rebuild RENAME TO cust_history`); err != nil {
 				t.Error(err)
 			}
-		}
-		t.Cleanup(func() { afterEraseRound = nil })
+		}}
 		var out bytes.Buffer
-		if err := Erase(ctx, cfg, Options{}, EraseRequest{Table: "cust_history", Keys: [][]string{{"1"}}, Reason: "test"}, &out); err != nil {
+		if err := Erase(ctx, cfg, opts, EraseRequest{Table: "cust_history", Keys: [][]string{{"1"}}, Reason: "test"}, &out); err != nil {
 			t.Fatal(err)
 		}
 		if n := count("cust_history__replaced_swap"); n != 0 {

@@ -13,8 +13,9 @@ import (
 
 // retentionEvery is how often run removes what retention no longer keeps
 // (tables[].retention); the first pass waits retentionFirst after start so
-// that it does not compete with the catch-up of a restart.
-var (
+// that it does not compete with the catch-up of a restart (tests shorten
+// both: Options).
+const (
 	retentionEvery = time.Hour
 	retentionFirst = time.Minute
 )
@@ -29,22 +30,31 @@ type retainer struct {
 	metrics *consumer.Metrics
 	health  *consumer.Health
 	now     func() time.Time
+	// first and every are the schedule (0: retentionFirst, retentionEvery).
+	first, every time.Duration
 }
 
 // Run runs a pass retentionFirst after it starts, then every
 // retentionEvery (retentionFirst after a pass that failed), until ctx
 // ends.
 func (r *retainer) Run(ctx context.Context) error {
-	wait := retentionFirst
+	first, every := r.first, r.every
+	if first <= 0 {
+		first = retentionFirst
+	}
+	if every <= 0 {
+		every = retentionEvery
+	}
+	wait := first
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
 		}
-		wait = retentionEvery
+		wait = every
 		if !r.pass(ctx) {
-			wait = min(retentionFirst, retentionEvery) // soon, not in an hour
+			wait = min(first, every) // soon, not in an hour
 		}
 	}
 }

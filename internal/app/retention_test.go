@@ -24,9 +24,6 @@ import (
 // applied, the metrics say what went, and verify passes.
 func TestRetentionWhileRunning(t *testing.T) {
 	t.Parallel()
-	first, every := retentionFirst, retentionEvery
-	retentionFirst, retentionEvery = 50*time.Millisecond, 200*time.Millisecond
-	t.Cleanup(func() { retentionFirst, retentionEvery = first, every })
 
 	src := patternSource("public", "accounts")
 	kafka, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, src.Topic()))
@@ -56,7 +53,9 @@ tables:
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, Options{Logger: zaptest.NewLogger(t)}) }()
+	go func() {
+		done <- Run(ctx, cfg, Options{Logger: zaptest.NewLogger(t), retentionFirst: 50 * time.Millisecond, retentionEvery: 200 * time.Millisecond})
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {

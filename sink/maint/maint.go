@@ -102,6 +102,9 @@ func New(cfg Config, pool *pgxpool.Pool, w Writer) *Maint {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Retry == nil {
+		cfg.Retry = func(ctx context.Context, _, _ string, fn func(context.Context) error) (int, error) { return 0, fn(ctx) }
+	}
 	return &Maint{cfg: cfg, pool: pool, w: w}
 }
 
