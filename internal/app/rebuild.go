@@ -289,13 +289,12 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 	schema := pgx.Identifier{cfg.Postgres.Schema}.Sanitize()
 	stmts := []string{}
 	for _, t := range rc.Tables {
+		n := catalog.NamesOf(t.Target)
+		in := func(name string) string { return pgx.Identifier{cfg.Postgres.Schema, name}.Sanitize() }
 		stmts = append(stmts,
-			fmt.Sprintf("DROP VIEW IF EXISTS %s", pgx.Identifier{cfg.Postgres.Schema, t.Target + "_current"}.Sanitize()),
+			fmt.Sprintf("DROP VIEW IF EXISTS %s", in(n.Current)),
 			catalog.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
-			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s", pgx.Identifier{cfg.Postgres.Schema, t.Target}.Sanitize(),
-				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_events"}.Sanitize(),
-				pgx.Identifier{cfg.Postgres.Schema, t.Target + "_scd_repairs"}.Sanitize(),
-				pgx.Identifier{cfg.Postgres.Schema, t.Target + sink.DirSuffix}.Sanitize()))
+			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s", in(n.Hist), in(n.Side), in(n.Repairs), in(n.Dir)))
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, st := range stmts {
@@ -443,6 +442,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 		}
 		for i, t := range cfg.Tables {
 			live, rb := t.Target, rc.Tables[i].Target
+			L, R := catalog.NamesOf(live), catalog.NamesOf(rb)
 			var exists bool
 			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", id(live)).Scan(&exists); err != nil {
 				return err
@@ -456,7 +456,8 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 			}
 			if exists {
 				old := ReplacedTarget(live, now)
-				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(live+"_scd_events"))); err != nil {
+				O := catalog.NamesOf(old)
+				if err := exec(fmt.Sprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", id(live), id(L.Side))); err != nil {
 					return err
 				}
 				renames, err := catalog.PartitionRenames(ctx, tx, schema, live, old)
@@ -464,19 +465,19 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 					return err
 				}
 				qs := append(renames,
-					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.IDIndexSuffix), bare(old+sink.IDIndexSuffix)),
-					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(live+"_current")),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.IDIndex), bare(O.IDIndex)),
+					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(L.Current)),
 					catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
-					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live+"_scd_events"), bare(old+"_scd_events")),
+					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(L.Side), bare(O.Side)),
 					// The key directory is a lookup aid of the written
 					// table: the replaced one is not written again.
-					fmt.Sprintf("DROP TABLE IF EXISTS %s", id(live+sink.DirSuffix)),
-					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.KeyIndexSuffix), bare(old+sink.KeyIndexSuffix)),
-					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.SideIndexSuffix), bare(old+sink.SideIndexSuffix)),
+					fmt.Sprintf("DROP TABLE IF EXISTS %s", id(L.Dir)),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.KeyIndex), bare(O.KeyIndex)),
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.SideIndex), bare(O.SideIndex)),
 				)
-				if len(live+sink.OldSideIndexSuffix) <= 63 { // an index named before long targets were allowed
-					qs = append(qs, fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(live+sink.OldSideIndexSuffix), bare(old+sink.SideIndexSuffix)))
+				if len(L.OldSideIndex) <= 63 { // an index named before long targets were allowed
+					qs = append(qs, fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.OldSideIndex), bare(O.SideIndex)))
 				}
 				for _, q := range qs {
 					if err := exec(q); err != nil {
@@ -489,17 +490,17 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				return err
 			}
 			for _, q := range append(renames,
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.IDIndexSuffix), bare(live+sink.IDIndexSuffix)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.IDIndex), bare(L.IDIndex)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
-				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb+"_scd_events"), bare(live+"_scd_events")),
-				fmt.Sprintf("ALTER TABLE IF EXISTS %s RENAME TO %s", id(rb+sink.DirSuffix), bare(live+sink.DirSuffix)),
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.DirKeySuffix), bare(live+sink.DirKeySuffix)),
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.KeyIndexSuffix), bare(live+sink.KeyIndexSuffix)),
-				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(rb+sink.SideIndexSuffix), bare(live+sink.SideIndexSuffix)),
-				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(rb+"_current"), bare(live+"_current")),
+				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(R.Side), bare(L.Side)),
+				fmt.Sprintf("ALTER TABLE IF EXISTS %s RENAME TO %s", id(R.Dir), bare(L.Dir)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.DirKey), bare(L.DirKey)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.KeyIndex), bare(L.KeyIndex)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.SideIndex), bare(L.SideIndex)),
+				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(R.Current), bare(L.Current)),
 				catalog.DropAsOfFunction(cfg.Postgres.Schema, rb),
 				// The live audit of repairs stays; the replay's own is dropped.
-				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(rb+"_scd_repairs")),
+				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(R.Repairs)),
 				catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 				catalog.CreateAsOfFunction(cfg.Postgres.Schema, live, SinkConfig(cfg, zap.NewNop()).Tables[i].Deletes == sink.DeletesNewRecord),
 			) {
@@ -601,7 +602,7 @@ func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, i
 		return 0, 0, err
 	}
 	if len(keys) == 0 {
-		return 0, 0, fmt.Errorf("%s has no key index %s", live, live+sink.KeyIndexSuffix)
+		return 0, 0, fmt.Errorf("%s has no key index %s", live, catalog.NamesOf(live).KeyIndex)
 	}
 	var liveSeq, rbSeq *string
 	if err := tx.QueryRow(ctx, `SELECT pg_get_serial_sequence($1, 'scd_id'), pg_get_serial_sequence($2, 'scd_id')`, id(live), id(rb)).Scan(&liveSeq, &rbSeq); err != nil {
@@ -633,13 +634,13 @@ func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, i
 		u AS (UPDATE %[1]s r SET scd_id = coalesce(m.kept, nextval(%[4]s::regclass)) FROM m WHERE r.scd_id = m.tmp
 			RETURNING m.kept IS NOT NULL AS kept)
 		SELECT count(*) FILTER (WHERE kept), count(*) FILTER (WHERE NOT kept) FROM u`,
-		id(rb), id(live), strings.Join(match, " AND "), quoteLiteral(*liveSeq))).Scan(&carried, &fresh); err != nil {
+		id(rb), id(live), strings.Join(match, " AND "), catalog.QuoteLiteral(*liveSeq))).Scan(&carried, &fresh); err != nil {
 		return 0, 0, err
 	}
 	// The rebuilt table's own sequence goes on above every id either gave.
 	for _, q := range []string{
 		fmt.Sprintf(`SELECT setval(%s::regclass, greatest((SELECT max(scd_id) FROM %s), (SELECT last_value FROM %s), 1))`,
-			quoteLiteral(*rbSeq), id(rb), *liveSeq),
+			catalog.QuoteLiteral(*rbSeq), id(rb), *liveSeq),
 		fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN scd_id SET GENERATED ALWAYS`, id(rb)),
 	} {
 		if _, err := tx.Exec(ctx, q); err != nil {
@@ -648,8 +649,6 @@ func carryIDs(ctx context.Context, tx pgx.Tx, schema, live, rb string) (int64, i
 	}
 	return carried, fresh, nil
 }
-
-func quoteLiteral(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
 
 // seedConfirmations gives the replay the live group's confirmations of
 // reconciliations the guard held: the replay applies them as run did,

@@ -127,6 +127,9 @@ func CreateSchema(schema string) string {
 // were allowed; such an index is still found under that name.
 type ObjectNames struct {
 	Hist, Side, Repairs, Current, AsOf, KeyIndex, SideIndex, OldSideIndex, IDIndex string
+	// Dir and DirKey are a partitioned table's key directory and its
+	// primary key.
+	Dir, DirKey string
 }
 
 // Index name suffixes (see objectNames).
@@ -142,7 +145,7 @@ func NamesOf(target string) ObjectNames {
 	return ObjectNames{Hist: target, Side: target + "_scd_events", Repairs: target + "_scd_repairs",
 		Current: target + "_current", AsOf: target + "_as_of",
 		KeyIndex: target + KeyIndexSuffix, SideIndex: target + SideIndexSuffix, OldSideIndex: target + OldSideIndexSuffix,
-		IDIndex: target + IDIndexSuffix}
+		IDIndex: target + IDIndexSuffix, Dir: target + DirSuffix, DirKey: target + DirKeySuffix}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
