@@ -10,19 +10,20 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // applyTable applies one table's share of a batch inside tx. It never changes
 // p, so a retried transaction starts from the same plan.
-func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error) {
+func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
 	var res Result
-	var dead []DeadLetter
-	t := p.t
+	var dead []plan.DeadLetter
+	t := p.Table
 	truncs, ok := ops.pre.takeTruncates(t)
 	pre := ops.pre.takeLatest(t)
 	if !ok {
 		var err error
-		if truncs, err = s.loadTruncates(ctx, tx, t); err != nil {
+		if truncs, err = loadTruncates(ctx, tx, s.cfg.Schema, t); err != nil {
 			return res, nil, err
 		}
 	}
@@ -31,7 +32,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		known[string(tr.Seq)] = true
 	}
 	var fresh []change.Seq
-	for _, tr := range p.truncates {
+	for _, tr := range p.Truncates {
 		if known[string(tr.Seq)] {
 			res.Duplicates++
 			continue
@@ -51,34 +52,34 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			res.Duplicates++
 		}
 	}
-	sortEvents(truncs)
+	plan.SortEvents(truncs)
 	// Every key with a version live at a new truncate is folded again:
 	// the batch's own keys below, the others here, streamed in chunks.
-	forced := map[string]*keyPlan{}
+	forced := map[string]*plan.KeyPlan{}
 	if len(fresh) > 0 {
 		if err := s.refoldTruncated(ctx, tx, p, fresh, truncs, forced, ops, &res); err != nil {
 			return res, nil, err
 		}
 	}
 
-	appendKeys := make([]*keyPlan, 0, len(p.order))
-	var repair []*keyPlan
+	appendKeys := make([]*plan.KeyPlan, 0, len(p.Order))
+	var repair []*plan.KeyPlan
 	var repairEvents [][]fold.Event
-	batchEvents := make(map[*keyPlan][]fold.Event, len(p.order))
-	for _, kp := range p.order {
-		evs, d, dups := dedupeBatch(kp.events)
+	batchEvents := make(map[*plan.KeyPlan][]fold.Event, len(p.Order))
+	for _, kp := range p.Order {
+		evs, d, dups := dedupeBatch(kp.Events)
 		dead = append(dead, d...)
 		res.Duplicates += dups
 		batchEvents[kp] = evs
-		if forced[kp.id] == nil && len(evs) > 0 { // a key without events (isolation) has nothing to append
+		if forced[kp.ID] == nil && len(evs) > 0 { // a key without events (isolation) has nothing to append
 			appendKeys = append(appendKeys, kp)
 		}
 	}
 	states := make([]*fold.Latest, len(appendKeys))
-	var uncached []*keyPlan
+	var uncached []*plan.KeyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.mem.cached(t.cacheKey(kp.id), &ops.mem.Boxes, &ops.mem); ok {
+		if l, ok := s.mem.cached(t.CacheKey(kp.ID), &ops.mem.Boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
@@ -93,7 +94,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 	}
 	var repairFrom []change.Seq
 	partial := false
-	appending, appendStates := make([]*keyPlan, 0, len(appendKeys)), make([]*fold.Latest, 0, len(appendKeys))
+	appending, appendStates := make([]*plan.KeyPlan, 0, len(appendKeys)), make([]*fold.Latest, 0, len(appendKeys))
 	for i, kp := range appendKeys {
 		evs := batchEvents[kp]
 		if max := states[i].MaxSeq(); max != nil && evs[0].Seq.Compare(max) <= 0 {
@@ -119,10 +120,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		if t.Spec.Retention > 0 && (l == nil || l.V == nil || l.V.Closed) {
 			// Nothing current: a retention pass may remove what the
 			// state holds without telling the writers (retention.go).
-			ops.Drops = append(ops.Drops, t.cacheKey(kp.id))
+			ops.Drops = append(ops.Drops, t.CacheKey(kp.ID))
 			continue
 		}
-		ops.Set(t.cacheKey(kp.id), l)
+		ops.Set(t.CacheKey(kp.ID), l)
 	}
 	for _, kp := range forced {
 		repair = append(repair, kp)
@@ -130,7 +131,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		repairFrom = append(repairFrom, nil)
 	}
 	for _, kp := range repair {
-		ops.Drops = append(ops.Drops, t.cacheKey(kp.id))
+		ops.Drops = append(ops.Drops, t.CacheKey(kp.ID))
 	}
 	if !partial || s.tune.WholeRepairs {
 		repairFrom = nil
@@ -153,7 +154,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 		res.RepairSideRowsRead += len(h.side)
 	}
 	for i, kp := range repair {
-		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.id] != nil, w, &res)
+		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.ID] != nil, w, &res)
 		if !ok {
 			// The boundary would have moved: read on to the end.
 			again, err := loadHistoryFrom(t, ctx, tx, repair[i:i+1], repairFrom[i:i+1], nil)
@@ -162,10 +163,10 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cac
 			}
 			res.RepairVersionsRead += len(again[0].versions)
 			res.RepairSideRowsRead += len(again[0].side)
-			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.id] != nil, w, &res)
+			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.ID] != nil, w, &res)
 		}
 		for _, l := range d {
-			if l.Reason == ReasonExpired {
+			if l.Reason == plan.ReasonExpired {
 				// Its whole effect lies before what retention kept:
 				// counted and logged, never stored (DESIGN.md section 12).
 				res.noteExpired(t.Spec.Target, l)
@@ -206,7 +207,7 @@ func boundOf(evs []fold.Event) bound {
 // dedupeBatch drops repeated events of one key inside a batch: the same
 // sequence with the same content is a duplicate, with other content a
 // conflict (the first one wins).
-func dedupeBatch(evs []fold.Event) ([]fold.Event, []DeadLetter, int) {
+func dedupeBatch(evs []fold.Event) ([]fold.Event, []plan.DeadLetter, int) {
 	repeated := false
 	for i := 1; i < len(evs) && !repeated; i++ {
 		repeated = evs[i-1].Seq.Compare(evs[i].Seq) == 0
@@ -215,7 +216,7 @@ func dedupeBatch(evs []fold.Event) ([]fold.Event, []DeadLetter, int) {
 		return evs, nil, 0 // the common case: nothing to drop, nothing copied
 	}
 	var out []fold.Event
-	var dead []DeadLetter
+	var dead []plan.DeadLetter
 	dups := 0
 	for _, e := range evs {
 		if n := len(out); n > 0 && out[n-1].Seq.Compare(e.Seq) == 0 {
@@ -231,8 +232,8 @@ func dedupeBatch(evs []fold.Event) ([]fold.Event, []DeadLetter, int) {
 	return out, dead, dups
 }
 
-func conflictLetter(e fold.Event) DeadLetter {
-	return eventDeadLetter(e.Src, ReasonConflict, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
+func conflictLetter(e fold.Event) plan.DeadLetter {
+	return plan.EventDeadLetter(e.Src, plan.ReasonConflict, fmt.Errorf("conflict: key %v sequence %s already has an event with other content; the first one applied wins",
 		e.Src.Key, e.Seq))
 }
 
@@ -248,14 +249,14 @@ func mergeTruncates(evs, truncs []fold.Event, after change.Seq) []fold.Event {
 		return evs
 	}
 	out := append(append([]fold.Event(nil), evs...), add...)
-	sortEvents(out)
+	plan.SortEvents(out)
 	return out
 }
 
 // appendKey folds events that all come after everything the table holds for
 // the key: only the latest version can change. It returns what the table
 // will hold for the key once the batch commits.
-func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *writes, res *Result) *fold.Latest {
+func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *writes, res *Result) *fold.Latest {
 	st := fold.State{Mem: w.slabs()}
 	var orig *fold.Version
 	if v := l.V; v != nil {
@@ -277,7 +278,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 	merged := mergeTruncates(evs, truncs, l.MaxSeq())
 	out := t.Fold(&st, merged)
 	for _, v := range out.Versions {
-		v.Key = kp.key
+		v.Key = kp.Key
 	}
 	// A truncate the state does not know of may have closed the key's
 	// stored version in the table already (another member's batch):
@@ -307,7 +308,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 			w.closeOnly = append(w.closeOnly, v)
 		}
 		if t.OpenerDiffers(v) && !(v.Stored && l.OpenerSaved) {
-			w.insSide = append(w.insSide, sideRow{key: kp.key, ev: v.Event(v.Opener, v.OpenAbsent)})
+			w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: v.Event(v.Opener, v.OpenAbsent)})
 		}
 	}
 	if spread && l.V != nil && !fold.RowsEqual(st.PrevRow, l.V.Row, t.Type1) {
@@ -315,10 +316,10 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		if rewritten {
 			below = orig.Seq // the live version is rewritten below
 		}
-		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: below, since: since})
+		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.Key, row: st.PrevRow, below: below, since: since})
 	}
 	for _, e := range out.Side {
-		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
+		w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: e})
 	}
 	res.Events += len(evs)
 	res.VersionsOpened += out.Opened
@@ -338,7 +339,7 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 		next.OpenerSaved = (last.Stored && l.OpenerSaved) || t.OpenerDiffers(last)
 		next.V.Opener = nil // appendKey takes the opener from the row (or the side table)
 		next.V.OpenAbsent = next.V.Absent
-		w.noteClosedLatest(t, kp.key, next.V)
+		w.noteClosedLatest(t, kp.Key, next.V)
 	} else if l.V != nil && t.Spec.Type1Scope == AllVersions && st.PrevRow != nil {
 		next.V = l.V.Clone(w.slabs()) // its Type 1 columns changed with the key's
 		t.SpreadType1([]*fold.Version{next.V}, st.PrevRow)
@@ -358,8 +359,8 @@ func (s *Sink) appendKey(t *table, kp *keyPlan, evs []fold.Event, l *fold.Latest
 // version as the table holds it, at the same time: then nothing after it
 // changes and it is left as it is. If not, repairKey writes nothing and
 // returns false: the caller reads on to the end and repairs again.
-func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, truncs []fold.Event, forced bool, w *writes, res *Result) ([]DeadLetter, bool) {
-	var dead []DeadLetter
+func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h history, truncs []fold.Event, forced bool, w *writes, res *Result) ([]plan.DeadLetter, bool) {
+	var dead []plan.DeadLetter
 	dups := 0
 	defer func() { res.Duplicates += dups }()
 	existing := map[string][]byte{}
@@ -382,7 +383,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 				first = v.Seq
 			}
 		}
-		var expired []DeadLetter
+		var expired []plan.DeadLetter
 		batch, expired = expiredOf(t, batch, h.horizon, first)
 		dead = append(dead, expired...)
 		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fold.Event) bool { return !afterHorizon(tr.Seq, h.horizon, first) })
@@ -392,7 +393,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 			e.Resolved = true // its clamped time too: the events before it are not read
 			return e
 		}
-		return t.withPlaceholders(e)
+		return t.WithPlaceholders(e)
 	}
 	for _, e := range h.side {
 		existing[string(e.Seq)] = e.Hash
@@ -420,14 +421,14 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 	if len(fresh) == 0 && !forced {
 		return dead, true
 	}
-	note := repairNote{key: kp.key, cause: repairCause(fresh, truncs)}
+	note := repairNote{key: kp.Key, cause: repairCause(fresh, truncs)}
 	var touched []change.Seq
 	for _, tr := range truncs {
 		if h.from == nil || tr.Seq.Compare(h.from) >= 0 { // at h.from: after its event
 			evs = append(evs, tr)
 		}
 	}
-	sortEvents(evs)
+	plan.SortEvents(evs)
 	st := fold.State{Mem: w.slabs()}
 	out := t.Fold(&st, evs)
 	var boundary *fold.Version // as the table holds it
@@ -460,7 +461,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 		s.stats.boundedRepairs.Add(1)
 	}
 	for _, v := range out.Versions {
-		v.Key = kp.key
+		v.Key = kp.Key
 	}
 	res.noteDisagreements(t.Spec.Target, evs, time.Time{})
 	if t.Spec.Type1Scope == AllVersions && boundary != nil {
@@ -474,7 +475,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 		// values differ from those all versions hold, the versions not
 		// read get them too.
 		if h.from != nil && len(h.versions) > 0 && st.PrevRow != nil && !fold.RowsEqual(st.PrevRow, h.versions[0].Row, t.Type1) {
-			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.key, row: st.PrevRow, below: h.from})
+			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.Key, row: st.PrevRow, below: h.from})
 			note.below = h.from // audited too: every version under it changes
 		}
 	}
@@ -513,7 +514,7 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 		touched = append(touched, o.Seq)
 	}
 	if h.until == nil && len(out.Versions) > 0 { // (with a boundary, the latest stays as it is)
-		w.noteClosedLatest(t, kp.key, out.Versions[len(out.Versions)-1])
+		w.noteClosedLatest(t, kp.Key, out.Versions[len(out.Versions)-1])
 	}
 	note.noteTouched(touched)
 	w.repairs = append(w.repairs, note)
@@ -529,31 +530,16 @@ func (s *Sink) repairKey(t *table, kp *keyPlan, batch []fold.Event, h history, t
 			if sameSide(o, e) {
 				continue
 			}
-			w.delSide = append(w.delSide, sideRow{key: kp.key, ev: o})
+			w.delSide = append(w.delSide, sideRow{key: kp.Key, ev: o})
 		}
-		w.insSide = append(w.insSide, sideRow{key: kp.key, ev: e})
+		w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: e})
 	}
 	for _, o := range oldSide {
-		w.delSide = append(w.delSide, sideRow{key: kp.key, ev: o})
+		w.delSide = append(w.delSide, sideRow{key: kp.Key, ev: o})
 	}
 	res.Events += len(fresh)
 	res.Repaired++
 	return dead, true
-}
-
-// withPlaceholders returns a rebuilt event whose placeholder columns hold the
-// placeholder again (on a copy of its row).
-func (t *table) withPlaceholders(e fold.Event) fold.Event {
-	if e.Row == nil {
-		return e
-	}
-	e.Row = append([]any(nil), e.Row...)
-	for _, name := range e.Unavail {
-		if i, ok := t.Index[name]; ok {
-			e.Row[i] = unavailable{}
-		}
-	}
-	return e
 }
 
 func sameSide(a, b fold.Event) bool {

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // Cutting a prepared batch.
@@ -34,8 +35,8 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 	for _, name := range p.targets { // sorted: so are the groups' targets
 		tp := p.plans[name]
 		first, whole := -1, true
-		for _, kp := range tp.order {
-			g := by(name, kp.partition())
+		for _, kp := range tp.Order {
+			g := by(name, kp.Partition())
 			if first < 0 {
 				first = g
 			} else if g != first {
@@ -49,15 +50,15 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 			out[first].plans[name], out[first].targets = tp, append(out[first].targets, name)
 			continue
 		}
-		for _, kp := range tp.order {
-			g := out[by(name, kp.partition())]
+		for _, kp := range tp.Order {
+			g := out[by(name, kp.Partition())]
 			sub := g.plans[name]
 			if sub == nil {
-				sub = &tablePlan{t: tp.t, keys: map[string]*keyPlan{}}
+				sub = &plan.TablePlan{Table: tp.Table, Keys: map[string]*plan.KeyPlan{}}
 				g.plans[name], g.targets = sub, append(g.targets, name)
 			}
-			sub.keys[kp.id] = kp
-			sub.order = append(sub.order, kp)
+			sub.Keys[kp.ID] = kp
+			sub.Order = append(sub.Order, kp)
 		}
 	}
 	for part, pos := range p.positions {
@@ -76,7 +77,7 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 		g.snapshots = append(g.snapshots, sn)
 	}
 	for _, e := range p.early {
-		g := out[by(e.name, change.Partition{})]
+		g := out[by(e.Name, change.Partition{})]
 		g.early = append(g.early, e)
 	}
 	for _, name := range p.lockTargets {
@@ -100,13 +101,5 @@ func (p *Prepared) empty() bool {
 // shell is a copy of p's batch-wide fields with nothing to apply.
 func (p *Prepared) shell() *Prepared {
 	return &Prepared{topicTargets: p.topicTargets, confirm: p.confirm, outside: p.outside,
-		plans: map[string]*tablePlan{}, positions: map[change.Partition]Position{}}
-}
-
-// partition is the partition kp's events come from (zero when unknown).
-func (kp *keyPlan) partition() change.Partition {
-	if len(kp.events) == 0 || kp.events[0].Src == nil {
-		return change.Partition{}
-	}
-	return kp.events[0].Src.Origin.Partition
+		plans: map[string]*plan.TablePlan{}, positions: map[change.Partition]Position{}}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -124,7 +125,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 		}
 	}
 	s.mu.Lock()
-	kc := t.keyColumns()
+	kc := t.KeyColumns()
 	s.mu.Unlock()
 	targets := append([]string{spec.Target}, req.Also...)
 	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
@@ -167,7 +168,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", ")+", "+strings.Join(textCasts, ", "), args...).Scan(ptrs...); err != nil {
 					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
 				}
-				keys[n] = erasing{args: args, id: keyID(typed), texts: texts, e: Erased{Hash: s.erasures.hash(keyID(typed))}}
+				keys[n] = erasing{args: args, id: plan.KeyID(typed), texts: texts, e: Erased{Hash: s.erasures.hash(plan.KeyID(typed))}}
 			}
 			if !req.Lift {
 				for n := range keys {
@@ -393,7 +394,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 		}
 		type letter struct {
 			id int64
-			d  DeadLetter
+			d  plan.DeadLetter
 		}
 		var letters []letter
 		for rows.Next() {
@@ -552,7 +553,7 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 		if err != nil {
 			return nil, err
 		}
-		if h := s.erasures.hash(keyID(key)); set[h] {
+		if h := s.erasures.hash(plan.KeyID(key)); set[h] {
 			if n++; n <= MaxViolationsListed {
 				out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
 			}

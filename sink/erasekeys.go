@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // Every form a key takes (DESIGN.md section 12). A key's identity is
@@ -45,9 +46,9 @@ type keyReading struct {
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
 // at all.
-func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *DeadLetter) ([]keyReading, bool) {
-	if d.kid != "" {
-		return []keyReading{{id: d.kid}}, true
+func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *plan.DeadLetter) ([]keyReading, bool) {
+	if d.KeyID != "" {
+		return []keyReading{{id: d.KeyID}}, true
 	}
 	if d.Decoded {
 		var arr []json.RawMessage
@@ -64,7 +65,7 @@ func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d 
 }
 
 // recordKeyIDs reads a record's message key (or a header's).
-func (s *erasures) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []Header) ([]keyReading, bool) {
+func (s *erasures) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []plan.Header) ([]keyReading, bool) {
 	if s.decodeKey != nil {
 		dctx, cancel := context.WithTimeout(ctx, decodeKeyWait)
 		vals, names, err := s.decodeKey(dctx, topic, key, hs)
@@ -158,7 +159,7 @@ func (s *erasures) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any)
 	}
 	out := make([]keyReading, len(readings))
 	for i, r := range readings {
-		out[i] = keyReading{vals: r, id: keyID(r)}
+		out[i] = keyReading{vals: r, id: plan.KeyID(r)}
 	}
 	return out, true
 }
@@ -194,7 +195,7 @@ func (s *erasures) readings(col *catalog.ColumnInfo, v any) []any {
 			}
 		}
 	}
-	c, err := s.kconv.convert(col, v)
+	c, err := s.kconv.Convert(col, v)
 	if str, ok := v.(string); ok && err != nil && col.OID == pgtype.NumericOID {
 		// Connect's Decimal without its schema: base64 of the unscaled
 		// integer, its scale unknown here (the column's numeric has none).
@@ -213,7 +214,7 @@ func (s *erasures) readings(col *catalog.ColumnInfo, v any) []any {
 	if err != nil || c == nil {
 		return nil
 	}
-	if _, ok := c.(unavailable); ok {
+	if _, ok := c.(plan.Unavailable); ok {
 		return nil
 	}
 	return []any{c}
@@ -225,8 +226,8 @@ var keyChangeHeaders = []string{"__debezium.oldkey", "__debezium.newkey"}
 
 // erasedHeaders returns hs without the key-change headers that name a
 // key whose identity erased accepts, and how many it left out.
-func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []Header, erased func(rs []keyReading) bool) ([]Header, int) {
-	var out []Header
+func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []plan.Header, erased func(rs []keyReading) bool) ([]plan.Header, int) {
+	var out []plan.Header
 	n := 0
 	for i, h := range hs {
 		name := strings.ReplaceAll(h.Key, `\0`, "\x00")
@@ -237,7 +238,7 @@ func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, t
 		if isKey {
 			if rs, ok := s.recordKeyIDs(ctx, kc, topic, h.Value, nil); ok && erased(rs) {
 				if out == nil {
-					out = append(make([]Header, 0, len(hs)), hs[:i]...)
+					out = append(make([]plan.Header, 0, len(hs)), hs[:i]...)
 				}
 				n++
 				continue
@@ -251,14 +252,4 @@ func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, t
 		return hs, 0
 	}
 	return out, n
-}
-
-// keyColumns are t's key columns, in key order, copied (a batch being
-// prepared may change t's columns meanwhile). Call it holding s.mu.
-func (t *table) keyColumns() []catalog.ColumnInfo {
-	out := make([]catalog.ColumnInfo, len(t.KeyIdx))
-	for i, ki := range t.KeyIdx {
-		out[i] = t.Cols[ki]
-	}
-	return out
 }

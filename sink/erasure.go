@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -75,7 +76,7 @@ type erasures struct {
 	// erasures were recorded for (Config.ErasureAlias; nil: the target).
 	alias func(string) string
 	// decodeKey reads a record's key as the decoder does (Config.DecodeKey).
-	decodeKey func(ctx context.Context, topic string, key []byte, headers []Header) (vals []any, names []string, err error)
+	decodeKey func(ctx context.Context, topic string, key []byte, headers []plan.Header) (vals []any, names []string, err error)
 	// spec gives a target's spec (its key columns).
 	spec func(target string) (TableSpec, bool)
 
@@ -85,7 +86,7 @@ type erasures struct {
 	// kconv converts the keys read back, under kmu: a pgtype.Map of its
 	// own, apart from the planner's.
 	kmu   sync.Mutex
-	kconv converter
+	kconv plan.Converter
 }
 
 // hash is the erasure hash of a key identity.
@@ -138,7 +139,7 @@ func (s *erasures) load(ctx context.Context, q Querier) error {
 // drop takes the events and dead letters of erased keys out of a
 // batch, after its fence (reloading the erased hashes when the fence saw
 // an outside write), and returns what it dropped per target.
-func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []DeadLetter) (map[string]int, []DeadLetter, error) {
+func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []plan.DeadLetter) (map[string]int, []plan.DeadLetter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stale.Swap(false) {
@@ -164,35 +165,35 @@ func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []Dead
 			continue
 		}
 		// A new slice: the parts of a batch may share the order's array.
-		var kept []*keyPlan
-		for j, kp := range tp.order {
-			if !set[s.hash(kp.id)] {
+		var kept []*plan.KeyPlan
+		for j, kp := range tp.Order {
+			if !set[s.hash(kp.ID)] {
 				if kept != nil {
 					kept = append(kept, kp)
 				}
 				continue
 			}
 			if kept == nil {
-				kept = append(make([]*keyPlan, 0, len(tp.order)), tp.order[:j]...)
+				kept = append(make([]*plan.KeyPlan, 0, len(tp.Order)), tp.Order[:j]...)
 			}
-			delete(tp.keys, kp.id)
-			count(name, len(kp.events))
+			delete(tp.Keys, kp.ID)
+			count(name, len(kp.Events))
 		}
 		if kept != nil {
-			tp.order = kept
+			tp.Order = kept
 		}
 	}
-	var keptDead []DeadLetter
+	var keptDead []plan.DeadLetter
 	for _, d := range dead {
 		set := s.erased[d.Table]
 		if len(set) > 0 && s.erasedDeadLetter(ctx, set, &d) {
 			count(d.Table, 1)
 			continue
 		}
-		if len(set) > 0 && d.keyCols != nil && len(d.Headers) > 0 {
+		if len(set) > 0 && d.KeyCols != nil && len(d.Headers) > 0 {
 			// Another key's dead letter keeps no header naming an
 			// erased key (a primary-key change's).
-			d.Headers, _ = s.erasedHeaders(ctx, d.keyCols, d.Origin.Topic, d.Headers, func(rs []keyReading) bool { return s.anyErased(set, rs) })
+			d.Headers, _ = s.erasedHeaders(ctx, d.KeyCols, d.Origin.Topic, d.Headers, func(rs []keyReading) bool { return s.anyErased(set, rs) })
 		}
 		keptDead = append(keptDead, d)
 	}
@@ -202,12 +203,12 @@ func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []Dead
 // erasedDeadLetter reports whether d is a dead letter of a key in set: by
 // its key's identity, whatever form the key took in it (letterKeyIDs),
 // else by its key's values as text.
-func (s *erasures) erasedDeadLetter(ctx context.Context, set map[string]bool, d *DeadLetter) bool {
-	if d.kid != "" {
-		return set[s.hash(d.kid)]
+func (s *erasures) erasedDeadLetter(ctx context.Context, set map[string]bool, d *plan.DeadLetter) bool {
+	if d.KeyID != "" {
+		return set[s.hash(d.KeyID)]
 	}
-	if d.keyCols != nil {
-		if rs, ok := s.letterKeyIDs(ctx, d.keyCols, d); ok {
+	if d.KeyCols != nil {
+		if rs, ok := s.letterKeyIDs(ctx, d.KeyCols, d); ok {
 			return s.anyErased(set, rs)
 		}
 	}
@@ -232,7 +233,7 @@ func (s *erasures) anyErased(set map[string]bool, rs []keyReading) bool {
 }
 
 // hasKeyHeaders reports whether hs holds a key-change header.
-func hasKeyHeaders(hs []Header) bool {
+func hasKeyHeaders(hs []plan.Header) bool {
 	for _, h := range hs {
 		for _, k := range keyChangeHeaders {
 			if strings.ReplaceAll(h.Key, `\0`, "\x00") == k {
@@ -247,11 +248,11 @@ func hasKeyHeaders(hs []Header) bool {
 // their table's key columns, loading a table not loaded yet (a batch of
 // dead letters alone after a restart), so that the writers' filter reads
 // their keys back (erasures.erasedDeadLetter). Called holding s.mu.
-func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
+func (s *Sink) noteLetterKeys(ctx context.Context, dead []plan.DeadLetter) {
 	var load []*change.Event
 	seen := map[string]bool{}
 	for _, d := range dead {
-		if (d.kid == "" || hasKeyHeaders(d.Headers)) && !seen[d.Table] && s.tables[d.Table] == nil {
+		if (d.KeyID == "" || hasKeyHeaders(d.Headers)) && !seen[d.Table] && s.tables[d.Table] == nil {
 			seen[d.Table] = true
 			load = append(load, &change.Event{Table: d.Table})
 		}
@@ -265,16 +266,16 @@ func (s *Sink) noteLetterKeys(ctx context.Context, dead []DeadLetter) {
 	cols := map[string][]catalog.ColumnInfo{}
 	for i := range dead {
 		d := &dead[i]
-		if d.kid != "" && !hasKeyHeaders(d.Headers) {
+		if d.KeyID != "" && !hasKeyHeaders(d.Headers) {
 			continue
 		}
 		kc, ok := cols[d.Table]
 		if !ok {
 			if t := s.tables[d.Table]; t != nil {
-				kc = t.keyColumns()
+				kc = t.KeyColumns()
 			}
 			cols[d.Table] = kc
 		}
-		d.keyCols = kc
+		d.KeyCols = kc
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // isDataError reports whether PostgreSQL rejected a value: SQLSTATE class
@@ -28,29 +29,29 @@ func isDataError(err error) bool {
 // keys is safe: keys do not interact, and a batch applied in parts within
 // one transaction gives the history of the same events arriving in
 // several batches, which the fold makes identical.
-func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error) {
+func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
 	res, dead, err := s.trySavepoint(ctx, tx, p, ops)
 	if err == nil || !isDataError(err) {
 		return res, dead, err
 	}
-	if len(p.order) > 1 {
-		half := len(p.order) / 2
+	if len(p.Order) > 1 {
+		half := len(p.Order) / 2
 		var total Result
-		var allDead []DeadLetter
-		for i, part := range []*tablePlan{p.subPlan(p.order[:half], true), p.subPlan(p.order[half:], false)} {
+		var allDead []plan.DeadLetter
+		for i, part := range []*plan.TablePlan{p.SubPlan(p.Order[:half], true), p.SubPlan(p.Order[half:], false)} {
 			r, d, err := s.applyIsolating(ctx, tx, part, ops)
 			if err != nil {
-				return total, nil, fmt.Errorf("part %d of %s: %w", i+1, p.t.Spec.Target, err)
+				return total, nil, fmt.Errorf("part %d of %s: %w", i+1, p.Table.Spec.Target, err)
 			}
 			total.add(r)
 			allDead = append(allDead, d...)
 		}
 		return total, allDead, nil
 	}
-	if len(p.order) == 0 {
+	if len(p.Order) == 0 {
 		return res, nil, err // a truncate alone cannot carry a bad value
 	}
-	return s.isolateKey(ctx, tx, p, p.order[0], ops, err)
+	return s.isolateKey(ctx, tx, p, p.Order[0], ops, err)
 }
 
 // isolateKey finds the events of one key that PostgreSQL rejects. The
@@ -61,23 +62,23 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *tablePlan, ops 
 // Every rejected event is found, however many there are, with a few
 // probes each, and every other event is applied. A key may arrive with no
 // events of its own (a truncate's re-fold): then only the truncates apply.
-func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyPlan, ops *cacheOps, cause error) (Result, []DeadLetter, error) {
-	plan := func(evs []fold.Event) *tablePlan {
-		return p.subPlan([]*keyPlan{{id: kp.id, key: kp.key, events: evs}}, true)
+func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp *plan.KeyPlan, ops *cacheOps, cause error) (Result, []plan.DeadLetter, error) {
+	planOf := func(evs []fold.Event) *plan.TablePlan {
+		return p.SubPlan([]*plan.KeyPlan{{ID: kp.ID, Key: kp.Key, Events: evs}}, true)
 	}
 	with := func(kept, more []fold.Event) []fold.Event {
 		return append(append(make([]fold.Event, 0, len(kept)+len(more)), kept...), more...)
 	}
 	var kept []fold.Event
-	var dead []DeadLetter
-	rest := kp.events
+	var dead []plan.DeadLetter
+	rest := kp.Events
 	lastErr := cause
 	for len(rest) > 0 {
 		// kept+rest is known to fail (at the start: the caller's failure).
 		lo, hi := 0, len(rest)-1
 		for lo < hi {
 			mid := (lo + hi) / 2
-			err := s.probe(ctx, tx, plan(with(kept, rest[:mid+1])), ops)
+			err := s.probe(ctx, tx, planOf(with(kept, rest[:mid+1])), ops)
 			switch {
 			case err == nil:
 				lo = mid + 1
@@ -87,12 +88,12 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 				return Result{}, nil, err
 			}
 		}
-		dead = append(dead, eventDeadLetter(rest[lo].Src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
+		dead = append(dead, plan.EventDeadLetter(rest[lo].Src, plan.ReasonRejected, fmt.Errorf("rejected by PostgreSQL: %w", lastErr)))
 		kept, rest = with(kept, rest[:lo]), rest[lo+1:]
 		if len(rest) == 0 {
 			break
 		}
-		err := s.probe(ctx, tx, plan(with(kept, rest)), ops)
+		err := s.probe(ctx, tx, planOf(with(kept, rest)), ops)
 		if err == nil {
 			kept, rest = with(kept, rest), nil
 			break
@@ -102,7 +103,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 		}
 		lastErr = err
 	}
-	res, d, err := s.trySavepoint(ctx, tx, plan(kept), ops)
+	res, d, err := s.trySavepoint(ctx, tx, planOf(kept), ops)
 	if err == nil {
 		res.Rejected += len(dead)
 		return res, append(dead, d...), nil
@@ -114,20 +115,20 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *tablePlan, kp *keyP
 	// on more than one event): every event of the key in this batch goes
 	// to the dead-letter table, with the truncates applied alone.
 	dead = dead[:0]
-	for _, e := range kp.events {
-		dead = append(dead, eventDeadLetter(e.Src, ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
+	for _, e := range kp.Events {
+		dead = append(dead, plan.EventDeadLetter(e.Src, plan.ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
-	r, d, err2 := s.trySavepoint(ctx, tx, plan(nil), ops)
+	r, d, err2 := s.trySavepoint(ctx, tx, planOf(nil), ops)
 	if err2 != nil {
 		return r, nil, err2
 	}
-	r.Rejected += len(kp.events)
+	r.Rejected += len(kp.Events)
 	return r, append(dead, d...), nil
 }
 
 // probe applies p inside a savepoint and always rolls it back: it only
 // asks whether PostgreSQL accepts p.
-func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) error {
+func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT scd2sink_probe"); err != nil {
 		return err
 	}
@@ -139,7 +140,7 @@ func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps
 }
 
 // trySavepoint applies p inside a savepoint, rolling back to it on error.
-func (s *Sink) trySavepoint(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error) {
+func (s *Sink) trySavepoint(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
 	if _, err := tx.Exec(ctx, "SAVEPOINT scd2sink_isolate"); err != nil {
 		return Result{}, nil, err
 	}
@@ -152,18 +153,4 @@ func (s *Sink) trySavepoint(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *c
 	}
 	_, err = tx.Exec(ctx, "RELEASE SAVEPOINT scd2sink_isolate")
 	return res, dead, err
-}
-
-// subPlan is a plan of the same table for some of the keys, with the
-// plan's truncates when withTruncates.
-func (p *tablePlan) subPlan(keys []*keyPlan, withTruncates bool) *tablePlan {
-	sub := &tablePlan{t: p.t, keys: map[string]*keyPlan{}}
-	for _, kp := range keys {
-		sub.keys[kp.id] = kp
-		sub.order = append(sub.order, kp)
-	}
-	if withTruncates {
-		sub.truncates = p.truncates
-	}
-	return sub
 }

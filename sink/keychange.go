@@ -6,22 +6,12 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 )
 
 // applyFunc applies one table's plan in a transaction.
-type applyFunc func(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps) (Result, []DeadLetter, error)
-
-// needsOldKey reports whether a key's batch holds the create of a
-// primary-key change that has unavailable-value placeholders.
-func (kp *keyPlan) needsOldKey() bool {
-	for _, e := range kp.events {
-		if e.OldKey != nil {
-			return true
-		}
-	}
-	return false
-}
+type applyFunc func(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error)
 
 // applyKeyChanges applies a table's plan in two steps when it holds
 // creates of primary-key changes with placeholders (DESIGN.md section 5:
@@ -29,10 +19,10 @@ func (kp *keyPlan) needsOldKey() bool {
 // every other key, the old keys among them, then, with the placeholders
 // resolved from the table, the keys those creates open. Applying a batch
 // in parts within one transaction gives the same history as the whole.
-func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *tablePlan, ops *cacheOps, apply applyFunc) (Result, []DeadLetter, error) {
-	var first, second []*keyPlan
-	for _, kp := range p.order {
-		if kp.needsOldKey() {
+func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps, apply applyFunc) (Result, []plan.DeadLetter, error) {
+	var first, second []*plan.KeyPlan
+	for _, kp := range p.Order {
+		if kp.NeedsOldKey() {
 			second = append(second, kp)
 		} else {
 			first = append(first, kp)
@@ -41,17 +31,17 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *tablePlan, ops
 	if len(second) == 0 {
 		return apply(ctx, tx, p, ops)
 	}
-	res, dead, err := apply(ctx, tx, p.subPlan(first, true), ops)
+	res, dead, err := apply(ctx, tx, p.SubPlan(first, true), ops)
 	if err != nil {
 		return res, nil, err
 	}
-	resolved := make([]*keyPlan, len(second))
+	resolved := make([]*plan.KeyPlan, len(second))
 	for i, kp := range second {
-		if resolved[i], err = s.resolveOldKeys(ctx, tx, p.t, kp); err != nil {
+		if resolved[i], err = s.resolveOldKeys(ctx, tx, p.Table, kp); err != nil {
 			return res, nil, err
 		}
 	}
-	r, d, err := apply(ctx, tx, p.subPlan(resolved, false), ops)
+	r, d, err := apply(ctx, tx, p.SubPlan(resolved, false), ops)
 	if err != nil {
 		return res, nil, err
 	}
@@ -63,9 +53,9 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *tablePlan, ops
 // their placeholder columns from the old key's latest version before the
 // create. An old key the table does not hold (yet: it may live in another
 // partition that is behind) leaves those columns NULL, with a warning.
-func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyPlan) (*keyPlan, error) {
-	out := &keyPlan{id: kp.id, key: kp.key, events: slices.Clone(kp.events)}
-	for j, e := range out.events {
+func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *plan.Table, kp *plan.KeyPlan) (*plan.KeyPlan, error) {
+	out := &plan.KeyPlan{ID: kp.ID, Key: kp.Key, Events: slices.Clone(kp.Events)}
+	for j, e := range out.Events {
 		if e.OldKey == nil {
 			continue
 		}
@@ -98,7 +88,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 		}
 		row := slices.Clone(e.Row)
 		for i, v := range row {
-			if _, ok := v.(unavailable); ok {
+			if _, ok := v.(plan.Unavailable); ok {
 				row[i] = nil
 				if old != nil {
 					row[i] = old[i]
@@ -106,7 +96,7 @@ func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *table, kp *keyP
 			}
 		}
 		e.Row, e.Unavail, e.OldKey = row, nil, nil
-		out.events[j] = e
+		out.Events[j] = e
 	}
 	return out, nil
 }

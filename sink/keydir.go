@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // The key directory of a partitioned table (catalog: partDir) holds a
@@ -28,7 +29,7 @@ type dirRow struct {
 
 // noteClosedLatest notes, for a partitioned table, that the key's latest
 // version v (nil: none) is closed.
-func (w *writes) noteClosedLatest(t *table, key []any, v *fold.Version) {
+func (w *writes) noteClosedLatest(t *plan.Table, key []any, v *fold.Version) {
 	if w == nil || t.Parts == nil || v == nil || !v.Closed {
 		return
 	}
@@ -36,7 +37,7 @@ func (w *writes) noteClosedLatest(t *table, key []any, v *fold.Version) {
 }
 
 // writeDir upserts w's directory rows (the last one noted of a key wins).
-func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	if t.Parts == nil || len(w.dir) == 0 {
 		return nil
 	}
@@ -81,8 +82,8 @@ func prefixed(p string, names []string) []string {
 // directory row has no version and is not looked up (its ClosedFrom is
 // fold.NoneClosed); a key whose bound
 // finds nothing is returned in again, to be read from every partition.
-func readClosedLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest) (again []int, err error) {
-	sub := make([]*keyPlan, len(idx))
+func readClosedLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, idx []int, out []fold.Latest) (again []int, err error) {
+	sub := make([]*plan.KeyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]
 	}

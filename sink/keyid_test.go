@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // TestKeyIDMatchesCanon: the key identity built without strings is
@@ -26,7 +27,7 @@ func TestKeyIDMatchesCanon(t *testing.T) {
 		for i, v := range key {
 			parts[i] = fold.Canon(v)
 		}
-		if got, want := keyID(key), change.KeyID(parts); got != want {
+		if got, want := plan.KeyID(key), change.KeyID(parts); got != want {
 			t.Errorf("%#v: %q, want %q", key, got, want)
 		}
 	}

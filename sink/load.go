@@ -11,17 +11,18 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // keysSource renders "unnest($1::t1[], ...) WITH ORDINALITY AS k(k1, ..., ord)"
 // and its arguments for the given keys; rows come back numbered from 1.
-func keysSource(t *table, keys []*keyPlan, firstParam int) (string, []any) {
+func keysSource(t *plan.Table, keys []*plan.KeyPlan, firstParam int) (string, []any) {
 	var casts []string
 	args := make([]any, len(t.KeyIdx))
 	for i, ki := range t.KeyIdx {
 		col := make([]any, len(keys))
 		for j, kp := range keys {
-			col[j] = kp.key[i]
+			col[j] = kp.Key[i]
 		}
 		args[i] = col
 		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.Cols[ki].TypeName))
@@ -30,7 +31,7 @@ func keysSource(t *table, keys []*keyPlan, firstParam int) (string, []any) {
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
-func colList(t *table, prefix string) string {
+func colList(t *plan.Table, prefix string) string {
 	parts := make([]string, len(t.Cols))
 	for i, c := range t.Cols {
 		parts[i] = prefix + pgx.Identifier{c.Name}.Sanitize()
@@ -44,7 +45,7 @@ const versionCols = "h.scd_id, h.scd_seq, h.scd_op, h.scd_hash, h.valid_from, h.
 // after the key ordinal.
 const rowAt = 12
 
-func scanVersion(t *table, vals []any, off int) (*fold.Version, error) {
+func scanVersion(t *plan.Table, vals []any, off int) (*fold.Version, error) {
 	v := &fold.Version{Stored: true}
 	var ok bool
 	if v.ID, ok = vals[off].(int64); !ok {
@@ -75,7 +76,7 @@ func scanVersion(t *table, vals []any, off int) (*fold.Version, error) {
 // unknown adds to absent the non-key columns added to the table after a
 // row was written (attnum above the row's scd_attnum; NULL in rows from
 // before scd_attnum, taken as knowing every column).
-func unknown(t *table, absent []string, rowAttnum any) []string {
+func unknown(t *plan.Table, absent []string, rowAttnum any) []string {
 	n, ok := rowAttnum.(int16)
 	if !ok || n >= t.Attnum {
 		return absent
@@ -107,7 +108,7 @@ func asBytes(v any) []byte {
 // loadLatest reads, for each key, its latest version and side-table
 // summary. pre holds what the batch's prefetch (prefetch.go) read of some
 // keys in its first read: those are not read again.
-func loadLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre map[*keyPlan]*fold.Latest) ([]fold.Latest, error) {
+func loadLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, pre map[*plan.KeyPlan]*fold.Latest) ([]fold.Latest, error) {
 	out := make([]fold.Latest, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -152,7 +153,7 @@ func loadLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, pre m
 	if len(idx) == 0 {
 		return out, nil
 	}
-	missing := make([]*keyPlan, len(idx))
+	missing := make([]*plan.KeyPlan, len(idx))
 	for j, i := range idx {
 		missing[j] = keys[i]
 	}
@@ -191,7 +192,7 @@ func withoutVersion(out []fold.Latest, idx []int) []int {
 
 // readLatest reads into out[i], for the keys keys[i] of idx, the latest
 // version (onlyCurrent: the current one) and the side-table summary.
-func readLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
+func readLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
 	q, args := latestQuery(t, keys, idx, onlyCurrent)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
@@ -202,8 +203,8 @@ func readLatest(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, idx [
 }
 
 // latestQuery is readLatest's statement.
-func latestQuery(t *table, keys []*keyPlan, idx []int, onlyCurrent bool) (string, []any) {
-	sub := make([]*keyPlan, len(idx))
+func latestQuery(t *plan.Table, keys []*plan.KeyPlan, idx []int, onlyCurrent bool) (string, []any) {
+	sub := make([]*plan.KeyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]
 	}
@@ -225,7 +226,7 @@ func latestQuery(t *table, keys []*keyPlan, idx []int, onlyCurrent bool) (string
 }
 
 // scanLatest reads latestQuery's rows into out (see readLatest).
-func scanLatest(t *table, rows pgx.Rows, idx []int, out []fold.Latest) error {
+func scanLatest(t *plan.Table, rows pgx.Rows, idx []int, out []fold.Latest) error {
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
@@ -244,7 +245,7 @@ func scanLatest(t *table, rows pgx.Rows, idx []int, out []fold.Latest) error {
 // latestFromRow sets l from a row of latestQuery (or readClosedLatest):
 // the key's ordinal, its version, the side-table summary and whether
 // the version's opener is saved.
-func latestFromRow(t *table, vals []any, l *fold.Latest) error {
+func latestFromRow(t *plan.Table, vals []any, l *fold.Latest) error {
 	n := len(t.Cols)
 	v, err := scanVersion(t, vals, 1)
 	if err != nil {
@@ -299,7 +300,7 @@ type bound struct {
 }
 
 // loadHistory reads every version and side row of the keys.
-func loadHistory(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]history, error) {
+func loadHistory(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan) ([]history, error) {
 	return loadHistoryFrom(t, ctx, tx, keys, nil, nil)
 }
 
@@ -313,7 +314,7 @@ func loadHistory(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan) ([]h
 //
 // With bounds (one per key; a zero one for none), a key's history is read
 // only up to its boundary version, when it has one (see bound).
-func loadHistoryFrom(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, after []change.Seq, bounds []bound) ([]history, error) {
+func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, after []change.Seq, bounds []bound) ([]history, error) {
 	out := make([]history, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -427,7 +428,7 @@ func loadHistoryFrom(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 			continue
 		}
 		if _, err := change.ParseOp(op); err != nil {
-			return nil, &DriftError{Table: t.Side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
+			return nil, &catalog.DriftError{Table: t.Side.Sanitize(), What: fmt.Sprintf("a side row holds scd_op %q, not an operation scd2sink writes", op)}
 		}
 		fe := fold.Event{Seq: change.Seq(asBytes(vals[1])), Op: change.Op(op[0]), Hash: asBytes(vals[4]), Unavail: asStrings(vals[5]), Absent: unknown(t, asStrings(vals[6]), vals[8]), Complete: vals[8] == nil}
 		fe.T, _ = vals[3].(time.Time)
@@ -442,10 +443,14 @@ func loadHistoryFrom(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, 
 	return out, rows.Err()
 }
 
+// horizonOp is the scd_op of the side row where retention cut a key's
+// history (see the sink's retention.go and package maint).
+const horizonOp = "h"
+
 // loadTruncates reads the truncates applied to the table so far.
-func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.Event, error) {
+func loadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table) ([]fold.Event, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), t.Hist.Sanitize())
+		pgx.Identifier{schema}.Sanitize()), t.Hist.Sanitize())
 	if err != nil {
 		return nil, fmt.Errorf("reading truncates of %s: %w", t.Hist.Sanitize(), err)
 	}
@@ -474,8 +479,8 @@ func (s *Sink) loadTruncates(ctx context.Context, tx pgx.Tx, t *table) ([]fold.E
 // whose row holds NULL for the columns it lacked: nothing to change. Keys
 // without side rows after that version are not read; a batch without
 // placeholders reads nothing.
-func readPrevAbsent(t *table, ctx context.Context, tx pgx.Tx, keys []*keyPlan, states []*fold.Latest, evs map[*keyPlan][]fold.Event) error {
-	var need []*keyPlan
+func readPrevAbsent(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, states []*fold.Latest, evs map[*plan.KeyPlan][]fold.Event) error {
+	var need []*plan.KeyPlan
 	var at []int
 	var after [][]byte // the latest version's sequence; nil: marked deleted
 	for i, kp := range keys {

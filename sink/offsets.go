@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -139,7 +140,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	return br.Close()
 }
 
-func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLetter) error {
+func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.DeadLetter) error {
 	if len(dead) == 0 {
 		return nil
 	}
@@ -148,10 +149,10 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []DeadLette
 	for i, d := range dead {
 		var hdrs []byte
 		if len(d.Headers) > 0 {
-			hs := make([]Header, len(d.Headers))
+			hs := make([]plan.Header, len(d.Headers))
 			for i, h := range d.Headers {
 				// jsonb refuses \u0000: a NUL in a key is written as \0.
-				hs[i] = Header{Key: strings.ReplaceAll(h.Key, "\x00", `\0`), Value: h.Value}
+				hs[i] = plan.Header{Key: strings.ReplaceAll(h.Key, "\x00", `\0`), Value: h.Value}
 			}
 			hdrs, _ = json.Marshal(hs) // strings and bytes: cannot fail
 		}

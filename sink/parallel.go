@@ -125,19 +125,19 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	}
 	events := 0
 	for _, tp := range p.plans {
-		if len(tp.truncates) > 0 {
+		if len(tp.Truncates) > 0 {
 			return nil
 		}
-		for _, kp := range tp.order {
-			if len(kp.events) == 0 || kp.needsOldKey() {
+		for _, kp := range tp.Order {
+			if len(kp.Events) == 0 || kp.NeedsOldKey() {
 				return nil
 			}
-			events += len(kp.events)
-			for _, e := range kp.events {
+			events += len(kp.Events)
+			for _, e := range kp.Events {
 				if e.Src == nil {
 					return nil
 				}
-				a, b := find(kp.events[0].Src.Origin.Partition), find(e.Src.Origin.Partition)
+				a, b := find(kp.Events[0].Src.Origin.Partition), find(e.Src.Origin.Partition)
 				if a != b {
 					parent[b] = a
 				}
@@ -149,8 +149,8 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 	}
 	weight := map[change.Partition]int{}
 	for _, tp := range p.plans {
-		for _, kp := range tp.order {
-			weight[find(kp.events[0].Src.Origin.Partition)] += len(kp.events)
+		for _, kp := range tp.Order {
+			weight[find(kp.Events[0].Src.Origin.Partition)] += len(kp.Events)
 		}
 	}
 	var roots []change.Partition

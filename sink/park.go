@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // Parking a target (DESIGN.md section 6: one table's trouble stays in its
@@ -50,7 +51,7 @@ func (p *Prepared) Targets() []string {
 		add(sn.Target)
 	}
 	for _, e := range p.early {
-		add(e.name)
+		add(e.Name)
 	}
 	return out
 }
@@ -71,7 +72,7 @@ func (p *Prepared) HasEvents() bool {
 
 // deadTarget is the target a dead letter belongs to: its own, else its
 // topic's.
-func (p *Prepared) deadTarget(d DeadLetter) string {
+func (p *Prepared) deadTarget(d plan.DeadLetter) string {
 	if d.Table != "" {
 		return d.Table
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
+	"github.com/scd2sink/scd2sink/sink/statecache"
 )
 
 // Reading ahead for a batch of many tables.
@@ -45,8 +47,8 @@ import (
 // prefetched is what the prefetch read, per table; a share takes its
 // table's entries (take*), which removes them.
 type prefetched struct {
-	truncs map[*table][]fold.Event
-	latest map[*table]map[*keyPlan]*fold.Latest
+	truncs map[*plan.Table][]fold.Event
+	latest map[*plan.Table]map[*plan.KeyPlan]*fold.Latest
 	// types are the column types of each table locked ahead (by its
 	// quoted name; a domain's column 0), for its COPY: they hold to the
 	// end of the transaction.
@@ -54,7 +56,7 @@ type prefetched struct {
 }
 
 // takeTruncates returns t's truncates as read ahead, once.
-func (p *prefetched) takeTruncates(t *table) ([]fold.Event, bool) {
+func (p *prefetched) takeTruncates(t *plan.Table) ([]fold.Event, bool) {
 	if p == nil {
 		return nil, false
 	}
@@ -73,7 +75,7 @@ func (p *prefetched) columnTypes(table pgx.Identifier) map[string]uint32 {
 }
 
 // takeLatest returns the latest states read ahead for t's keys, once.
-func (p *prefetched) takeLatest(t *table) map[*keyPlan]*fold.Latest {
+func (p *prefetched) takeLatest(t *plan.Table) map[*plan.KeyPlan]*fold.Latest {
 	if p == nil {
 		return nil
 	}
@@ -83,9 +85,9 @@ func (p *prefetched) takeLatest(t *table) map[*keyPlan]*fold.Latest {
 }
 
 // prefetch reads ahead for the targets' shares of the batch (see above).
-func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tablePlan, targets []string) (*prefetched, error) {
-	pre := &prefetched{truncs: map[*table][]fold.Event{}, latest: map[*table]map[*keyPlan]*fold.Latest{}, types: map[string]map[string]uint32{}}
-	byName := map[string]*table{}
+func prefetch(ctx context.Context, tx pgx.Tx, schema string, holds func(statecache.Key) bool, plans map[string]*plan.TablePlan, targets []string) (*prefetched, error) {
+	pre := &prefetched{truncs: map[*plan.Table][]fold.Event{}, latest: map[*plan.Table]map[*plan.KeyPlan]*fold.Latest{}, types: map[string]map[string]uint32{}}
+	byName := map[string]*plan.Table{}
 	var names, rels []string
 	var reads []func(b *pgx.Batch)
 	failing := ""                // the target whose statement is being read
@@ -106,10 +108,10 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 	b := &pgx.Batch{}
 	for _, name := range targets {
 		p := plans[name]
-		if p == nil || p.t == nil {
+		if p == nil || p.Table == nil {
 			continue
 		}
-		t := p.t
+		t := p.Table
 		if _, dup := pre.truncs[t]; dup {
 			continue
 		}
@@ -124,12 +126,12 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		rels = append(rels, t.Hist.Sanitize(), t.Side.Sanitize())
 		queue(b, name, fmt.Sprintf("LOCK TABLE ONLY %s, %s IN ACCESS SHARE MODE", t.Hist.Sanitize(), t.Side.Sanitize()), nil,
 			func(pgx.Rows) error { return nil })
-		if len(p.truncates) > 0 {
+		if len(p.Truncates) > 0 {
 			continue
 		}
-		var keys []*keyPlan
-		for _, kp := range p.order {
-			if len(kp.events) > 0 && !s.mem.holds(t.cacheKey(kp.id)) {
+		var keys []*plan.KeyPlan
+		for _, kp := range p.Order {
+			if len(kp.Events) > 0 && !holds(t.CacheKey(kp.ID)) {
 				keys = append(keys, kp)
 			}
 		}
@@ -147,7 +149,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 				if err := scanLatest(t, rows, idx, out); err != nil {
 					return err
 				}
-				m := make(map[*keyPlan]*fold.Latest, len(keys))
+				m := make(map[*plan.KeyPlan]*fold.Latest, len(keys))
 				for i, kp := range keys {
 					m[kp] = &out[i]
 				}
@@ -179,7 +181,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 		read(b)
 	}
 	queue(b, "", fmt.Sprintf(`SELECT target, scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = ANY($1::text[]) ORDER BY target, scd_seq`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), []any{names}, func(rows pgx.Rows) error {
+		pgx.Identifier{schema}.Sanitize()), []any{names}, func(rows pgx.Rows) error {
 		for rows.Next() {
 			var target string
 			var seq []byte
@@ -199,7 +201,7 @@ func (s *Sink) prefetch(ctx context.Context, tx pgx.Tx, plans map[string]*tableP
 			failing = bySQL[pe.SQL()]
 		}
 		if failing != "" {
-			return nil, &TargetError{Target: failing, Err: fmt.Errorf("applying batch to %s: %w", failing, err)}
+			return nil, &plan.TargetError{Target: failing, Err: fmt.Errorf("applying batch to %s: %w", failing, err)}
 		}
 		return nil, fmt.Errorf("reading ahead for %d tables: %w", len(names), err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 
@@ -107,10 +108,10 @@ func (r *reconciler) noteRecorded() {
 
 // noteLate notes, in the batch's transaction, every recorded snapshot of
 // p's table above the lowest sequence of the events p applied.
-func (r *reconciler) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) error {
+func (r *reconciler) noteLate(ctx context.Context, tx pgx.Tx, p *plan.TablePlan) error {
 	var low change.Seq
-	for _, kp := range p.order {
-		for _, e := range kp.events {
+	for _, kp := range p.Order {
+		for _, e := range kp.Events {
 			if low == nil || e.Seq.Compare(low) < 0 {
 				low = e.Seq
 			}
@@ -122,9 +123,9 @@ func (r *reconciler) noteLate(ctx context.Context, tx pgx.Tx, p *tablePlan) erro
 	sch := pgx.Identifier{r.s.cfg.Schema}.Sanitize()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, target, scd_seq)
 		SELECT consumer_group, target, scd_seq FROM %[1]s.scd2sink_snapshots WHERE consumer_group = $1 AND target = $2 AND scd_seq > $3`,
-		sch, catalog.LateTable), r.s.cfg.ConsumerGroup, p.t.Spec.Target, []byte(low))
+		sch, catalog.LateTable), r.s.cfg.ConsumerGroup, p.Table.Spec.Target, []byte(low))
 	if err != nil {
-		return fmt.Errorf("noting late events of %s: %w", p.t.Spec.Target, err)
+		return fmt.Errorf("noting late events of %s: %w", p.Table.Spec.Target, err)
 	}
 	if tag.RowsAffected() > 0 {
 		// As a recorded snapshot: a reconciliation running meanwhile
@@ -384,7 +385,7 @@ func (r *reconciler) reconcileOne(ctx context.Context, sn Snapshot, confirmed bo
 			}
 			key := make([]any, len(vals))
 			for i, v := range vals {
-				key[i] = storedValue{v}
+				key[i] = plan.Stored(v)
 			}
 			chunk = append(chunk, &change.Event{Table: sn.Target, Key: key, Seq: sn.Seq, Op: change.OpDelete, ValidFrom: sn.At})
 			if len(chunk) == r.s.tune.ReconcileChunk {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // repairNote is a late repair to record in <target>_scd_repairs: the key,
@@ -64,7 +65,7 @@ func repairCause(fresh []fold.Event, truncs []fold.Event) change.Seq {
 // columns that hold the sink's internal encodings. The touched versions
 // are passed flat, each with its row's id and key, and found through the
 // key index: linear in their number.
-func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []int64, col string) error {
+func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64, col string) error {
 	var n int
 	for _, r := range w.repairs {
 		n += len(r.touched)
@@ -93,7 +94,7 @@ func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *table, ids []in
 // keyObject renders the key x.k0.. as a JSON object of the key columns,
 // whose names are bound as parameter param (a text[] of t.keyNames()):
 // a column name, which comes from events, is never pasted into SQL.
-func keyObject(t *table, x string, param int) string {
+func keyObject(t *plan.Table, x string, param int) string {
 	parts := make([]string, len(t.KeyIdx))
 	for i := range t.KeyIdx {
 		parts[i] = fmt.Sprintf("($%d::text[])[%d], %s.k%d", param, i+1, x, i)
@@ -104,7 +105,7 @@ func keyObject(t *table, x string, param int) string {
 // recordRepairsBefore writes one audit row per repaired key with the
 // versions the repair touches as they are before the batch's writes; it
 // returns the rows' ids.
-func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) ([]int64, error) {
+func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *plan.Table) ([]int64, error) {
 	if len(w.repairs) == 0 {
 		return nil, nil
 	}
@@ -135,7 +136,7 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *table) (
 
 // recordRepairsAfter completes the audit rows with the touched versions as
 // the batch leaves them.
-func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *table, ids []int64) error {
+func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -145,7 +146,7 @@ func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *table, id
 // noteBelow adds to the repairs with below set the versions under it
 // (all_versions' Type 1 values given to the versions a repair did not
 // read), earliest first, within maxAudited.
-func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	for i := range w.repairs {
 		r := &w.repairs[i]
 		if r.below == nil {

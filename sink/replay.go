@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // Dead letters put right (DESIGN.md section 7). A replay applies
@@ -62,11 +63,11 @@ func (s *Sink) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 // failedAgain takes out of dead the replayed events rejected again and
 // records them on their own rows (the new error, replayed_at cleared);
 // the rest are new dead letters.
-func (s *Sink) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64, dead []DeadLetter) ([]DeadLetter, error) {
+func (s *Sink) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64, dead []plan.DeadLetter) ([]plan.DeadLetter, error) {
 	if len(replay) == 0 {
 		return dead, nil
 	}
-	var rest []DeadLetter
+	var rest []plan.DeadLetter
 	for _, d := range dead {
 		ids, ok := replay[d.Origin]
 		if !ok {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // Retention (DESIGN.md section 12; the pass is package maint's Retain)
@@ -12,7 +13,8 @@ import (
 // before the horizon (now - retention, and never after the target's
 // completeness watermark, so nothing a late event within the reorder
 // window needs goes) and the side rows before the first version left,
-// and records where it cut in a side row with scd_op horizonOp at the
+// and records where it cut in a side row with scd_op 'h' (history's
+// horizonOp) at the
 // highest sequence it removed. The versions left are a suffix of the
 // key's history in sequence order (valid_to grows with the sequence), so
 // the invariants verify checks still hold.
@@ -25,7 +27,6 @@ import (
 // that such an event never takes the append path either. A current version is never removed;
 // a key whose every version was closed before the horizon keeps only its
 // horizon row and the side rows after it.
-const horizonOp = "h"
 
 // afterHorizon reports whether an event at seq comes after what
 // retention removed: past the horizon and not before the first event
@@ -41,14 +42,14 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 // others described as dead letters of reason ReasonExpired, for
 // applyTable to count (Result.Expired) and log, never to store: what
 // they would change is gone.
-func expiredOf(t *table, evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []DeadLetter) {
+func expiredOf(t *plan.Table, evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []plan.DeadLetter) {
 	var out []fold.Event
-	var dead []DeadLetter
+	var dead []plan.DeadLetter
 	for _, e := range evs {
 		if afterHorizon(e.Seq, horizon, first) {
 			out = append(out, e)
 		} else {
-			dead = append(dead, eventDeadLetter(e.Src, ReasonExpired, fmt.Errorf(
+			dead = append(dead, plan.EventDeadLetter(e.Src, plan.ReasonExpired, fmt.Errorf(
 				"expired: the event (sequence %s) comes before what retention kept of its key in %s (removed through sequence %s); the versions it would change are gone",
 				e.Seq, t.Hist.Sanitize(), horizon)))
 		}

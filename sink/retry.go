@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 )
 
@@ -38,22 +39,8 @@ const (
 	Data = retry.Data
 )
 
-// TargetError is a failure that belongs to one target: a statement on its
-// tables failed (a lock or statement timeout, a table changed by hand, a
-// missing privilege, schema_changes: fail, a value isolation could not
-// resolve). The consumer parks that target's partitions and lets the
-// others go on (DESIGN.md section 6: one table's trouble stays in its
-// table); see ParkTarget.
-type TargetError struct {
-	Target string
-	Err    error
-}
-
-// Error is the underlying error's text (it names the table).
-func (e *TargetError) Error() string { return e.Err.Error() }
-
-// Unwrap returns the underlying error.
-func (e *TargetError) Unwrap() error { return e.Err }
+// TargetError is a failure that belongs to one target (plan.TargetError).
+type TargetError = plan.TargetError
 
 // ParkTarget reports the target err belongs to when the error is one that
 // parking the target's partitions waits out while the other targets go

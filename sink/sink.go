@@ -6,8 +6,8 @@ import (
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/maint"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -27,13 +27,13 @@ type Sink struct {
 	// configured ones and those cfg.Resolve gave.
 	specMu sync.Mutex
 	specs  map[string]TableSpec
-	tables map[string]*table
+	tables map[string]*plan.Table
 	// mem is what the Sink remembers of what it wrote (memory.go).
 	mem *memory
 	// recon decides completed full snapshots (reconcile.go).
 	recon *reconciler
 	// planner turns batches into plans (plan.go), under mu.
-	planner planner
+	planner plan.Planner
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
 	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
@@ -54,7 +54,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: planner{conv: converter{m: pgtype.NewMap()}}, specs: map[string]TableSpec{}, tables: map[string]*table{},
+	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: plan.NewPlanner(), specs: map[string]TableSpec{}, tables: map[string]*plan.Table{},
 		mem: newMemory(cfg.CacheKeys, cfg.CacheBytes), tune: defaultTuning()}
 	s.recon = &reconciler{s: s}
 	s.recon.pending.Store(true)
@@ -70,7 +70,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 		s.snapDeletes[t.Target] = t.SnapshotDeletes
 	}
 	s.erasures = &erasures{schema: cfg.Schema, secret: cfg.ErasureSecret, alias: cfg.ErasureAlias, decodeKey: cfg.DecodeKey,
-		spec: s.spec, kconv: converter{m: pgtype.NewMap()}}
+		spec: s.spec, kconv: plan.NewConverter()}
 	s.erasures.stale.Store(true)
 	s.maint = maint.New(maint.Config{Schema: cfg.Schema, ConsumerGroup: cfg.ConsumerGroup, Patterns: cfg.Resolve != nil,
 		Logger: cfg.Logger, Retry: s.withRetry, Tuning: &s.tune.Tuning}, pool, upkeepView{s})

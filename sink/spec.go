@@ -8,6 +8,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 )
 
@@ -89,7 +90,7 @@ type Config struct {
 	// Avro): how erasure recognises the key of a record that was never
 	// decoded, and the key a primary-key change's header names
 	// (erasekeys.go). nil: such keys are read as plain JSON.
-	DecodeKey func(ctx context.Context, topic string, key []byte, headers []Header) (vals []any, names []string, err error)
+	DecodeKey func(ctx context.Context, topic string, key []byte, headers []plan.Header) (vals []any, names []string, err error)
 	// Resolve gives the spec of a target not in Tables (a topic matched by
 	// a pattern): asked once per target, its answer kept when ok. It must
 	// be safe for concurrent use and must not block.
@@ -120,44 +121,6 @@ type Config struct {
 	Logger  *zap.Logger
 }
 
-// DeadLetter is an event that could not be applied. It is written to the
-// dead-letter table in the same transaction as the batch it arrived with.
-type DeadLetter struct {
-	Origin change.Origin
-	Table  string
-	Key    []byte
-	Value  []byte
-	// Headers are the record's Kafka headers: Apicurio's schema ids and
-	// Debezium's key-change headers are needed to decode it again.
-	Headers []Header
-	Err     string
-	// Decoded marks a dead letter of an event rejected after decoding (a
-	// value PostgreSQL refused, a conflict): Key and Value are then its
-	// decoded form (plan.go), not the record's bytes; a replay reads the
-	// record again from Kafka by its coordinates.
-	Decoded bool
-	// Reason is why it is a dead letter (one of the Reason constants): the
-	// reason label of scd2sink_events_dead_lettered_total.
-	Reason string
-	// kid is the identity of the event's key when it converted (an
-	// erased key's dead letters are dropped too); keyCols, for one
-	// without, are its table's key columns (Prepare), to read its key
-	// back with (erasekeys.go).
-	kid     string
-	keyCols []catalog.ColumnInfo
-}
-
-// Why an event is a dead letter (DeadLetter.Reason).
-const (
-	ReasonDecode       = "decode"        // the record cannot be decoded (not Debezium, a schema unknown, no key or sequence)
-	ReasonConflict     = "conflict"      // another event of the key has the same sequence and other content
-	ReasonTypeMismatch = "type_mismatch" // a value does not fit its history column's type
-	ReasonRejected     = "rejected"      // PostgreSQL rejected a value (SQLSTATE class 22 or 23)
-	ReasonInvalid      = "invalid"       // the event cannot be applied (its key or image does not fit the table)
-	ReasonNoTable      = "no_table"      // no table, or no key columns, for the event
-	ReasonExpired      = "expired"       // a late event before what retention kept of its key
-)
-
 // DeadNote is what a batch's transaction wrote of one dead letter: the
 // consumer logs and counts it once the transaction has committed.
 type DeadNote struct {
@@ -165,13 +128,6 @@ type DeadNote struct {
 	Table  string
 	Reason string
 	Err    string
-}
-
-// Header is a Kafka record header, kept with a dead letter (as JSON, the
-// value in base64).
-type Header struct {
-	Key   string `json:"key"`
-	Value []byte `json:"value"`
 }
 
 // Position is what a batch records of one partition in scd2sink_offsets,
@@ -224,7 +180,7 @@ func At(offsets map[change.Partition]int64) map[change.Partition]Position {
 // transaction commits.
 type Batch struct {
 	Events      []*change.Event
-	DeadLetters []DeadLetter
+	DeadLetters []plan.DeadLetter
 	// Positions are recorded in scd2sink_offsets, one per partition.
 	Positions map[change.Partition]Position
 	// Confirm, when set, is called in the batch's transaction just before
@@ -306,13 +262,13 @@ type Result struct {
 }
 
 // noteExpired counts an event of target dropped as expired (l describes it).
-func (r *Result) noteExpired(target string, l DeadLetter) {
+func (r *Result) noteExpired(target string, l plan.DeadLetter) {
 	if r.Expired == nil {
 		r.Expired = map[string]int{}
 	}
 	r.Expired[target]++
 	if len(r.ExpiredNotes) < maxDisagreeNotes {
-		r.ExpiredNotes = append(r.ExpiredNotes, DeadNote{Origin: l.Origin, Table: target, Reason: ReasonExpired, Err: l.Err})
+		r.ExpiredNotes = append(r.ExpiredNotes, DeadNote{Origin: l.Origin, Table: target, Reason: plan.ReasonExpired, Err: l.Err})
 	}
 }
 
@@ -480,3 +436,23 @@ func (c *Config) specDefaults(t *TableSpec) error {
 	}
 	return nil
 }
+
+// DeadLetter is an event that could not be applied (plan.DeadLetter).
+type DeadLetter = plan.DeadLetter
+
+// Header is a Kafka record header kept with a dead letter (plan.Header).
+type Header = plan.Header
+
+// Why an event is a dead letter (DeadLetter.Reason; see plan's).
+const (
+	ReasonDecode       = plan.ReasonDecode
+	ReasonConflict     = plan.ReasonConflict
+	ReasonTypeMismatch = plan.ReasonTypeMismatch
+	ReasonRejected     = plan.ReasonRejected
+	ReasonInvalid      = plan.ReasonInvalid
+	ReasonNoTable      = plan.ReasonNoTable
+	ReasonExpired      = plan.ReasonExpired
+)
+
+// Stored marks v as read back from a history table's column (plan.Stored).
+func Stored(v any) any { return plan.Stored(v) }

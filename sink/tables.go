@@ -9,9 +9,11 @@ import (
 	"strings"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
@@ -187,9 +189,9 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	sort.Strings(targets)
 	for _, target := range targets {
 		old := s.tables[target]
-		var t *table
+		var t *plan.Table
 		err := s.once(ctx, func(ctx context.Context) (err error) {
-			s.unlocked(func() { t, err = widenColumns(ctx, s, old, widen[target]) })
+			s.unlocked(func() { t, err = widenColumns(ctx, s.pool, s.log, old, widen[target]) })
 			return targetErr(target, err)
 		})
 		if err != nil {
@@ -200,7 +202,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	for _, target := range order {
 		cols := extra[target].cols
 		spec, _ := s.spec(target)
-		var t *table
+		var t *plan.Table
 		err := s.once(ctx, func(ctx context.Context) (err error) {
 			s.unlocked(func() { t, err = ensureTable(ctx, s.pool, spec, cols) })
 			return targetErr(target, err)
@@ -257,7 +259,7 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 		if !ok || len(spec.Keys) == 0 {
 			continue
 		}
-		var t *table
+		var t *plan.Table
 		err := s.once(ctx, func(ctx context.Context) (err error) {
 			s.unlocked(func() {
 				var exists bool
@@ -292,7 +294,7 @@ func contains(list []string, s string) bool {
 
 // warnPlain logs, once per table, that a table configured with
 // partitioning exists unpartitioned and is left as it is.
-func (s *Sink) warnPlain(t *table) {
+func (s *Sink) warnPlain(t *plan.Table) {
 	if t == nil || !t.PlainButPartitioned {
 		return
 	}
@@ -300,4 +302,24 @@ func (s *Sink) warnPlain(t *table) {
 		s.log.Warn("the history table exists unpartitioned and is left as it is: partitioning applies to tables the service creates; migrate with scd2sink rebuild (docs/history-tables.md)",
 			zap.String("target", t.Spec.Target))
 	}
+}
+
+// ensureTable brings the target's tables to what spec and the extra
+// columns need (catalog.Ensure) and describes them.
+func ensureTable(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*plan.Table, error) {
+	t, err := catalog.Ensure(ctx, pool, spec, extra)
+	if err != nil {
+		return nil, err
+	}
+	return plan.NewTable(t), nil
+}
+
+// widenColumns widens t's columns named in to (catalog.Widen) and
+// describes the table anew.
+func widenColumns(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *plan.Table, to map[string]string) (*plan.Table, error) {
+	w, err := catalog.Widen(ctx, pool, log, t.Table, to)
+	if err != nil {
+		return nil, err
+	}
+	return plan.NewTable(w), nil
 }

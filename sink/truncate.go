@@ -10,6 +10,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // refoldTruncated folds again every key of p's table that has a version
@@ -21,9 +22,9 @@ import (
 // them with its events); the others are read, folded and written chunk by
 // chunk. A chunk's writes touch only its own keys, so the next chunk's
 // query is not disturbed by them.
-func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fresh []change.Seq, truncs []fold.Event,
-	forced map[string]*keyPlan, ops *cacheOps, res *Result) error {
-	t := p.t
+func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, fresh []change.Seq, truncs []fold.Event,
+	forced map[string]*plan.KeyPlan, ops *cacheOps, res *Result) error {
+	t := p.Table
 	seqs := make([][]byte, len(fresh))
 	for i, sq := range fresh {
 		seqs[i] = sq
@@ -56,7 +57,7 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 		if err != nil {
 			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.Hist.Sanitize(), err)
 		}
-		var chunk []*keyPlan
+		var chunk []*plan.KeyPlan
 		n := 0
 		for rows.Next() {
 			vals, err := rows.Values()
@@ -66,11 +67,11 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *tablePlan, fre
 			}
 			n++
 			last = vals
-			id := keyID(vals)
-			if kp := p.keys[id]; kp != nil {
+			id := plan.KeyID(vals)
+			if kp := p.Keys[id]; kp != nil {
 				forced[id] = kp
 			} else {
-				chunk = append(chunk, &keyPlan{id: id, key: vals})
+				chunk = append(chunk, &plan.KeyPlan{ID: id, Key: vals})
 			}
 		}
 		if err := rows.Err(); err != nil {

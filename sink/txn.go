@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/plan"
 	"github.com/scd2sink/scd2sink/sink/statecache"
 
 	"github.com/jackc/pgx/v5"
@@ -35,10 +37,10 @@ type Prepared struct {
 	// topicTargets names the target of each topic of positions.
 	topicTargets map[string]string
 	confirm      func(context.Context) error
-	plans        map[string]*tablePlan
+	plans        map[string]*plan.TablePlan
 	targets      []string
-	dead         []DeadLetter
-	early        []earlyTruncate
+	dead         []plan.DeadLetter
+	early        []plan.EarlyTruncate
 	// snapshots are recorded with the batch; lock are partitions locked
 	// without offsets (Batch.Snapshots, Batch.Lock).
 	snapshots []Snapshot
@@ -66,21 +68,21 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	afters := make([]map[string]any, len(b.Events))
-	var bad []DeadLetter
+	var bad []plan.DeadLetter
 	for i, ev := range b.Events {
 		if ev.CanVisitAfter() && ev.Op.HasAfter() {
 			continue // decoded in plan, straight into its row
 		}
 		a, err := ev.DecodeAfter()
 		if err != nil {
-			bad = append(bad, eventDeadLetter(ev, ReasonInvalid, err))
+			bad = append(bad, plan.EventDeadLetter(ev, plan.ReasonInvalid, err))
 		}
 		afters[i] = a
 	}
 	if err := s.prepare(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
-	plans, dead, early, mismatches := s.planner.plan(b.Events, afters, s.tables, s.spec)
+	plans, dead, early, mismatches := s.planner.Plan(b.Events, afters, s.tables, s.spec)
 	dead = append(bad, dead...)
 	topics := map[string]string{}
 	for part, pos := range b.Positions {
@@ -90,7 +92,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	}
 	p := &Prepared{positions: b.Positions, topicTargets: topics, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
-		dead: append(append([]DeadLetter(nil), b.DeadLetters...), dead...)}
+		dead: append(append([]plan.DeadLetter(nil), b.DeadLetters...), dead...)}
 	s.noteLetterKeys(ctx, p.dead)
 	for name := range plans {
 		p.targets = append(p.targets, name)
@@ -169,7 +171,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			}
 			seen = s.mem.lastReconciled() // what this transaction's fence saw
 			for _, e := range p.early {
-				if _, err := recordTruncate(ctx, tx, s.cfg.Schema, e.target, e.seq, e.at); err != nil {
+				if _, err := recordTruncate(ctx, tx, s.cfg.Schema, e.Target, e.Seq, e.At); err != nil {
 					return err
 				}
 			}
@@ -190,7 +192,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 				}
 			}
 			if !isolate {
-				if ops.pre, err = s.prefetch(ctx, tx, plans, targets); err != nil {
+				if ops.pre, err = prefetch(ctx, tx, s.cfg.Schema, s.mem.holds, plans, targets); err != nil {
 					return err
 				}
 			}
@@ -225,7 +227,7 @@ func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
 			for i, d := range allDead {
 				reason := d.Reason
 				if reason == "" {
-					reason = ReasonDecode
+					reason = plan.ReasonDecode
 				}
 				res.Dead[i] = DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
 			}
@@ -289,3 +291,16 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 // its locks (the column types read after a table's lock, prefetch.go; the
 // offsets read after the partitions' advisory locks, fence).
 var applyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// cacheOps is what one transaction carries besides its statements: the
+// changes it makes to the state cache once it commits, the slabs the
+// states it unpacks take their values from, and what it read ahead. It
+// belongs to the transaction's goroutine.
+type cacheOps struct {
+	statecache.Ops
+	// mem holds the values and structs of the states unpacked for the
+	// transaction.
+	mem fold.Mem
+	// pre is what the transaction read ahead for its tables (prefetch.go).
+	pre *prefetched
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -91,7 +92,7 @@ func genericNames(prefix string, n int) []string {
 }
 
 // keyMatch renders "h.k1 = x.k0 AND ..." for generic key aliases.
-func keyMatch(t *table, h, x string) string {
+func keyMatch(t *plan.Table, h, x string) string {
 	parts := make([]string, len(t.KeyIdx))
 	for i, k := range t.KeyNames() {
 		parts[i] = fmt.Sprintf("%s.%s = %s.k%d", h, pgx.Identifier{k}.Sanitize(), x, i)
@@ -99,7 +100,7 @@ func keyMatch(t *table, h, x string) string {
 	return strings.Join(parts, " AND ")
 }
 
-func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	audit, err := w.recordRepairsBefore(ctx, tx, t)
 	if err != nil {
 		return err
@@ -110,7 +111,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *table) error {
 	return w.recordRepairsAfter(ctx, tx, t, audit)
 }
 
-func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error) {
+func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err error) {
 	hist, side := t.Hist.Sanitize(), t.Side.Sanitize()
 	if t.Parts != nil {
 		defer func() {
@@ -215,7 +216,7 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *table) (err error
 // partitions before it pruned at run time; none for keys without closed
 // versions): the others in every partition. Every statement names the
 // parent table, so locks are taken parent first, as by the other writes.
-func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	if t.Parts == nil {
 		return w.updateType1(ctx, tx, t, w.t1Bulk, "", false)
 	}
@@ -242,7 +243,7 @@ func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *table) error {
 
 // updateType1 updates the versions of rows' keys below each one's bound
 // and matching cond (withSince: cond names x.since) to their Type 1 values.
-func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1Row, cond string, withSince bool) error {
+func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *plan.Table, rows []t1Row, cond string, withSince bool) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -280,14 +281,14 @@ func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *table, rows []t1
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
-func versionKeys(t *table, vs []*fold.Version, b *change.Boxes) (types, names []string, args []any) {
+func versionKeys(t *plan.Table, vs []*fold.Version, b *change.Boxes) (types, names []string, args []any) {
 	return keySeqColumns(t, len(vs), func(j int) []any { return vs[j].Key }, func(j int) []byte { return vs[j].Seq }, b)
 }
 
 // keySeqColumns renders n (key, sequence) pairs as unnest columns k0..,
 // seq; the sequences are boxed from b (an array of byte slices boxes each
 // element as pgx encodes it: one allocation per element).
-func keySeqColumns(t *table, n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
+func keySeqColumns(t *plan.Table, n int, key func(int) []any, seq func(int) []byte, b *change.Boxes) (types, names []string, args []any) {
 	types, names = append(t.KeyTypes(), "bytea"), append(genericNames("k", len(t.KeyIdx)), "seq")
 	for i := range t.KeyIdx {
 		args = append(args, column(n, func(j int) any { return key(j)[i] }))
@@ -301,7 +302,7 @@ const bookWidth = 11
 
 // appendBook appends a version's bookkeeping columns, in insert order.
 // Values are boxed from b.
-func appendBook(t *table, row []any, v *fold.Version, b *change.Boxes) []any {
+func appendBook(t *plan.Table, row []any, v *fold.Version, b *change.Boxes) []any {
 	var to any
 	var cs any
 	if v.Closed {
@@ -316,7 +317,7 @@ func appendBook(t *table, row []any, v *fold.Version, b *change.Boxes) []any {
 // attnumOf is the scd_attnum a row is written with: the table's newest
 // column, or NULL for a complete image (it knows every column, those
 // added later too: they are null in it).
-func attnumOf(t *table, complete bool) any {
+func attnumOf(t *plan.Table, complete bool) any {
 	if complete {
 		return nil
 	}
@@ -340,7 +341,7 @@ var opText = func() map[change.Op]any {
 	return m
 }()
 
-func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
+func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	vs := w.full
 	types, names, args := versionKeys(t, vs, &w.mem.Boxes)
 	var sets []string
@@ -402,7 +403,7 @@ func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *table) error {
 // the argument, and the expression giving the value from ref. unnest
 // flattens arrays of arrays, so array columns travel as their text and are
 // cast back.
-func unnestColumn(t *table, tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
+func unnestColumn(t *plan.Table, tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
 	c := &t.Cols[ci]
 	if !strings.HasSuffix(c.TypeName, "[]") {
 		return c.TypeName, column(n, get), ref, nil

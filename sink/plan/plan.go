@@ -1,4 +1,4 @@
-package sink
+package plan
 
 import (
 	"encoding/json"
@@ -16,43 +16,43 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// keyPlan is one key's share of a batch.
-type keyPlan struct {
-	id     string // canonical key identity
-	key    []any  // typed key values, in key column order
-	events []fold.Event
+// KeyPlan is one key's share of a batch.
+type KeyPlan struct {
+	ID     string // canonical key identity
+	Key    []any  // typed key values, in key column order
+	Events []fold.Event
 	n      int // events planned for the key (plan's count, before events is filled)
 }
 
-// tablePlan is one table's share of a batch.
-type tablePlan struct {
-	t         *table
-	keys      map[string]*keyPlan
-	order     []*keyPlan
-	truncates []fold.Event
+// TablePlan is one table's share of a batch.
+type TablePlan struct {
+	Table     *Table
+	Keys      map[string]*KeyPlan
+	Order     []*KeyPlan
+	Truncates []fold.Event
 	// slab and ids are where keyPlan takes new keys' plans and copies
 	// their identities: a chunk at a time, not one allocation per key.
 	// Identities are strings over the copies, never written again; the
 	// cache copies an identity it keeps.
-	slab []keyPlan
+	slab []KeyPlan
 	ids  change.Boxes
 }
 
-func (p *tablePlan) keyPlan(key []any) *keyPlan {
+func (p *TablePlan) keyPlan(key []any) *KeyPlan {
 	var buf [128]byte
 	id := appendKeyID(buf[:0], key)
-	kp := p.keys[string(id)]
+	kp := p.Keys[string(id)]
 	if kp == nil {
 		kp = change.Take(&p.slab)
-		*kp = keyPlan{id: p.intern(id), key: key}
-		p.keys[kp.id] = kp
-		p.order = append(p.order, kp)
+		*kp = KeyPlan{ID: p.intern(id), Key: key}
+		p.Keys[kp.ID] = kp
+		p.Order = append(p.Order, kp)
 	}
 	return kp
 }
 
 // intern returns b as a string over a copy in p.ids.
-func (p *tablePlan) intern(b []byte) string {
+func (p *TablePlan) intern(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
@@ -60,9 +60,9 @@ func (p *tablePlan) intern(b []byte) string {
 	return unsafe.String(&c[0], len(c))
 }
 
-// keyID is change.KeyID of the keys' canon strings, built without them
+// KeyID is change.KeyID of the keys' canon strings, built without them
 // for the common key types (whose canon is change.Canon).
-func keyID(key []any) string {
+func KeyID(key []any) string {
 	var out [128]byte
 	return string(appendKeyID(out[:0], key))
 }
@@ -84,11 +84,11 @@ func appendKeyID(b []byte, key []any) []byte {
 	return b
 }
 
-// planner turns a batch's events into typed rows grouped by table and
+// Planner turns a batch's events into typed rows grouped by table and
 // key: CPU only, no SQL. Its fields are scratch reused batch after batch,
 // so it is used by one goroutine at a time (Prepare, under the Sink's mu).
-type planner struct {
-	conv converter
+type Planner struct {
+	Conv Converter
 	// has is the columns an image carries.
 	has []bool
 	// boxes holds the values plan decodes into the rows of a batch; they
@@ -96,18 +96,21 @@ type planner struct {
 	boxes change.Boxes
 	// pending and owners are emptied after use.
 	pending []fold.Event
-	owners  []*keyPlan
+	owners  []*KeyPlan
 	// fill and fillPut: toFevent's.
 	fill    rowFill
 	fillPut func(name string, raw any) error
 }
 
-// plan converts a batch's events into typed rows grouped by table and key,
+// NewPlanner returns a planner with its own converter.
+func NewPlanner() Planner { return Planner{Conv: NewConverter()} }
+
+// Plan converts a batch's events into typed rows grouped by table and key,
 // for the tables the writers have loaded; spec gives a target's spec.
 // Events that cannot be converted become dead letters. Truncates of tables
 // that do not exist yet are returned apart: they are only recorded.
-func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[string]*table, spec func(string) (TableSpec, bool)) (plans map[string]*tablePlan, dead []DeadLetter, early []earlyTruncate, mismatches int) {
-	plans = map[string]*tablePlan{}
+func (s *Planner) Plan(evs []*change.Event, afters []map[string]any, tables map[string]*Table, spec func(string) (catalog.TableSpec, bool)) (plans map[string]*TablePlan, dead []DeadLetter, early []EarlyTruncate, mismatches int) {
+	plans = map[string]*TablePlan{}
 	// The keys' events are gathered first and then laid out in one slice,
 	// a key's events side by side: one allocation per batch, not per key.
 	pending, owners := s.pending[:0], s.owners[:0]
@@ -122,7 +125,7 @@ func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[
 		}
 		t := tables[ev.Table]
 		if spec, ok := spec(ev.Table); ok && t == nil && ev.Op == change.OpTruncate && len(ev.Seq) > 0 {
-			early = append(early, earlyTruncate{name: spec.Target, target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), seq: ev.Seq, at: ev.ValidFrom})
+			early = append(early, EarlyTruncate{Name: spec.Target, Target: pgx.Identifier{spec.Schema, spec.Target}.Sanitize(), Seq: ev.Seq, At: ev.ValidFrom})
 			continue
 		}
 		if t == nil {
@@ -130,12 +133,12 @@ func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[
 			if _, ok := spec(ev.Table); ok {
 				err = fmt.Errorf("table %s has no key columns yet: configure keys, or send keyed events first", ev.Table)
 			}
-			dead = append(dead, eventDeadLetter(ev, ReasonNoTable, err))
+			dead = append(dead, EventDeadLetter(ev, ReasonNoTable, err))
 			continue
 		}
 		p := plans[ev.Table]
 		if p == nil {
-			p = &tablePlan{t: t, keys: map[string]*keyPlan{}}
+			p = &TablePlan{Table: t, Keys: map[string]*KeyPlan{}}
 			plans[ev.Table] = p
 		}
 		fe, key, err := s.toFevent(t, ev, afters[i])
@@ -146,13 +149,13 @@ func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[
 				mismatches++
 				reason = ReasonTypeMismatch
 			}
-			d := eventDeadLetter(ev, reason, err)
-			d.kid = s.keyIDOf(t, ev)
+			d := EventDeadLetter(ev, reason, err)
+			d.KeyID = s.keyIDOf(t, ev)
 			dead = append(dead, d)
 			continue
 		}
 		if ev.Op == change.OpTruncate {
-			p.truncates = append(p.truncates, fe)
+			p.Truncates = append(p.Truncates, fe)
 			continue
 		}
 		kp := p.keyPlan(key)
@@ -162,33 +165,35 @@ func (s *planner) plan(evs []*change.Event, afters []map[string]any, tables map[
 	all := make([]fold.Event, len(pending))
 	off := 0
 	for _, p := range plans {
-		for _, kp := range p.order {
-			kp.events = all[off : off : off+kp.n] // capped: an append never reaches the next key's events
+		for _, kp := range p.Order {
+			kp.Events = all[off : off : off+kp.n] // capped: an append never reaches the next key's events
 			off += kp.n
 		}
 	}
 	for i, kp := range owners {
-		kp.events = append(kp.events, pending[i])
+		kp.Events = append(kp.Events, pending[i])
 	}
 	for _, p := range plans {
-		for _, kp := range p.order {
-			sortEvents(kp.events)
+		for _, kp := range p.Order {
+			SortEvents(kp.Events)
 		}
-		sortEvents(p.truncates)
+		SortEvents(p.Truncates)
 	}
 	return plans, dead, early, mismatches
 }
 
-// earlyTruncate is a truncate of a table that does not exist yet: nothing to
+// EarlyTruncate is a truncate of a table that does not exist yet: nothing to
 // close, but later (late) events before it must still be closed by it.
-type earlyTruncate struct {
-	name   string // the target
-	target string
-	seq    change.Seq
-	at     time.Time
+type EarlyTruncate struct {
+	Name   string // the target
+	Target string
+	Seq    change.Seq
+	At     time.Time
 }
 
-func sortEvents(evs []fold.Event) {
+// SortEvents sorts a key's events by sequence, stably (arrival order
+// breaks ties).
+func SortEvents(evs []fold.Event) {
 	sorted := true // most often: a key's events arrived in order
 	for i := 1; i < len(evs) && sorted; i++ {
 		sorted = evs[i-1].Seq.Compare(evs[i].Seq) <= 0
@@ -199,7 +204,7 @@ func sortEvents(evs []fold.Event) {
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq.Compare(evs[j].Seq) < 0 })
 }
 
-func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fold.Event, []any, error) {
+func (s *Planner) toFevent(t *Table, ev *change.Event, after map[string]any) (fold.Event, []any, error) {
 	h := ev.Hash()
 	fe := fold.Event{Seq: ev.Seq, Op: ev.Op, T: ev.ValidFrom, Hash: s.boxes.CopyBytes(h[:]), Src: ev, Complete: ev.Complete}
 	if len(ev.Seq) == 0 {
@@ -224,11 +229,11 @@ func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fo
 		if ev.Key[i] == nil {
 			return fe, nil, fmt.Errorf("key column %s is null", col.Name)
 		}
-		v, err := s.conv.convert(col, ev.Key[i])
+		v, err := s.Conv.Convert(col, ev.Key[i])
 		if err != nil {
 			return fe, nil, fmt.Errorf("key column %s: %w", col.Name, err)
 		}
-		if _, ok := v.(unavailable); ok {
+		if _, ok := v.(Unavailable); ok {
 			return fe, nil, fmt.Errorf("key column %s is unavailable", col.Name)
 		}
 		key[i] = v
@@ -269,7 +274,7 @@ func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fo
 			row[ki] = key[i]
 		}
 		for i, v := range row {
-			if _, ok := v.(unavailable); ok {
+			if _, ok := v.(Unavailable); ok {
 				fe.Unavail = append(fe.Unavail, t.Cols[i].Name)
 			}
 		}
@@ -277,7 +282,7 @@ func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fo
 		if ev.Op == change.OpCreate && len(ev.OldKey) == len(t.KeyIdx) && len(fe.Unavail) > 0 {
 			fe.OldKey = make([]any, len(ev.OldKey))
 			for i, ki := range t.KeyIdx {
-				v, err := s.conv.convert(&t.Cols[ki], ev.OldKey[i])
+				v, err := s.Conv.Convert(&t.Cols[ki], ev.OldKey[i])
 				if err != nil || v == nil {
 					return fe, nil, fmt.Errorf("old key column %s: %v", t.Cols[ki].Name, err)
 				}
@@ -291,8 +296,8 @@ func (s *planner) toFevent(t *table, ev *change.Event, after map[string]any) (fo
 // rowFill puts an image's values into a row of table t (toFevent's
 // scratch).
 type rowFill struct {
-	s       *planner
-	t       *table
+	s       *Planner
+	t       *Table
 	ev      *change.Event
 	row     []any
 	has     []bool
@@ -329,7 +334,7 @@ func (f *rowFill) put(name string, raw any) error {
 	var err error
 	if n, ok := raw.(json.Number); ok && pgcodec.IsText(t.Cols[i].OID) {
 		v = f.s.boxes.String(string(n)) // convert's asText, boxed from the batch's slabs
-	} else if v, err = f.s.conv.convert(&t.Cols[i], raw); err != nil {
+	} else if v, err = f.s.Conv.Convert(&t.Cols[i], raw); err != nil {
 		return typeMismatch(f.ev, &t.Cols[i], err)
 	}
 	f.row[i] = v
@@ -342,7 +347,7 @@ func (f *rowFill) put(name string, raw any) error {
 
 // absentFrom lists, in column order, the table's columns other than the key
 // that the image after does not carry.
-func (t *table) absentFrom(has []bool) []string {
+func (t *Table) absentFrom(has []bool) []string {
 	var out []string
 	for i, c := range t.Cols {
 		if !has[i] && !c.Key {
@@ -372,9 +377,9 @@ func typeMismatch(ev *change.Event, col *catalog.ColumnInfo, err error) error {
 	return errTypeMismatch{fmt.Errorf("column %s: %w", col.Name, err)}
 }
 
-// eventDeadLetter renders an event that failed after decoding. The original
+// EventDeadLetter renders an event that failed after decoding. The original
 // Kafka bytes are not kept in memory; the record's coordinates identify it.
-func eventDeadLetter(ev *change.Event, reason string, err error) DeadLetter {
+func EventDeadLetter(ev *change.Event, reason string, err error) DeadLetter {
 	key, _ := json.Marshal(ev.Key)
 	var after any = ev.After
 	if ev.After == nil && ev.AfterJSON == nil && ev.CanVisitAfter() { // typed values (Avro)
@@ -393,21 +398,79 @@ func eventDeadLetter(ev *change.Event, reason string, err error) DeadLetter {
 }
 
 // keyIDOf is the identity of an event's key in table t, when its values
-// convert to the key columns.
-func (s *planner) keyIDOf(t *table, ev *change.Event) string {
+// Convert to the key columns.
+func (s *Planner) keyIDOf(t *Table, ev *change.Event) string {
 	if len(ev.Key) != len(t.KeyIdx) {
 		return ""
 	}
 	key := make([]any, len(ev.Key))
 	for i, ki := range t.KeyIdx {
-		v, err := s.conv.convert(&t.Cols[ki], ev.Key[i])
+		v, err := s.Conv.Convert(&t.Cols[ki], ev.Key[i])
 		if err != nil || v == nil {
 			return ""
 		}
-		if _, ok := v.(unavailable); ok {
+		if _, ok := v.(Unavailable); ok {
 			return ""
 		}
 		key[i] = v
 	}
-	return keyID(key)
+	return KeyID(key)
+}
+
+// NeedsOldKey reports whether a key's batch holds the create of a
+// primary-key change that has unavailable-value placeholders.
+func (kp *KeyPlan) NeedsOldKey() bool {
+	for _, e := range kp.Events {
+		if e.OldKey != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Partition is the partition kp's events come from (zero when unknown).
+func (kp *KeyPlan) Partition() change.Partition {
+	if len(kp.Events) == 0 || kp.Events[0].Src == nil {
+		return change.Partition{}
+	}
+	return kp.Events[0].Src.Origin.Partition
+}
+
+// KeyColumns are t's key columns, in key order, copied (a batch being
+// prepared may change t's columns meanwhile). Call it holding s.mu.
+func (t *Table) KeyColumns() []catalog.ColumnInfo {
+	out := make([]catalog.ColumnInfo, len(t.KeyIdx))
+	for i, ki := range t.KeyIdx {
+		out[i] = t.Cols[ki]
+	}
+	return out
+}
+
+// WithPlaceholders returns a rebuilt event whose placeholder columns hold the
+// placeholder again (on a copy of its row).
+func (t *Table) WithPlaceholders(e fold.Event) fold.Event {
+	if e.Row == nil {
+		return e
+	}
+	e.Row = append([]any(nil), e.Row...)
+	for _, name := range e.Unavail {
+		if i, ok := t.Index[name]; ok {
+			e.Row[i] = Unavailable{}
+		}
+	}
+	return e
+}
+
+// SubPlan is a plan of the same table for some of the keys, with the
+// plan's truncates when withTruncates.
+func (p *TablePlan) SubPlan(keys []*KeyPlan, withTruncates bool) *TablePlan {
+	sub := &TablePlan{Table: p.Table, Keys: map[string]*KeyPlan{}}
+	for _, kp := range keys {
+		sub.Keys[kp.ID] = kp
+		sub.Order = append(sub.Order, kp)
+	}
+	if withTruncates {
+		sub.Truncates = p.Truncates
+	}
+	return sub
 }

@@ -1,4 +1,4 @@
-package sink
+package plan
 
 import (
 	"database/sql/driver"
@@ -18,16 +18,20 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// unavailable marks Debezium's unavailable-value placeholder inside a typed
+// Unavailable marks Debezium's unavailable-value placeholder inside a typed
 // row until the fold replaces it with the previous event's value.
-type unavailable = change.UnavailableValue
+type Unavailable = change.UnavailableValue
 
-// converter turns decoded event values into the Go values pgx returns when it
+// Converter turns decoded event values into the Go values pgx returns when it
 // scans the column, so that a value from an event and the same value read back
 // from the table compare equal (see canon).
-type converter struct {
+type Converter struct {
 	m *pgtype.Map
 }
+
+// NewConverter returns a converter with its own type map (pgx's maps are
+// not safe for concurrent use).
+func NewConverter() Converter { return Converter{m: pgtype.NewMap()} }
 
 // storedValue is a value read back from a history table's column (by
 // pgx, with the sink's types registered): already what convert returns for
@@ -47,7 +51,9 @@ func (s storedValue) String() string { return fmt.Sprint(s.v) }
 // versions (package carry) and reconciliation's keys come this way.
 func Stored(v any) any { return storedValue{v} }
 
-func (c converter) convert(col *catalog.ColumnInfo, v any) (any, error) {
+// Convert turns v, decoded from an event, into the value pgx returns
+// when it scans col, or fails when v does not fit col's type.
+func (c Converter) Convert(col *catalog.ColumnInfo, v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -55,7 +61,7 @@ func (c converter) convert(col *catalog.ColumnInfo, v any) (any, error) {
 		return x.v, nil
 	}
 	if s, ok := v.(string); ok && s == change.Unavailable {
-		return unavailable{}, nil
+		return Unavailable{}, nil
 	}
 	if same(col.OID, v) {
 		return v, nil // already what the column holds: no copy, no new box
@@ -198,15 +204,15 @@ func same(oid uint32, v any) bool {
 }
 
 // convertArray converts each element of an array value.
-func (c converter) convertArray(col *catalog.ColumnInfo, elem *pgtype.Type, list []any) (any, error) {
+func (c Converter) convertArray(col *catalog.ColumnInfo, elem *pgtype.Type, list []any) (any, error) {
 	ec := &catalog.ColumnInfo{Name: col.Name, OID: elem.OID, TypeName: elem.Name}
 	out := make([]any, len(list))
 	for i, e := range list {
-		v, err := c.convert(ec, e)
+		v, err := c.Convert(ec, e)
 		if err != nil {
 			return nil, fmt.Errorf("element %d: %w", i+1, err)
 		}
-		if _, ok := v.(unavailable); ok {
+		if _, ok := v.(Unavailable); ok {
 			return nil, fmt.Errorf("element %d is Debezium's unavailable-value placeholder", i+1)
 		}
 		out[i] = v
