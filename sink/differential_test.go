@@ -106,7 +106,7 @@ func differential(t *testing.T, pool *pgxpool.Pool, seed uint64, scope sink.Type
 		spec := custSpec(schema)
 		spec.Type1Scope, spec.Deletes = scope, del
 		s := newSink(t, pool, schema, spec)
-		s.Tune(func(tu *sink.Tuning) { tu.WholeRepairs, tu.UnboundedRepairs = mode.whole, mode.unbounded })
+		s.Tune(func(tu *sink.Tuning) { tu.Apply.WholeRepairs, tu.Apply.UnboundedRepairs = mode.whole, mode.unbounded })
 		for j, b := range batches {
 			if _, err := s.Apply(ctx, sink.Batch{Events: b}); err != nil {
 				t.Fatalf("batch %d: %v", j, err)

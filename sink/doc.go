@@ -39,7 +39,7 @@
 //     small: its size is the number of events that changed no tracked column.
 //   - scd2sink_truncates in the service schema: every truncate per target.
 //   - scd2sink_erasures in the service schema: erased keys, as keyed
-//     hashes, never the keys (erasure.go). A writer drops the events and
+//     hashes, never the keys (package erasure). A writer drops the events and
 //     dead letters of erased keys after its fence, inside the batch's
 //     transaction, so an erase and a batch of the same partitions never
 //     interleave; the rest of the fold does not change, because a key's
@@ -88,42 +88,38 @@
 // The consumer (package consumer) reads records (take.go: fetchErrors,
 // decodeAll with package debezium, notePositions, sequence), lets the
 // sequencer order them per key and hold them for the reorder window, and
-// cuts the released events into a Batch (batch.go). From there, in this
-// package and the ones below it:
+// cuts the released events into a Batch (batch.go). From there:
 //
-//  1. Prepare (txn.go) makes sure every target's tables exist and have
-//     the batch's columns (tables.go: catalog.Ensure, widening), then
-//     plans the batch (plan.go): each event converted to the columns'
-//     types (convert.go) into a fold.Event, grouped by table and key into
-//     tablePlans and keyPlans; what cannot be converted becomes a dead
-//     letter.
-//  2. ApplyPrepared (txn.go, then applyPrepared in parallel.go; cut.go
-//     groups a batch's pieces) splits a
-//     batch into parts of disjoint partitions when apply_workers allows,
-//     and applyOne (txn.go) applies each in one transaction: the fence
-//     and the offsets read (offsets.go), erased keys dropped (erasure.go),
-//     then one pipeline reading ahead every table's truncates, uncached
-//     keys' latest versions and column types (prefetch.go).
-//  3. applyTable (apply.go), per table: a key whose events all come after
-//     what the table holds goes the append path (appendKey: its state from
-//     the Sink's memory, memory.go and package statecache, or the
-//     read-ahead; one
-//     fold.Shape.Fold); a key with a late or repeated event, or one live
-//     at a new truncate's sequence, goes the repair path (repairKey: the
-//     stretch of its history from the version live at the earliest new
-//     event read from the table, load.go, rebuilt into events and folded
-//     again from there; see "Applying a batch"). Either leaves its
-//     changes in the table's writes.
-//  4. writes.exec (write.go) runs them set-based, in this order: the
-//     repair audit's before-images (repairs.go), deletes of versions and
-//     side rows a repair removed, the Type 1 spread, one UPDATE closing
-//     versions, rewrites of versions a repair changed, then COPYs of new
-//     versions and side rows (package pgcodec's CopyIn), and the audit's
-//     after-images.
-//  5. Dead letters and the batch's offsets are written in the same
-//     transaction (offsets.go), which commits; only then does the state
-//     cache take the transaction's changes (statecache.Ops, memory.go) and the
-//     consumer commit the offsets to Kafka (consumer/commit.go).
+//  1. Prepare (txn.go) brings every target's tables to the batch's
+//     columns (the registry, registry.go and tables.go, with package
+//     catalog's DDL), then package plan converts each event to the
+//     columns' types into a fold.Event, grouped by table and key
+//     (plan.TablePlan, plan.KeyPlan); what cannot be converted becomes a
+//     dead letter. CPU and DDL only.
+//  2. ApplyPrepared (txn.go, parallel.go) cuts the batch into parts of
+//     disjoint partitions when apply_workers allows (cut.go: the one way
+//     to cut, by partitions here, by targets for parking, park.go), and
+//     applyOne applies each in one transaction, batchTx (batchtx.go), in
+//     three phases, one call per part:
+//  3. before: the fence and writers' locks (the Ledger, offsets.go,
+//     writers.go), truncates of tables not yet created, replay marks
+//     (replay.go), erased keys dropped (package erasure), then one
+//     pipeline reading ahead every table's truncates, uncached keys'
+//     latest versions and column types (package history's Prefetch).
+//  4. the tables: package apply folds each target's share — the append
+//     path from the state (the Sink's memory, memory.go and package
+//     statecache, or the read-ahead), the repair path from the stretch of
+//     history package history reads back — and package history writes
+//     the changes set-based (COPY, unnest).
+//  5. after: dead letters, completed snapshots (reconcile.go) and the
+//     batch's offsets are written in the same transaction (the Ledger),
+//     which commits; only then does the state cache take the
+//     transaction's changes (memory.go) and the consumer commit the
+//     offsets to Kafka (consumer/commit.go).
+//
+// Maintenance (verify, retention, partitions ahead, claims: package
+// maint; erase: package erasure) reaches the Sink through upkeepView
+// (upkeep.go): the specs, the tables, and the writers' locks.
 //
 // # Applying a batch
 //
@@ -137,7 +133,7 @@
 // closing sequence and the side table's highest sequence). One query reads
 // the latest version of every such key (and, for keys whose new events
 // hold placeholders, a second one the columns their last after image
-// lacked when that image is a side row: readPrevAbsent, load.go); the
+// lacked when that image is a side row: package history's ReadPrevAbsent); the
 // fold runs in Go; then, for all
 // keys at once: one UPDATE closes versions (by scd_id, through unnest), one
 // COPY inserts new versions, one COPY inserts side rows, and with
@@ -149,7 +145,7 @@
 // marked deleted (the whole of it for a truncate's re-fold, or when
 // fewer versions come before) up to a boundary: the first version
 // after the new events that opened at or after their times, unclamped and
-// without placeholders (bound, load.go); when the fold still opens it as
+// without placeholders (package history's Bound); when the fold still opens it as
 // stored, nothing from it on can change, else the rest is read too; the event list rebuilt, the first
 // event taken as resolved (it starts the fold, as the state before it
 // would; nothing before it can change but all_versions' Type 1 values,
@@ -161,7 +157,7 @@
 // likewise. The audit row of a repair holds the versions it touched (at
 // most 1,000 a side). A truncate re-folds every key that had a version
 // live at its sequence, read in key order 5,000 keys at a time
-// (truncate.go), so memory holds one chunk, not the table. Re-applying an
+// (package apply's truncate.go), so memory holds one chunk, not the table. Re-applying an
 // applied event therefore changes nothing.
 //
 // Dead letters and the batch's Kafka offsets (scd2sink_offsets) are written
@@ -186,14 +182,14 @@
 //
 // A value PostgreSQL rejects (SQLSTATE class 22 or 23) fails the batch; it
 // is then applied again with each table's keys bisected under savepoints
-// (isolate.go) until the events carrying such values are found: they become
+// (package apply's isolate.go) until the events carrying such values are found: they become
 // dead letters with the database's message, everything else is applied.
 // Applying a batch in parts inside one transaction is safe because keys do
 // not interact and the fold gives the same history whether a key's events
 // arrive in one batch or several. The same argument lets a batch holding
 // the create of a primary-key change apply its other keys first, so that
 // the create's placeholders can be resolved from the old key's version in
-// the table (keychange.go).
+// the table (package apply's keychange.go).
 //
 // # Values
 //

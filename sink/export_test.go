@@ -19,7 +19,7 @@ func NewTuned(cfg Config, pool *pgxpool.Pool, f func(*Tuning)) (*Sink, error) {
 }
 
 // BoundedRepairs is how many of s's repairs have stopped at a boundary.
-func (s *Sink) BoundedRepairs() int64 { return s.stats.boundedRepairs.Load() }
+func (s *Sink) BoundedRepairs() int64 { return s.applier.BoundedRepairs() }
 
 // SplitBatches is how many of s's batches have been applied in parts.
 func (s *Sink) SplitBatches() int64 { return s.stats.splitBatches.Load() }

@@ -22,7 +22,7 @@ import (
 //
 // It also sets the transaction's planner options (keyedPlans): the three
 // statements go to PostgreSQL as one pipeline, one round trip.
-func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]Position, lock []change.Partition) error {
+func (l *Ledger) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]Position, lock []change.Partition) error {
 	if len(offsets) == 0 && len(lock) == 0 {
 		if _, err := tx.Exec(ctx, keyedPlans); err != nil {
 			return fmt.Errorf("setting the batch's planner options: %w", err)
@@ -51,10 +51,10 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 	var tlocks []int64
 	var tmax []int32 // per topic, the batch's highest partition
 	for i, p := range parts {
-		locks[i] = s.partitionLock(p.Topic, p.Partition)
+		locks[i] = l.partitionLock(p.Topic, p.Partition)
 		topics[i], nums[i] = p.Topic, p.Partition
 		if len(tnames) == 0 || tnames[len(tnames)-1] != p.Topic { // parts are sorted by topic
-			tnames, tlocks, tmax = append(tnames, p.Topic), append(tlocks, s.partitionLock(p.Topic, -1)), append(tmax, p.Partition)
+			tnames, tlocks, tmax = append(tnames, p.Topic), append(tlocks, l.partitionLock(p.Topic, -1)), append(tmax, p.Partition)
 		}
 		tmax[len(tmax)-1] = p.Partition
 	}
@@ -73,7 +73,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		FROM (SELECT x.k, x.t, r.resized_at IS NOT NULL AS rz, coalesce(r.resized_at IS NULL AND x.m >= r.partitions, false) AS g
 			FROM unnest($1::bigint[], $2::text[], $4::int[]) WITH ORDINALITY AS x(k, t, m, o)
 			LEFT JOIN %s.%s r ON r.consumer_group = $3 AND r.topic = x.t ORDER BY x.o) l`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.TopicsTable), tlocks, tnames, s.cfg.ConsumerGroup, tmax)
+		pgx.Identifier{l.schema}.Sanitize(), catalog.TopicsTable), tlocks, tnames, l.group, tmax)
 	// With the offsets, the number of reconciled snapshots: a new one
 	// closed keys behind every writer's back (reconcile.go). For a
 	// resized topic, every partition's offset: a key may have been
@@ -92,7 +92,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 			SELECT o.topic, o.partition, o.next_offset FROM %[1]s.%[2]s r
 				JOIN %[1]s.scd2sink_offsets o ON o.consumer_group = r.consumer_group AND o.topic = r.topic
 			WHERE r.consumer_group = $1 AND r.resized_at IS NOT NULL AND r.topic = ANY ($2::text[])) o ON true`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.TopicsTable), s.cfg.ConsumerGroup, topics, nums)
+		pgx.Identifier{l.schema}.Sanitize(), catalog.TopicsTable), l.group, topics, nums)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -110,7 +110,7 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		return &errTopicGrown{topics: strings.Split(grown, ","), max: tmax, names: tnames}
 	}
 	if resized != "" {
-		s.mem.noteResized(strings.Split(resized, ",")) // not applied in parts any more (parallel.go)
+		l.mem.noteResized(strings.Split(resized, ",")) // not applied in parts any more (parallel.go)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -134,13 +134,13 @@ func (s *Sink) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partitio
 		return fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
 	rows.Close()
-	if s.mem.sawFence(reconciled, recs, offsets) {
-		s.erasures.stale.Store(true) // an erase counts as an outside write
+	if l.mem.sawFence(reconciled, recs, offsets) {
+		l.erasures.Stale() // an erase counts as an outside write
 	}
 	return br.Close()
 }
 
-func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.DeadLetter) error {
+func (l *Ledger) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.DeadLetter) error {
 	if len(dead) == 0 {
 		return nil
 	}
@@ -158,7 +158,7 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.Dead
 		}
 		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, cleanText(d.Err), now, hdrs, d.Decoded}
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{s.cfg.Schema, s.cfg.DeadLetterTable},
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, l.deadLetters},
 		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers", "decoded"}, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("writing %d dead letters: %w", len(dead), err)
@@ -169,7 +169,7 @@ func (s *Sink) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.Dead
 // writeOffsets records the batch's offsets. They never move backwards
 // for one topic ID: only a topic re-created under the same name (another
 // ID), or a partition rewound on purpose, replaces a higher offset.
-func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change.Partition]Position) error {
+func (l *Ledger) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change.Partition]Position) error {
 	if len(positions) == 0 {
 		return nil
 	}
@@ -203,8 +203,8 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change
 			anchor_seq = CASE WHEN excluded.topic_id IS DISTINCT FROM o.topic_id AND excluded.topic_id IS NOT NULL AND o.topic_id IS NOT NULL
 				THEN excluded.anchor_seq ELSE coalesce(excluded.anchor_seq, o.anchor_seq) END,
 			topic_id = coalesce(excluded.topic_id, o.topic_id), updated_at = now()`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, tids, targets, valid); err != nil {
+		pgx.Identifier{l.schema}.Sanitize())
+	if _, err := tx.Exec(ctx, q, l.group, topics, parts, offs, anch, tids, targets, valid); err != nil {
 		return fmt.Errorf("recording offsets: %w", err)
 	}
 	if !slices.Contains(back, true) {
@@ -213,8 +213,8 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change
 	// Partitions rewound on purpose: the new offset replaces the old.
 	q = fmt.Sprintf(`UPDATE %[1]s.scd2sink_offsets AS o SET next_offset = x.n, anchor_seq = coalesce(x.a, o.anchor_seq), updated_at = now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bool[]) AS x(t, p, n, a, r)
-		WHERE x.r AND o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p`, pgx.Identifier{s.cfg.Schema}.Sanitize())
-	if _, err := tx.Exec(ctx, q, s.cfg.ConsumerGroup, topics, parts, offs, anch, back); err != nil {
+		WHERE x.r AND o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p`, pgx.Identifier{l.schema}.Sanitize())
+	if _, err := tx.Exec(ctx, q, l.group, topics, parts, offs, anch, back); err != nil {
 		return fmt.Errorf("recording rewound offsets: %w", err)
 	}
 	return nil
@@ -224,17 +224,17 @@ func (s *Sink) writeOffsets(ctx context.Context, tx pgx.Tx, positions map[change
 // the given ones, where they are higher: partitions placed back on purpose
 // because the log they were read from was truncated. Anchors are kept (the
 // highest sequence below the old offset bounds the one below the new).
-func (s *Sink) Rewind(ctx context.Context, to map[change.Partition]int64) error {
+func (l *Ledger) Rewind(ctx context.Context, to map[change.Partition]int64) error {
 	var topics []string
 	var parts []int32
 	var offs []int64
 	for p, o := range to {
 		topics, parts, offs = append(topics, p.Topic), append(parts, p.Partition), append(offs, o)
 	}
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_offsets AS o SET next_offset = x.n, updated_at = now()
+	_, err := l.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.scd2sink_offsets AS o SET next_offset = x.n, updated_at = now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[]) AS x(t, p, n)
 		WHERE o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p AND o.next_offset > x.n`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup, topics, parts, offs)
+		pgx.Identifier{l.schema}.Sanitize()), l.group, topics, parts, offs)
 	if err != nil {
 		return fmt.Errorf("rewinding offsets: %w", err)
 	}
@@ -244,10 +244,10 @@ func (s *Sink) Rewind(ctx context.Context, to map[change.Partition]int64) error 
 // TopicIDs returns the Kafka topic ID recorded with each partition's
 // offsets for the configured consumer group (partitions recorded without
 // one are missing).
-func (s *Sink) TopicIDs(ctx context.Context) (map[change.Partition]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, topic_id FROM %s.scd2sink_offsets
+func (l *Ledger) TopicIDs(ctx context.Context) (map[change.Partition]string, error) {
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, topic_id FROM %s.scd2sink_offsets
 		WHERE consumer_group = $1 AND topic_id IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
+		pgx.Identifier{l.schema}.Sanitize()), l.group)
 	if err != nil {
 		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
@@ -267,9 +267,9 @@ func (s *Sink) TopicIDs(ctx context.Context) (map[change.Partition]string, error
 // Anchors returns, per partition of the configured consumer group, the
 // highest sequence of the records below its recorded offset: what a
 // consumer resuming there anchors a snapshot read without a sequence to.
-func (s *Sink) Anchors(ctx context.Context) (map[change.Partition]change.Seq, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, anchor_seq FROM %s.scd2sink_offsets WHERE consumer_group = $1 AND anchor_seq IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
+func (l *Ledger) Anchors(ctx context.Context) (map[change.Partition]change.Seq, error) {
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, anchor_seq FROM %s.scd2sink_offsets WHERE consumer_group = $1 AND anchor_seq IS NOT NULL`,
+		pgx.Identifier{l.schema}.Sanitize()), l.group)
 	if err != nil {
 		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
@@ -288,9 +288,9 @@ func (s *Sink) Anchors(ctx context.Context) (map[change.Partition]change.Seq, er
 
 // Offsets returns the offsets recorded in scd2sink_offsets for the
 // configured consumer group: the next offset to consume per partition.
-func (s *Sink) Offsets(ctx context.Context) (map[change.Partition]int64, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, next_offset FROM %s.scd2sink_offsets WHERE consumer_group = $1`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize()), s.cfg.ConsumerGroup)
+func (l *Ledger) Offsets(ctx context.Context) (map[change.Partition]int64, error) {
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT topic, partition, next_offset FROM %s.scd2sink_offsets WHERE consumer_group = $1`,
+		pgx.Identifier{l.schema}.Sanitize()), l.group)
 	if err != nil {
 		return nil, fmt.Errorf("reading scd2sink_offsets: %w", err)
 	}
@@ -309,15 +309,15 @@ func (s *Sink) Offsets(ctx context.Context) (map[change.Partition]int64, error) 
 
 // HistoryTables reports which of the given targets' history tables exist
 // (a target the Sink has no spec for counts as absent).
-func (s *Sink) HistoryTables(ctx context.Context, targets []string) (map[string]bool, error) {
+func (l *Ledger) HistoryTables(ctx context.Context, targets []string) (map[string]bool, error) {
 	out := make(map[string]bool, len(targets))
 	for _, target := range targets {
-		spec, ok := s.spec(target)
+		spec, ok := l.spec(target)
 		if !ok {
 			continue
 		}
 		var exists bool
-		if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		if err := l.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
 			pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
 			return nil, fmt.Errorf("looking for history table %s: %w", target, err)
 		}

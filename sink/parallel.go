@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/apply"
 	"go.uber.org/zap"
 )
 
@@ -37,7 +38,7 @@ import (
 // The parts are cut once per Prepared, and a part that committed is not
 // applied again when the caller retries the batch after another part
 // failed: its dead letters are not written twice, its keys not read again.
-func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (apply.Result, error) {
 	if !p.cut {
 		p.cut = true
 		p.parts = s.split(p, s.parts)
@@ -48,7 +49,7 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 	if p.parts == nil {
 		return s.applyOne(ctx, p)
 	}
-	results := make([]Result, len(p.parts))
+	results := make([]apply.Result, len(p.parts))
 	errs := make([]error, len(p.parts))
 	var wg sync.WaitGroup
 	for i, part := range p.parts {
@@ -69,10 +70,10 @@ func (s *Sink) applyPrepared(ctx context.Context, p *Prepared) (Result, error) {
 		}()
 	}
 	wg.Wait()
-	var res Result
+	var res apply.Result
 	var worst error
 	for i, r := range results {
-		res.add(r) // a failed part's result is empty: only what committed counts
+		res.Add(r) // a failed part's result is empty: only what committed counts
 		if errs[i] != nil && (worst == nil || severity(errs[i]) > severity(worst)) {
 			worst = errs[i]
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink/apply"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
@@ -124,17 +125,17 @@ func (p *Prepared) Split(in func(target string) bool) (without, with *Prepared) 
 // the parked target's alone, disjoint from theirs (the argument of
 // parallel.go). It does not reconcile snapshots. As with ApplyPrepared, a
 // part that failed may be applied again.
-func (s *Sink) ApplyPart(ctx context.Context, p *Prepared) (Result, error) {
+func (s *Sink) ApplyPart(ctx context.Context, p *Prepared) (apply.Result, error) {
 	if p.parts == nil {
 		return s.applyOne(ctx, p)
 	}
-	var res Result
+	var res apply.Result
 	for _, part := range p.parts {
 		if part.committed {
 			continue
 		}
 		r, err := s.applyOne(ctx, part)
-		res.add(r)
+		res.Add(r)
 		if err != nil {
 			return res, err
 		}

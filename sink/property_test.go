@@ -95,7 +95,7 @@ func TestFoldProperty(t *testing.T) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			// Truncates fold their keys in chunks of 1 to 3 here, of
 			// thousands in the service.
-			runScenario(t, pool, seed, scenarioOpts{tune: func(tu *sink.Tuning) { tu.TruncateChunk = 1 + int(seed%3) }})
+			runScenario(t, pool, seed, scenarioOpts{tune: func(tu *sink.Tuning) { tu.Apply.TruncateChunk = 1 + int(seed%3) }})
 		})
 	}
 }

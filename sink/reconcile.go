@@ -91,7 +91,7 @@ func (r *reconciler) afterBatch(ctx context.Context) {
 
 // idle reconciles while the consumer has nothing to apply (Sink.Reconcile).
 func (r *reconciler) idle(ctx context.Context) error {
-	if r.running || !r.s.anySnapshotDeletes() {
+	if r.running || !r.s.reg.anySnapshotDeletes() {
 		return nil
 	}
 	r.running = true
@@ -151,7 +151,7 @@ func (r *reconciler) takeLateNotes(ctx context.Context, db interface {
 func (r *reconciler) recordSnapshots(ctx context.Context, tx pgx.Tx, snaps []Snapshot) error {
 	recorded := false
 	for _, sn := range snaps {
-		if !r.s.snapshotDeletes(sn.Target) {
+		if !r.s.reg.snapshotDeletes(sn.Target) {
 			continue
 		}
 		recorded = true
@@ -265,20 +265,20 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 // unless confirmed, the guard may hold it instead. It reports whether the
 // record was locked by another instance (it then did nothing).
 func (r *reconciler) reconcileOne(ctx context.Context, sn Snapshot, confirmed bool) (skipped bool, err error) {
-	r.s.mu.Lock() // Prepare, on another goroutine, adds tables
-	t := r.s.tables[sn.Target]
-	spec, ok := r.s.spec(sn.Target)
+	r.s.reg.mu.Lock() // Prepare, on another goroutine, adds tables
+	t := r.s.reg.tables[sn.Target]
+	spec, ok := r.s.reg.spec(sn.Target)
 	if ok && spec.SnapshotDeletes && t == nil {
 		if len(spec.Keys) == 0 {
-			spec.Keys, err = r.s.existingKeys(ctx, spec)
+			spec.Keys, err = r.s.reg.existingKeys(ctx, spec)
 		}
 		if err == nil && len(spec.Keys) > 0 {
 			if t, err = ensureTable(ctx, r.s.pool, spec, nil); err == nil {
-				r.s.tables[sn.Target] = t
+				r.s.reg.tables[sn.Target] = t
 			}
 		}
 	}
-	r.s.mu.Unlock()
+	r.s.reg.mu.Unlock()
 	if err != nil {
 		return false, err
 	}

@@ -30,7 +30,7 @@ var ErrReplayedAlready = errors.New("a dead letter of the batch was replayed mea
 
 // markReplayed marks the batch's dead letters replayed and bumps the
 // outside-writes count, in the batch's transaction.
-func (s *Sink) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64) error {
+func (l *Ledger) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64) error {
 	if len(replay) == 0 {
 		return nil
 	}
@@ -38,23 +38,23 @@ func (s *Sink) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.Or
 	for _, l := range replay {
 		ids = append(ids, l...)
 	}
-	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	sch := pgx.Identifier{l.schema}.Sanitize()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET replayed_at = now() WHERE id = ANY($1) AND replayed_at IS NULL`,
-		sch, pgx.Identifier{s.cfg.DeadLetterTable}.Sanitize()), ids)
+		sch, pgx.Identifier{l.deadLetters}.Sanitize()), ids)
 	if err != nil {
 		return fmt.Errorf("marking dead letters replayed: %w", err)
 	}
 	if tag.RowsAffected() != int64(len(ids)) {
 		return ErrReplayedAlready
 	}
-	return s.countOutsideWrite(ctx, tx)
+	return l.countOutsideWrite(ctx, tx)
 }
 
 // countOutsideWrite bumps the outside-writes count in tx: every writer's
 // next fence (offsets.go) sees it and forgets its cached states.
-func (s *Sink) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
+func (l *Ledger) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS w (consumer_group, n) VALUES ($1, 1)
-		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.OutsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{l.schema}.Sanitize(), catalog.OutsideWritesTable), l.group); err != nil {
 		return fmt.Errorf("counting an outside write: %w", err)
 	}
 	return nil
@@ -63,7 +63,7 @@ func (s *Sink) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 // failedAgain takes out of dead the replayed events rejected again and
 // records them on their own rows (the new error, replayed_at cleared);
 // the rest are new dead letters.
-func (s *Sink) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64, dead []plan.DeadLetter) ([]plan.DeadLetter, error) {
+func (l *Ledger) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.Origin][]int64, dead []plan.DeadLetter) ([]plan.DeadLetter, error) {
 	if len(replay) == 0 {
 		return dead, nil
 	}
@@ -75,7 +75,7 @@ func (s *Sink) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.Ori
 			continue
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET replayed_at = NULL, error = $2 WHERE id = ANY($1)`,
-			pgx.Identifier{s.cfg.Schema}.Sanitize(), pgx.Identifier{s.cfg.DeadLetterTable}.Sanitize()), ids, cleanText(d.Err)); err != nil {
+			pgx.Identifier{l.schema}.Sanitize(), pgx.Identifier{l.deadLetters}.Sanitize()), ids, cleanText(d.Err)); err != nil {
 			return nil, fmt.Errorf("recording a dead letter rejected again: %w", err)
 		}
 	}

@@ -34,8 +34,8 @@ import (
 
 // partitionLock is the advisory lock key of a partition of the consumer
 // group (partition -1: the whole topic's).
-func (s *Sink) partitionLock(topic string, partition int32) int64 {
-	return partitionLockOf(s.cfg.ConsumerGroup, topic, partition)
+func (l *Ledger) partitionLock(topic string, partition int32) int64 {
+	return partitionLockOf(l.group, topic, partition)
 }
 
 // partitionLockOf is the advisory lock key of a partition of a group.
@@ -49,8 +49,8 @@ func partitionLockOf(group, topic string, partition int32) int64 {
 // sees them when partitions are assigned); a count higher than recorded
 // marks the topic resized, once every writer that applies under the old
 // count has committed. It returns the topics it found resized now.
-func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]string, error) {
-	sch := pgx.Identifier{s.cfg.Schema}.Sanitize()
+func (l *Ledger) NotePartitions(ctx context.Context, counts map[string]int32) ([]string, error) {
+	sch := pgx.Identifier{l.schema}.Sanitize()
 	topics := make([]string, 0, len(counts))
 	for t := range counts {
 		topics = append(topics, t)
@@ -61,9 +61,9 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 		n := counts[topic]
 		var was int32
 		var marked bool
-		err := s.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS r (consumer_group, topic, partitions) VALUES ($1, $2, $3)
+		err := l.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS r (consumer_group, topic, partitions) VALUES ($1, $2, $3)
 			ON CONFLICT (consumer_group, topic) DO UPDATE SET partitions = r.partitions
-			RETURNING partitions, resized_at IS NOT NULL`, sch, catalog.TopicsTable), s.cfg.ConsumerGroup, topic, n).Scan(&was, &marked)
+			RETURNING partitions, resized_at IS NOT NULL`, sch, catalog.TopicsTable), l.group, topic, n).Scan(&was, &marked)
 		if err != nil {
 			return resized, fmt.Errorf("recording the partitions of %s: %w", topic, err)
 		}
@@ -72,15 +72,15 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 		}
 		locks := make([]int64, n)
 		for p := int32(0); p < n; p++ {
-			locks[p] = s.partitionLock(topic, p)
+			locks[p] = l.partitionLock(topic, p)
 		}
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err = pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 			// In partition order, as every batch's fence takes them.
 			if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
 				return fmt.Errorf("waiting for the writers of %s: %w", topic, err)
 			}
 			_, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET partitions = greatest(partitions, $3), resized_at = coalesce(resized_at, now())
-				WHERE consumer_group = $1 AND topic = $2`, sch, catalog.TopicsTable), s.cfg.ConsumerGroup, topic, n)
+				WHERE consumer_group = $1 AND topic = $2`, sch, catalog.TopicsTable), l.group, topic, n)
 			return err
 		})
 		if err != nil {
@@ -88,7 +88,7 @@ func (s *Sink) NotePartitions(ctx context.Context, counts map[string]int32) ([]s
 		}
 		resized = append(resized, topic)
 		if !marked {
-			s.log.Warn("partitions were added to a topic: its keys move between partitions, so its writers take turns from now on (the history stays exact)",
+			l.log.Warn("partitions were added to a topic: its keys move between partitions, so its writers take turns from now on (the history stays exact)",
 				zap.String("topic", topic), zap.Int32("partitions_before", was), zap.Int32("partitions", n))
 		}
 	}

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 )
@@ -99,7 +101,7 @@ func Classify(err error) Class {
 	if catalog.NoPartition(err) {
 		return Transient // a partition dropped since it was cached (partition.go)
 	}
-	if staleStatement(err) {
+	if history.StaleStatement(err) {
 		// A column's type changed under a prepared statement (altered by
 		// hand, or by another instance widening it): once drops the
 		// pool's connections, and the next try prepares and describes
@@ -206,9 +208,9 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 			}
 		}}
 	if s.cfg.MaxRetries < 0 {
-		return 0, s.once(ctx, fn) // no retries
+		return 0, once(ctx, s.pool, fn) // no retries
 	}
-	n, err := p.Do(ctx, func(ctx context.Context) error { return s.once(ctx, fn) })
+	n, err := p.Do(ctx, func(ctx context.Context) error { return once(ctx, s.pool, fn) })
 	if n > 0 && s.cfg.OnRetry != nil {
 		s.cfg.OnRetry(stage, what, nil) // the step is over: no longer waiting
 	}
@@ -220,25 +222,10 @@ func (s *Sink) withRetry(ctx context.Context, stage, what string, fn func(contex
 // command, with internal/retry. A statement prepared, or a COPY's column
 // types described, for a column's old type empties the pool first: every
 // connection may hold one.
-func (s *Sink) once(ctx context.Context, fn func(context.Context) error) error {
+func once(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context) error) error {
 	err := fn(ctx)
-	if err != nil && staleStatement(err) {
-		s.pool.Reset()
+	if err != nil && history.StaleStatement(err) {
+		pool.Reset()
 	}
 	return err
-}
-
-// staleStatement reports whether err comes from a statement prepared, or a
-// COPY's column types described, before a column's type changed: the plan
-// PostgreSQL refuses (0A000 in RevalidateCachedQuery), binary data of the
-// old type (22P03), or a value pgx cannot encode in the old type. Not the
-// event's fault: never a dead letter.
-func staleStatement(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "22P03" || (pgErr.Code == "0A000" &&
-			(pgErr.Routine == "RevalidateCachedQuery" || strings.Contains(pgErr.Message, "cached plan must not change result type")))
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "unable to encode") && strings.Contains(msg, "into binary format")
 }

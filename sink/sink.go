@@ -2,9 +2,10 @@ package sink
 
 import (
 	"context"
-	"sync"
 
+	"github.com/scd2sink/scd2sink/sink/apply"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/erasure"
 	"github.com/scd2sink/scd2sink/sink/maint"
 	"github.com/scd2sink/scd2sink/sink/plan"
 
@@ -17,33 +18,30 @@ import (
 // batches' offsets were released; Prepare may run beside it. A batch may
 // be applied in parts side by side (Config.ApplyWorkers, parallel.go).
 type Sink struct {
-	mu   sync.Mutex // guards tables against Prepare running beside Init
+	// Ledger records the batches' progress and dead letters (ledger.go).
+	*Ledger
 	cfg  Config
 	pool *pgxpool.Pool
 	log  *zap.Logger
-	// plainWarned holds the targets warned about by warnPlain.
-	plainWarned sync.Map
-	// specs (guarded by specMu) are the known targets' specs: the
-	// configured ones and those cfg.Resolve gave.
-	specMu sync.Mutex
-	specs  map[string]TableSpec
-	tables map[string]*plan.Table
+	// reg knows the targets' specs and tables (registry.go, tables.go);
+	// its mu is held while a batch is prepared.
+	reg *registry
 	// mem is what the Sink remembers of what it wrote (memory.go).
 	mem *memory
 	// recon decides completed full snapshots (reconcile.go).
 	recon *reconciler
-	// planner turns batches into plans (plan.go), under mu.
+	// planner turns batches into plans (package plan), under reg.mu.
 	planner plan.Planner
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
-	// snapDeletes are the targets with SnapshotDeletes (guarded by specMu).
-	snapDeletes map[string]bool
 	// erasures knows the erased keys (erasure.go).
-	erasures *erasures
+	erasures *erasure.Set
 	// tune holds sizes and hooks (tuning.go; tests change them before
 	// the first batch); stats counts the ways batches took.
 	tune  tuning
 	stats counters
+	// applier folds tables' shares of a batch (package apply).
+	applier *apply.Applier
 	// maint is the history's upkeep (package maint, upkeep.go).
 	maint *maint.Maint
 }
@@ -54,8 +52,10 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: plan.NewPlanner(), specs: map[string]TableSpec{}, tables: map[string]*plan.Table{},
+	s := &Sink{cfg: cfg, pool: pool, log: cfg.Logger, planner: plan.NewPlanner(),
 		mem: newMemory(cfg.CacheKeys, cfg.CacheBytes), tune: defaultTuning()}
+	s.reg = newRegistry(&s.cfg, pool)
+	s.applier = apply.New(cfg.Schema, cfg.Logger, &s.tune.Apply, s.mem.cached)
 	s.recon = &reconciler{s: s}
 	s.recon.pending.Store(true)
 	// Parts of a batch applied side by side (parallel.go), each on its own
@@ -64,76 +64,33 @@ func New(cfg Config, pool *pgxpool.Pool) (*Sink, error) {
 	if pool != nil {
 		s.parts = min(s.parts, max(1, int(pool.Config().MaxConns)-2))
 	}
-	s.snapDeletes = map[string]bool{}
-	for _, t := range cfg.Tables {
-		s.specs[t.Target] = t
-		s.snapDeletes[t.Target] = t.SnapshotDeletes
-	}
-	s.erasures = &erasures{schema: cfg.Schema, secret: cfg.ErasureSecret, alias: cfg.ErasureAlias, decodeKey: cfg.DecodeKey,
-		spec: s.spec, kconv: plan.NewConverter()}
-	s.erasures.stale.Store(true)
+	s.erasures = erasure.New(erasure.Config{Schema: cfg.Schema, Secret: cfg.ErasureSecret, Group: cfg.ConsumerGroup, DeadLetters: cfg.DeadLetterTable,
+		Retry: s.withRetry, Alias: cfg.ErasureAlias, DecodeKey: cfg.DecodeKey, Spec: s.reg.spec})
+	s.Ledger = &Ledger{schema: cfg.Schema, group: cfg.ConsumerGroup, deadLetters: cfg.DeadLetterTable, pool: pool, log: cfg.Logger,
+		mem: s.mem, erasures: s.erasures, spec: s.reg.spec}
 	s.maint = maint.New(maint.Config{Schema: cfg.Schema, ConsumerGroup: cfg.ConsumerGroup, Patterns: cfg.Resolve != nil,
 		Logger: cfg.Logger, Retry: s.withRetry, Tuning: &s.tune.Tuning}, pool, upkeepView{s})
 	return s, nil
 }
 
-// spec returns target's spec, asking cfg.Resolve for a target it does
-// not know yet.
-func (s *Sink) spec(target string) (TableSpec, bool) {
-	s.specMu.Lock()
-	defer s.specMu.Unlock()
-	if spec, ok := s.specs[target]; ok {
-		return spec, true
-	}
-	if s.cfg.Resolve == nil {
-		return TableSpec{}, false
-	}
-	spec, ok := s.cfg.Resolve(target)
-	if !ok || spec.Target != target {
-		return TableSpec{}, false
-	}
-	if err := s.cfg.specDefaults(&spec); err != nil {
-		s.log.Error("a resolved table is not valid", zap.String("target", target), zap.Error(err))
-		return TableSpec{}, false
-	}
-	s.specs[target] = spec
-	s.snapDeletes[target] = spec.SnapshotDeletes
-	return spec, true
-}
-
-// setSpec replaces target's spec (its keys learnt).
-func (s *Sink) setSpec(spec TableSpec) {
-	s.specMu.Lock()
-	s.specs[spec.Target] = spec
-	s.specMu.Unlock()
-}
-
-// snapshotDeletes reports whether target closes what a full snapshot did
-// not read.
-func (s *Sink) snapshotDeletes(target string) bool {
-	s.specMu.Lock()
-	defer s.specMu.Unlock()
-	return s.snapDeletes[target]
-}
-
 // Init creates the service's own tables and every configured history table
 // that declares its columns, retrying transient errors.
 func (s *Sink) Init(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	err := s.once(ctx, func(ctx context.Context) error {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	err := once(ctx, s.pool, func(ctx context.Context) error {
 		if err := catalog.EnsureService(ctx, s.pool, catalog.Service{Schema: s.cfg.Schema, DeadLetterTable: s.cfg.DeadLetterTable,
 			ReorderWindow: s.cfg.ReorderWindow, Logger: s.log}); err != nil {
 			return err
 		}
 		for _, spec := range s.cfg.Tables {
 			if len(spec.Keys) == 0 {
-				keys, err := s.existingKeys(ctx, spec)
+				keys, err := s.reg.existingKeys(ctx, spec)
 				if err != nil {
 					return err
 				}
 				spec.Keys = keys
-				s.setSpec(spec)
+				s.reg.setSpec(spec)
 			}
 			if len(spec.Columns) == 0 || len(spec.Keys) == 0 {
 				continue
@@ -142,21 +99,13 @@ func (s *Sink) Init(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			s.warnPlain(t)
-			s.tables[spec.Target] = t
+			s.reg.warnPlain(t)
+			s.reg.tables[spec.Target] = t
 		}
 		// A writer that could not recognise erased keys must not start.
-		s.erasures.mu.Lock()
-		defer s.erasures.mu.Unlock()
-		return s.erasures.load(ctx, s.pool)
+		return s.erasures.Reload(ctx, s.pool)
 	})
 	return err
-}
-
-// existingKeys reads the key columns of an existing history table from its
-// (key columns, scd_seq) index; none when the table does not exist yet.
-func (s *Sink) existingKeys(ctx context.Context, spec TableSpec) ([]string, error) {
-	return KeyColumns(ctx, s.pool, spec.Schema, spec.Target)
 }
 
 // Querier is what reads the catalog: a pool, a connection or a

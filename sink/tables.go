@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/erasure"
 	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 
@@ -56,7 +57,7 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 // events carry but their tables lack: typed and in the schema's order when
 // the event has a schema, else typed by inference from the values, in name
 // order. DDL runs in its own transactions.
-func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
+func (r *registry) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]*newColumns{}
 	widen := map[string]map[string]string{} // table → column → wider type
 	failed := map[string]string{}           // table → the change schema_changes: fail stops at
@@ -67,27 +68,27 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		row   change.RowDecoder
 	}
 	noted := map[tableSchema]bool{}
-	if err := s.loadExisting(ctx, evs); err != nil {
+	if err := r.loadExisting(ctx, evs); err != nil {
 		return err
 	}
 	var order []string
 	for i, ev := range evs {
-		spec, ok := s.spec(ev.Table)
+		spec, ok := r.spec(ev.Table)
 		if !ok {
 			continue
 		}
 		if len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
 			spec.Keys = ev.KeyNames
-			s.setSpec(spec)
+			r.setSpec(spec)
 		}
 		if len(spec.Keys) == 0 {
 			continue // no key known yet: a truncate, or dead letters to come
 		}
 		nc := extra[ev.Table]
-		if ev.Op == change.OpTruncate && s.tables[ev.Table] == nil && nc == nil {
+		if ev.Op == change.OpTruncate && r.tables[ev.Table] == nil && nc == nil {
 			// A truncate alone must still reach a table that exists.
 			var exists bool
-			if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+			if err := r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
 				pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
 				return fmt.Errorf("looking for table %s: %w", spec.Target, err)
 			}
@@ -97,7 +98,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 			}
 			continue
 		}
-		t := s.tables[ev.Table]
+		t := r.tables[ev.Table]
 		note := func(name, typ string, inferred bool) {
 			if t != nil {
 				if i, ok := t.Index[catalog.Ident(name)]; ok {
@@ -179,7 +180,7 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 		}
 	}
 	for target, what := range failed {
-		return &TargetError{Target: target, Err: &DriftError{Table: s.tables[target].Hist.Sanitize(), What: what +
+		return &TargetError{Target: target, Err: &DriftError{Table: r.tables[target].Hist.Sanitize(), What: what +
 			"; schema_changes is fail: alter the history table to match, or set schema_changes: evolve"}}
 	}
 	targets := make([]string, 0, len(widen))
@@ -188,30 +189,30 @@ func (s *Sink) prepare(ctx context.Context, evs []*change.Event, afters []map[st
 	}
 	sort.Strings(targets)
 	for _, target := range targets {
-		old := s.tables[target]
+		old := r.tables[target]
 		var t *plan.Table
-		err := s.once(ctx, func(ctx context.Context) (err error) {
-			s.unlocked(func() { t, err = widenColumns(ctx, s.pool, s.log, old, widen[target]) })
+		err := once(ctx, r.pool, func(ctx context.Context) (err error) {
+			r.unlocked(func() { t, err = widenColumns(ctx, r.pool, r.log, old, widen[target]) })
 			return targetErr(target, err)
 		})
 		if err != nil {
 			return targetErr(target, err)
 		}
-		s.tables[target] = t
+		r.tables[target] = t
 	}
 	for _, target := range order {
 		cols := extra[target].cols
-		spec, _ := s.spec(target)
+		spec, _ := r.spec(target)
 		var t *plan.Table
-		err := s.once(ctx, func(ctx context.Context) (err error) {
-			s.unlocked(func() { t, err = ensureTable(ctx, s.pool, spec, cols) })
+		err := once(ctx, r.pool, func(ctx context.Context) (err error) {
+			r.unlocked(func() { t, err = ensureTable(ctx, r.pool, spec, cols) })
 			return targetErr(target, err)
 		})
 		if err != nil {
 			return targetErr(target, err)
 		}
-		s.warnPlain(t)
-		s.tables[target] = t
+		r.warnPlain(t)
+		r.tables[target] = t
 	}
 	return nil
 }
@@ -228,15 +229,15 @@ func targetErr(target string, err error) error {
 	return &TargetError{Target: target, Err: err}
 }
 
-// unlocked runs fn, a statement on a table's DDL, without s.mu, which
+// unlocked runs fn, a statement on a table's DDL, without r.mu, which
 // Prepare holds: DDL may wait for its lock up to lock_timeout, and one
 // table's wait (a parked table's probe, consumer/park.go) must not stall
-// the batches of the others. fn touches no state s.mu guards; its result
-// is stored after, under s.mu. Two goroutines preparing one table meanwhile
+// the batches of the others. fn touches no state r.mu guards; its result
+// is stored after, under r.mu. Two goroutines preparing one table meanwhile
 // run the same idempotent DDL.
-func (s *Sink) unlocked(fn func()) {
-	s.mu.Unlock()
-	defer s.mu.Lock()
+func (r *registry) unlocked(fn func()) {
+	r.mu.Unlock()
+	defer r.mu.Lock()
 	fn()
 }
 
@@ -244,31 +245,31 @@ func (s *Sink) unlocked(fn func()) {
 // (their columns are not declared: they are met first in a batch), so that
 // the batch's schemas are compared with their columns: a type the source
 // widened while the service was stopped is widened, not dead-lettered.
-func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
+func (r *registry) loadExisting(ctx context.Context, evs []*change.Event) error {
 	seen := map[string]bool{}
 	for _, ev := range evs {
-		if s.tables[ev.Table] != nil || seen[ev.Table] {
+		if r.tables[ev.Table] != nil || seen[ev.Table] {
 			continue
 		}
 		seen[ev.Table] = true
-		spec, ok := s.spec(ev.Table)
+		spec, ok := r.spec(ev.Table)
 		if ok && len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
 			spec.Keys = ev.KeyNames // keys from the Kafka key, as prepare takes them
-			s.setSpec(spec)
+			r.setSpec(spec)
 		}
 		if !ok || len(spec.Keys) == 0 {
 			continue
 		}
 		var t *plan.Table
-		err := s.once(ctx, func(ctx context.Context) (err error) {
-			s.unlocked(func() {
+		err := once(ctx, r.pool, func(ctx context.Context) (err error) {
+			r.unlocked(func() {
 				var exists bool
-				if err = s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+				if err = r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
 					err = fmt.Errorf("looking for table %s: %w", spec.Target, err)
 					return
 				}
 				if exists {
-					t, err = ensureTable(ctx, s.pool, spec, nil)
+					t, err = ensureTable(ctx, r.pool, spec, nil)
 				}
 			})
 			return targetErr(ev.Table, err)
@@ -276,8 +277,8 @@ func (s *Sink) loadExisting(ctx context.Context, evs []*change.Event) error {
 		if err != nil {
 			return targetErr(ev.Table, err)
 		}
-		if t != nil && s.tables[ev.Table] == nil {
-			s.tables[ev.Table] = t
+		if t != nil && r.tables[ev.Table] == nil {
+			r.tables[ev.Table] = t
 		}
 	}
 	return nil
@@ -294,12 +295,12 @@ func contains(list []string, s string) bool {
 
 // warnPlain logs, once per table, that a table configured with
 // partitioning exists unpartitioned and is left as it is.
-func (s *Sink) warnPlain(t *plan.Table) {
+func (r *registry) warnPlain(t *plan.Table) {
 	if t == nil || !t.PlainButPartitioned {
 		return
 	}
-	if _, done := s.plainWarned.LoadOrStore(t.Spec.Target, true); !done {
-		s.log.Warn("the history table exists unpartitioned and is left as it is: partitioning applies to tables the service creates; migrate with scd2sink rebuild (docs/history-tables.md)",
+	if _, done := r.plainWarned.LoadOrStore(t.Spec.Target, true); !done {
+		r.log.Warn("the history table exists unpartitioned and is left as it is: partitioning applies to tables the service creates; migrate with scd2sink rebuild (docs/history-tables.md)",
 			zap.String("target", t.Spec.Target))
 	}
 }
@@ -322,4 +323,40 @@ func widenColumns(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *p
 		return nil, err
 	}
 	return plan.NewTable(w), nil
+}
+
+// noteLetterKeys gives the dead letters whose key has no identity yet
+// their table's key columns, loading a table not loaded yet (a batch of
+// dead letters alone after a restart), so that the writers' filter reads
+// their keys back (erasures.erasedDeadLetter). Called holding r.mu.
+func (r *registry) noteLetterKeys(ctx context.Context, dead []plan.DeadLetter) {
+	var load []*change.Event
+	seen := map[string]bool{}
+	for _, d := range dead {
+		if (d.KeyID == "" || erasure.HasKeyHeaders(d.Headers)) && !seen[d.Table] && r.tables[d.Table] == nil {
+			seen[d.Table] = true
+			load = append(load, &change.Event{Table: d.Table})
+		}
+	}
+	if len(load) > 0 {
+		if err := r.loadExisting(ctx, load); err != nil {
+			r.log.Warn("loading a dead letter's table to read its key back failed: an erased key's dead letter in another form than its text is not recognised",
+				zap.Error(err))
+		}
+	}
+	cols := map[string][]catalog.ColumnInfo{}
+	for i := range dead {
+		d := &dead[i]
+		if d.KeyID != "" && !erasure.HasKeyHeaders(d.Headers) {
+			continue
+		}
+		kc, ok := cols[d.Table]
+		if !ok {
+			if t := r.tables[d.Table]; t != nil {
+				kc = t.KeyColumns()
+			}
+			cols[d.Table] = kc
+		}
+		d.KeyCols = kc
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/sink/apply"
 	"github.com/scd2sink/scd2sink/sink/maint"
 )
 
@@ -15,13 +16,6 @@ type tuning struct {
 	// MinSplitEvents is the smallest batch applied in parts: below it a
 	// second transaction costs more than it saves (parallel.go).
 	MinSplitEvents int
-	// WholeRepairs makes every repair read its key's whole history, and
-	// UnboundedRepairs every partial one read on to the end (tests
-	// compare the three ways; apply.go).
-	WholeRepairs, UnboundedRepairs bool
-	// TruncateChunk is how many keys a truncate folds again at a time:
-	// memory holds one chunk's histories (truncate.go).
-	TruncateChunk int
 	// ReconcileChunk is how many keys' deletes one reconciliation batch
 	// carries; AfterReconcileChunk, when set, is called once each has
 	// committed (reconcile.go).
@@ -33,13 +27,15 @@ type tuning struct {
 	// Tuning holds retention's chunk and window sizes and its hook
 	// (package maint).
 	maint.Tuning
+	// Apply holds the repairs' and truncates' sizes (package apply).
+	Apply apply.Tuning
 }
 
 // defaultTuning is the service's tuning.
 func defaultTuning() tuning {
 	return tuning{
 		MinSplitEvents: 2000,
-		TruncateChunk:  5000,
+		Apply:          apply.Tuning{TruncateChunk: 5000},
 		ReconcileChunk: 5000,
 		LateRerunEvery: 10 * time.Second,
 		Tuning:         maint.DefaultTuning(),
@@ -49,8 +45,6 @@ func defaultTuning() tuning {
 // counters count, per Sink, which ways its batches took (tests see that
 // a path was taken).
 type counters struct {
-	// splitBatches counts batches applied in parts (parallel.go);
-	// boundedRepairs repairs that stopped at a boundary (apply.go).
-	splitBatches   atomic.Int64
-	boundedRepairs atomic.Int64
+	// splitBatches counts batches applied in parts (parallel.go).
+	splitBatches atomic.Int64
 }

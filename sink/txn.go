@@ -2,18 +2,13 @@ package sink
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sort"
 
-	"github.com/scd2sink/scd2sink/sink/fold"
-	"github.com/scd2sink/scd2sink/sink/pgcodec"
+	"github.com/scd2sink/scd2sink/sink/apply"
 	"github.com/scd2sink/scd2sink/sink/plan"
-	"github.com/scd2sink/scd2sink/sink/statecache"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
-	"go.uber.org/zap"
 )
 
 // Apply folds a batch into the history tables, writes its dead letters and
@@ -23,10 +18,10 @@ import (
 // that some parts committed (their offsets recorded with them) and the
 // others did not; ApplyPrepared again with the same Prepared applies the
 // rest. It is Prepare followed by ApplyPrepared.
-func (s *Sink) Apply(ctx context.Context, b Batch) (Result, error) {
+func (s *Sink) Apply(ctx context.Context, b Batch) (apply.Result, error) {
 	p, err := s.Prepare(ctx, b)
 	if err != nil {
-		return Result{}, err
+		return apply.Result{}, err
 	}
 	return s.ApplyPrepared(ctx, p)
 }
@@ -65,8 +60,8 @@ type Prepared struct {
 // ApplyPrepared applies the previous one (one goroutine each); prepared
 // batches must still be applied in order.
 func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
 	afters := make([]map[string]any, len(b.Events))
 	var bad []plan.DeadLetter
 	for i, ev := range b.Events {
@@ -79,10 +74,10 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 		}
 		afters[i] = a
 	}
-	if err := s.prepare(ctx, b.Events, afters); err != nil {
+	if err := s.reg.prepare(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
-	plans, dead, early, mismatches := s.planner.Plan(b.Events, afters, s.tables, s.spec)
+	plans, dead, early, mismatches := s.planner.Plan(b.Events, afters, s.reg.tables, s.reg.spec)
 	dead = append(bad, dead...)
 	topics := map[string]string{}
 	for part, pos := range b.Positions {
@@ -93,7 +88,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	p := &Prepared{positions: b.Positions, topicTargets: topics, confirm: b.Confirm, plans: plans, early: early, mismatches: mismatches,
 		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]plan.DeadLetter(nil), b.DeadLetters...), dead...)}
-	s.noteLetterKeys(ctx, p.dead)
+	s.reg.noteLetterKeys(ctx, p.dead)
 	for name := range plans {
 		p.targets = append(p.targets, name)
 	}
@@ -104,7 +99,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 // ApplyPrepared applies a prepared batch; see Apply. Then it reconciles
 // completed snapshots whose topics have been applied past them; a failure
 // there is logged and tried again after the next batch.
-func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (Result, error) {
+func (s *Sink) ApplyPrepared(ctx context.Context, p *Prepared) (apply.Result, error) {
 	res, err := s.applyPrepared(ctx, p)
 	if err == nil {
 		s.recon.afterBatch(ctx)
@@ -128,154 +123,6 @@ func (s *Sink) Reconcile(ctx context.Context) error {
 // first batch.
 func (s *Sink) SkipReconcile(skip func(target string) bool) { s.recon.skip = skip }
 
-// anySnapshotDeletes reports whether a known target closes what a full
-// snapshot did not read.
-func (s *Sink) anySnapshotDeletes() bool {
-	s.specMu.Lock()
-	defer s.specMu.Unlock()
-	for _, on := range s.snapDeletes {
-		if on {
-			return true
-		}
-	}
-	return false
-}
-
-// applyOne applies a prepared batch, or one part of it (parallel.go), in
-// one transaction.
-func (s *Sink) applyOne(ctx context.Context, p *Prepared) (Result, error) {
-	plans, dead, targets, positions := p.plans, p.dead, p.targets, p.positions
-	var gen uint64
-	var seen int64
-	var res Result
-	var ops *cacheOps
-	// A value PostgreSQL rejects fails the whole batch; the batch is then
-	// applied again isolating the events that carry such values.
-	isolate := false
-	attempt := func(ctx context.Context) error {
-		res, ops = Result{}, &cacheOps{Ops: statecache.Ops{Off: isolate || s.mem.cache.Limit() <= 0}}
-		gen = s.mem.forgetNow() // a Forget during the retries counts too
-		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
-			pgcodec.Register(tx.Conn().TypeMap())
-			if err := s.fence(ctx, tx, positions, p.lock); err != nil {
-				return err
-			}
-			for _, name := range p.lockTargets {
-				spec, ok := s.spec(name)
-				if !ok {
-					return fmt.Errorf("locking the writers of %s: no such table is configured", name)
-				}
-				if err := s.lockTargetWriters(ctx, tx, spec, []string{name}); err != nil {
-					return &TargetError{Target: name, Err: err}
-				}
-			}
-			seen = s.mem.lastReconciled() // what this transaction's fence saw
-			for _, e := range p.early {
-				if _, err := recordTruncate(ctx, tx, s.cfg.Schema, e.Target, e.Seq, e.At); err != nil {
-					return err
-				}
-			}
-			if err := s.markReplayed(ctx, tx, p.replay); err != nil {
-				return err
-			}
-			if len(positions) == 0 && len(p.lock) == 0 {
-				s.erasures.stale.Store(true) // no fence read the outside-writes count
-			}
-			erased, dead, err := s.erasures.drop(ctx, tx, p, dead)
-			if err != nil {
-				return err
-			}
-			res.Erased = erased
-			if p.outside {
-				if err := s.countOutsideWrite(ctx, tx); err != nil {
-					return err
-				}
-			}
-			if !isolate {
-				if ops.pre, err = prefetch(ctx, tx, s.cfg.Schema, s.mem.holds, plans, targets); err != nil {
-					return err
-				}
-			}
-			allDead := dead
-			for _, name := range targets {
-				apply := s.applyTable
-				if isolate {
-					apply = s.applyIsolating
-				}
-				r, d, err := s.applyKeyChanges(ctx, tx, plans[name], ops, apply)
-				if err == nil && r.VersionsOpened > 0 && s.snapshotDeletes(name) {
-					err = s.recon.noteLate(ctx, tx, plans[name])
-				}
-				if err != nil {
-					return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
-				}
-				res.add(r)
-				allDead = append(allDead, d...)
-			}
-			newDead, err := s.failedAgain(ctx, tx, p.replay, allDead)
-			if err != nil {
-				return err
-			}
-			if err := s.writeDeadLetters(ctx, tx, newDead); err != nil {
-				return err
-			}
-			if err := s.recon.recordSnapshots(ctx, tx, p.snapshots); err != nil {
-				return err
-			}
-			res.DeadLetters = len(allDead)
-			res.Dead = make([]DeadNote, len(allDead))
-			for i, d := range allDead {
-				reason := d.Reason
-				if reason == "" {
-					reason = plan.ReasonDecode
-				}
-				res.Dead[i] = DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
-			}
-			if err := s.writeOffsets(ctx, tx, positions); err != nil {
-				return err
-			}
-			if p.confirm != nil {
-				return p.confirm(ctx)
-			}
-			return nil
-		})
-	}
-	err := s.once(ctx, attempt)
-	for tries := 0; tries < 3; tries++ {
-		var grown *errTopicGrown
-		if !errors.As(err, &grown) {
-			break
-		}
-		// Partitions were added and no assignment recorded it: record it
-		// (waiting for the writers under the old count), then apply.
-		if _, nerr := s.NotePartitions(ctx, grown.counts()); nerr != nil {
-			err = fmt.Errorf("%v: %w", grown, nerr)
-			break
-		}
-		err = s.once(ctx, attempt)
-	}
-	if err != nil && isDataError(err) {
-		s.log.Warn("a value was rejected by PostgreSQL; applying the batch again without it", zap.Error(err))
-		isolate = true
-		err = s.once(ctx, attempt)
-	}
-	res.TypeMismatches = p.mismatches
-	if err != nil {
-		s.mem.failed()
-		return Result{}, err // nothing of it committed
-	}
-	if len(p.snapshots) > 0 {
-		// Committed: a reconciliation that starts from here sees them
-		// (recordSnapshots bumped the count too, before the commit).
-		s.recon.noteRecorded()
-	}
-	// Savepoints roll back what ops recorded; another part's fence may
-	// have seen a reconciliation that committed after this one's; a
-	// Forget meanwhile keeps nothing of it.
-	s.mem.committed(gen, &ops.Ops, isolate, seen, positions)
-	return res, nil
-}
-
 // keyedPlans makes the batch transaction's statements probe the history
 // tables' key indexes. They join a batch's keys (unnest of arrays, which
 // the planner guesses at 10 rows) with a history table; with stale
@@ -291,16 +138,3 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 // its locks (the column types read after a table's lock, prefetch.go; the
 // offsets read after the partitions' advisory locks, fence).
 var applyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
-
-// cacheOps is what one transaction carries besides its statements: the
-// changes it makes to the state cache once it commits, the slabs the
-// states it unpacks take their values from, and what it read ahead. It
-// belongs to the transaction's goroutine.
-type cacheOps struct {
-	statecache.Ops
-	// mem holds the values and structs of the states unpacked for the
-	// transaction.
-	mem fold.Mem
-	// pre is what the transaction read ahead for its tables (prefetch.go).
-	pre *prefetched
-}

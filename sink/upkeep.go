@@ -2,10 +2,13 @@ package sink
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/erasure"
 	"github.com/scd2sink/scd2sink/sink/maint"
 )
 
@@ -56,32 +59,32 @@ func (s *Sink) Claim(ctx context.Context, target, topic string) (string, error) 
 // upkeepView is the Sink as maintenance sees it (maint.Writer).
 type upkeepView struct{ s *Sink }
 
-func (v upkeepView) Spec(target string) (catalog.TableSpec, bool) { return v.s.spec(target) }
+func (v upkeepView) Spec(target string) (catalog.TableSpec, bool) { return v.s.reg.spec(target) }
 
 func (v upkeepView) Specs() []catalog.TableSpec {
-	v.s.specMu.Lock()
-	defer v.s.specMu.Unlock()
-	out := make([]catalog.TableSpec, 0, len(v.s.specs))
-	for _, spec := range v.s.specs {
+	v.s.reg.specMu.Lock()
+	defer v.s.reg.specMu.Unlock()
+	out := make([]catalog.TableSpec, 0, len(v.s.reg.specs))
+	for _, spec := range v.s.reg.specs {
 		out = append(out, spec)
 	}
 	return out
 }
 
 func (v upkeepView) Table(target string) *catalog.Table {
-	v.s.mu.Lock()
-	defer v.s.mu.Unlock()
-	if t := v.s.tables[target]; t != nil {
+	v.s.reg.mu.Lock()
+	defer v.s.reg.mu.Unlock()
+	if t := v.s.reg.tables[target]; t != nil {
 		return t.Table
 	}
 	return nil
 }
 
 func (v upkeepView) Partitioned() []*catalog.Partitions {
-	v.s.mu.Lock()
-	defer v.s.mu.Unlock()
+	v.s.reg.mu.Lock()
+	defer v.s.reg.mu.Unlock()
 	var out []*catalog.Partitions
-	for _, t := range v.s.tables {
+	for _, t := range v.s.reg.tables {
 		if t.Parts != nil {
 			out = append(out, t.Parts)
 		}
@@ -102,5 +105,65 @@ func (v upkeepView) Watermarks(ctx context.Context) (map[string]time.Time, error
 }
 
 func (v upkeepView) ErasedViolations(ctx context.Context, spec catalog.TableSpec, hist string) ([]Violation, error) {
-	return v.s.erasedViolations(ctx, spec, hist)
+	return v.s.erasures.Violations(ctx, v.s.pool, spec, hist)
 }
+
+// Erase erases (or lifts the erasure of) keys of one target in one
+// transaction that waits for the target's writers (erasure.Set.Erase).
+func (s *Sink) Erase(ctx context.Context, req erasure.EraseRequest) (erasure.EraseResult, error) {
+	res, err := s.erasures.Erase(ctx, upkeepView{s}, req)
+	s.erasures.Stale()
+	return res, err
+}
+
+// Keyed returns target's spec with its key columns and those columns as
+// the history table has them, creating the table when it does not exist
+// yet (erasure.Writers).
+func (v upkeepView) Keyed(ctx context.Context, target string) (catalog.TableSpec, []catalog.ColumnInfo, error) {
+	s := v.s
+	spec, ok := s.reg.spec(target)
+	if !ok {
+		return spec, nil, fmt.Errorf("erasing from %s: no such table is configured", target)
+	}
+	if len(spec.Keys) == 0 {
+		keys, err := s.reg.existingKeys(ctx, spec)
+		if err != nil {
+			return spec, nil, err
+		}
+		spec.Keys = keys
+	}
+	if len(spec.Keys) == 0 {
+		return spec, nil, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", target)
+	}
+	// The key columns' types, for reading the keys' forms back: the
+	// table as it exists.
+	s.reg.mu.Lock()
+	t := s.reg.tables[spec.Target]
+	s.reg.mu.Unlock()
+	if t == nil {
+		var err error
+		if t, err = ensureTable(ctx, s.pool, spec, nil); err != nil {
+			return spec, nil, err
+		}
+	}
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	return spec, t.KeyColumns(), nil
+}
+
+// Pool is where erase's transaction runs (erasure.Writers).
+func (v upkeepView) Pool() *pgxpool.Pool { return v.s.pool }
+
+// EraseRequest asks Erase to erase (or lift the erasure of) keys of one
+// target (erasure.EraseRequest).
+type EraseRequest = erasure.EraseRequest
+
+// EraseResult is what Erase did (erasure.EraseResult).
+type EraseResult = erasure.EraseResult
+
+// Erased is what Erase did for one key (erasure.Erased).
+type Erased = erasure.Erased
+
+// ErrErasureKey marks a missing or wrong erasure_key_file
+// (erasure.ErrErasureKey).
+var ErrErasureKey = erasure.ErrErasureKey

@@ -45,7 +45,7 @@ type Look struct {
 // empty and nothing recorded) is complete through the look's time, less
 // the window in the view. Rows are written in key order (members looking
 // at the same topics never deadlock) and only when they change.
-func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) error {
+func (l *Ledger) Watermark(ctx context.Context, looks map[change.Partition]Look) error {
 	if len(looks) == 0 {
 		return nil
 	}
@@ -70,7 +70,7 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 		start, end, at = append(start, l.Start), append(end, l.End), append(at, l.At)
 		ids, conns = append(ids, l.TopicID), append(conns, l.Connector)
 	}
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at, connector)
+	_, err := l.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at, connector)
 		SELECT $1, x.t, x.p, x.g, CASE WHEN coalesce(o.next_offset >= x.e AND (o.topic_id IS NULL OR x.id = '' OR o.topic_id = x.id), x.s >= x.e) THEN x.a END,
 			nullif(x.c, '')
 		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[], $8::text[], $9::text[])
@@ -82,7 +82,7 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 		WHERE g.target IS DISTINCT FROM excluded.target OR excluded.caught_up_at > g.caught_up_at
 			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)
 			OR (excluded.connector IS NOT NULL AND g.connector IS DISTINCT FROM excluded.connector)`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ProgressTable), s.cfg.ConsumerGroup, topics, parts, targets, start, end, at, ids, conns)
+		pgx.Identifier{l.schema}.Sanitize(), catalog.ProgressTable), l.group, topics, parts, targets, start, end, at, ids, conns)
 	if err != nil {
 		return fmt.Errorf("recording the watermark: %w", err)
 	}
@@ -91,9 +91,9 @@ func (s *Sink) Watermark(ctx context.Context, looks map[change.Partition]Look) e
 
 // Watermarks returns scd2sink_watermarks: per target, the time through
 // which it is complete (absent: not known yet).
-func (s *Sink) Watermarks(ctx context.Context) (map[string]time.Time, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT target, complete_through FROM %s.%s WHERE complete_through IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.WatermarkView))
+func (l *Ledger) Watermarks(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT target, complete_through FROM %s.%s WHERE complete_through IS NOT NULL`,
+		pgx.Identifier{l.schema}.Sanitize(), catalog.WatermarkView))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", catalog.WatermarkView, err)
 	}
@@ -112,9 +112,9 @@ func (s *Sink) Watermarks(ctx context.Context) (map[string]time.Time, error) {
 
 // Connectors returns, per topic, the connector recorded by the looks
 // (Look.Connector).
-func (s *Sink) Connectors(ctx context.Context) (map[string]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, connector FROM %s.%s WHERE consumer_group = $1 AND connector IS NOT NULL`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ProgressTable), s.cfg.ConsumerGroup)
+func (l *Ledger) Connectors(ctx context.Context) (map[string]string, error) {
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic, connector FROM %s.%s WHERE consumer_group = $1 AND connector IS NOT NULL`,
+		pgx.Identifier{l.schema}.Sanitize(), catalog.ProgressTable), l.group)
 	if err != nil {
 		return nil, fmt.Errorf("reading the connectors from %s: %w", catalog.ProgressTable, err)
 	}

@@ -1,4 +1,4 @@
-package sink
+package erasure
 
 import (
 	"context"
@@ -15,24 +15,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/scd2sink/scd2sink/internal/change"
-	"go.uber.org/zap"
 )
-
-// Erasure (DESIGN.md section 12). Erase removes every trace of a key —
-// its versions, side rows, repair audits and dead letters — in one
-// transaction per target, and records the erasure in scd2sink_erasures
-// as a keyed hash of the key's identity (HMAC-SHA256 under
-// Config.ErasureSecret), never the key. The table is a log: a row per
-// erasure and per lift, the latest row of a (target, hash) deciding.
-//
-// Every writer keeps the set of erased hashes per table and drops the
-// events (and dead letters) of erased keys after its fence, inside the
-// batch's transaction, before anything is written: an erase takes the
-// locks of every partition recorded for its target's topic, so a batch of
-// those partitions either committed before it (and its rows are erased)
-// or fences after it; the erase bumps every group's outside-writes count,
-// so that fence sees it, forgets its cached states and reloads the set.
 
 // ErrErasureKey is returned when scd2sink_erasures holds erasures but the
 // Sink has no erasure secret, or not the one they were recorded with:
@@ -69,16 +52,21 @@ func keyCheck(secret []byte) string {
 // read from scd2sink_erasures (again whenever a fence saw an outside
 // write: stale), and how to read a key back the way erase hashed it
 // (erasekeys.go). erased is guarded by mu; the key reader by kmu.
-type erasures struct {
+type Set struct {
 	schema string
 	secret []byte
+	// group is the writers' consumer group, deadLetters their
+	// dead-letter table (Erase's defaults).
+	group, deadLetters string
+	// retry runs one step of maintenance with retries (the sink's).
+	retry func(ctx context.Context, stage, what string, fn func(context.Context) error) (int, error)
 	// alias names the table this Sink writes the history of a target
 	// erasures were recorded for (Config.ErasureAlias; nil: the target).
 	alias func(string) string
 	// decodeKey reads a record's key as the decoder does (Config.DecodeKey).
 	decodeKey func(ctx context.Context, topic string, key []byte, headers []plan.Header) (vals []any, names []string, err error)
 	// spec gives a target's spec (its key columns).
-	spec func(target string) (TableSpec, bool)
+	spec func(target string) (catalog.TableSpec, bool)
 
 	mu     sync.Mutex
 	erased map[string]map[string]bool
@@ -89,12 +77,48 @@ type erasures struct {
 	kconv plan.Converter
 }
 
+// erasureConfig is what a Set is made of.
+type Config struct {
+	// Schema holds the service's tables; Secret is the key hashes are
+	// made with (erasure_key_file).
+	Schema string
+	Secret []byte
+	// Group is the writers' consumer group and DeadLetters their
+	// dead-letter table (Erase's defaults).
+	Group, DeadLetters string
+	// Alias names the table a Sink writes the history of a target
+	// erasures were recorded for (nil: the target).
+	Alias func(string) string
+	// DecodeKey reads a record's key as the decoder does.
+	DecodeKey func(ctx context.Context, topic string, key []byte, headers []plan.Header) (vals []any, names []string, err error)
+	// Spec gives a target's spec (its key columns).
+	Spec func(target string) (catalog.TableSpec, bool)
+	// Retry runs one step of maintenance with retries.
+	Retry func(ctx context.Context, stage, what string, fn func(context.Context) error) (int, error)
+}
+
+// newErasures returns a Set that reads the erased keys before its first
+// use.
+func New(cfg Config) *Set {
+	s := &Set{schema: cfg.Schema, secret: cfg.Secret, group: cfg.Group, deadLetters: cfg.DeadLetters, retry: cfg.Retry,
+		alias: cfg.Alias, decodeKey: cfg.DecodeKey, spec: cfg.Spec, kconv: plan.NewConverter()}
+	s.stale.Store(true)
+	return s
+}
+
+// Reload reads the erased keys now.
+func (s *Set) Reload(ctx context.Context, q catalog.Querier) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.load(ctx, q)
+}
+
 // hash is the erasure hash of a key identity.
-func (s *erasures) hash(id string) string { return keyHash(s.secret, id) }
+func (s *Set) hash(id string) string { return keyHash(s.secret, id) }
 
 // load reads the erased hashes of every target, by the table this
 // Sink writes its history to. The caller holds mu.
-func (s *erasures) load(ctx context.Context, q Querier) error {
+func (s *Set) load(ctx context.Context, q catalog.Querier) error {
 	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT target, key_hash, key_check, coalesce(text_hash, '') FROM (
 			SELECT DISTINCT ON (target, key_hash) target, key_hash, action, key_check, text_hash FROM %s.%s ORDER BY target, key_hash, id DESC) e
 		WHERE action = 'erase'`, pgx.Identifier{s.schema}.Sanitize(), catalog.ErasuresTable))
@@ -136,10 +160,10 @@ func (s *erasures) load(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// drop takes the events and dead letters of erased keys out of a
+// Drop takes the events and dead letters of erased keys out of a
 // batch, after its fence (reloading the erased hashes when the fence saw
 // an outside write), and returns what it dropped per target.
-func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []plan.DeadLetter) (map[string]int, []plan.DeadLetter, error) {
+func (s *Set) Drop(ctx context.Context, tx pgx.Tx, plans map[string]*plan.TablePlan, targets []string, dead []plan.DeadLetter) (map[string]int, []plan.DeadLetter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stale.Swap(false) {
@@ -158,9 +182,9 @@ func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []plan
 		}
 		out[target] += n
 	}
-	for _, name := range p.targets {
+	for _, name := range targets {
 		set := s.erased[name]
-		tp := p.plans[name]
+		tp := plans[name]
 		if len(set) == 0 || tp == nil {
 			continue
 		}
@@ -203,7 +227,7 @@ func (s *erasures) drop(ctx context.Context, tx pgx.Tx, p *Prepared, dead []plan
 // erasedDeadLetter reports whether d is a dead letter of a key in set: by
 // its key's identity, whatever form the key took in it (letterKeyIDs),
 // else by its key's values as text.
-func (s *erasures) erasedDeadLetter(ctx context.Context, set map[string]bool, d *plan.DeadLetter) bool {
+func (s *Set) erasedDeadLetter(ctx context.Context, set map[string]bool, d *plan.DeadLetter) bool {
 	if d.KeyID != "" {
 		return set[s.hash(d.KeyID)]
 	}
@@ -223,7 +247,7 @@ func (s *erasures) erasedDeadLetter(ctx context.Context, set map[string]bool, d 
 // anyErased reports whether one of the readings is erased in set. (A
 // reading of a key form without a schema that happens to be an erased key
 // drops the dead letter: keeping an erased key out comes first.)
-func (s *erasures) anyErased(set map[string]bool, rs []keyReading) bool {
+func (s *Set) anyErased(set map[string]bool, rs []keyReading) bool {
 	for _, r := range rs {
 		if set[s.hash(r.id)] {
 			return true
@@ -232,8 +256,8 @@ func (s *erasures) anyErased(set map[string]bool, rs []keyReading) bool {
 	return false
 }
 
-// hasKeyHeaders reports whether hs holds a key-change header.
-func hasKeyHeaders(hs []plan.Header) bool {
+// HasKeyHeaders reports whether hs holds a key-change header.
+func HasKeyHeaders(hs []plan.Header) bool {
 	for _, h := range hs {
 		for _, k := range keyChangeHeaders {
 			if strings.ReplaceAll(h.Key, `\0`, "\x00") == k {
@@ -244,38 +268,6 @@ func hasKeyHeaders(hs []plan.Header) bool {
 	return false
 }
 
-// noteLetterKeys gives the dead letters whose key has no identity yet
-// their table's key columns, loading a table not loaded yet (a batch of
-// dead letters alone after a restart), so that the writers' filter reads
-// their keys back (erasures.erasedDeadLetter). Called holding s.mu.
-func (s *Sink) noteLetterKeys(ctx context.Context, dead []plan.DeadLetter) {
-	var load []*change.Event
-	seen := map[string]bool{}
-	for _, d := range dead {
-		if (d.KeyID == "" || hasKeyHeaders(d.Headers)) && !seen[d.Table] && s.tables[d.Table] == nil {
-			seen[d.Table] = true
-			load = append(load, &change.Event{Table: d.Table})
-		}
-	}
-	if len(load) > 0 {
-		if err := s.loadExisting(ctx, load); err != nil {
-			s.log.Warn("loading a dead letter's table to read its key back failed: an erased key's dead letter in another form than its text is not recognised",
-				zap.Error(err))
-		}
-	}
-	cols := map[string][]catalog.ColumnInfo{}
-	for i := range dead {
-		d := &dead[i]
-		if d.KeyID != "" && !hasKeyHeaders(d.Headers) {
-			continue
-		}
-		kc, ok := cols[d.Table]
-		if !ok {
-			if t := s.tables[d.Table]; t != nil {
-				kc = t.KeyColumns()
-			}
-			cols[d.Table] = kc
-		}
-		d.KeyCols = kc
-	}
-}
+// Stale makes the next batch read the erased keys again (an erase, an
+// outside write, a transaction whose fence read nothing).
+func (s *Set) Stale() { s.stale.Store(true) }

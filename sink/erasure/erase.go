@@ -1,8 +1,8 @@
-package sink
+package erasure
 
-// The erase command (Erase), and the lock it takes on every writer of a
-// target (lockTargetWriters), which retention and partition drops take too;
-// what a batch does about erased keys is in erasure.go.
+// The erase command (Set.Erase); it waits for every writer of the target
+// (Writers.LockWriters, the lock retention and partition drops take too).
+// What a batch does about erased keys is in erasure.go.
 
 import (
 	"context"
@@ -13,10 +13,12 @@ import (
 	"strings"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
+	"github.com/scd2sink/scd2sink/sink/maint"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/plan"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // EraseRequest asks Erase to erase (or, with Lift, to allow again) keys of
@@ -84,24 +86,14 @@ func (res *EraseResult) Add(more EraseResult) {
 // Erase erases req.Keys of req.Target (or lifts their erasure), in one
 // transaction that waits for the target's writers; see the comment at the
 // top of this file.
-func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error) {
+func (s *Set) Erase(ctx context.Context, w Writers, req EraseRequest) (EraseResult, error) {
 	var res EraseResult
-	if len(s.cfg.ErasureSecret) == 0 {
+	if len(s.secret) == 0 {
 		return res, fmt.Errorf("%w: erasing needs a secret to hash keys with; configure erasure_key_file", ErrErasureKey)
 	}
-	spec, ok := s.spec(req.Target)
-	if !ok {
-		return res, fmt.Errorf("erasing from %s: no such table is configured", req.Target)
-	}
-	if len(spec.Keys) == 0 {
-		keys, err := s.existingKeys(ctx, spec)
-		if err != nil {
-			return res, err
-		}
-		spec.Keys = keys
-	}
-	if len(spec.Keys) == 0 {
-		return res, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", req.Target)
+	spec, kc, err := w.Keyed(ctx, req.Target)
+	if err != nil {
+		return res, err
 	}
 	for _, k := range req.Keys {
 		if len(k) != len(spec.Keys) {
@@ -111,40 +103,26 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 	sch := pgx.Identifier{spec.Schema}.Sanitize()
 	dlTables := req.DeadLetterTables
 	if len(dlTables) == 0 {
-		dlTables = []string{s.cfg.DeadLetterTable}
+		dlTables = []string{s.deadLetters}
 	}
-	// The key columns' types, for reading the keys' forms back: the
-	// table as it exists.
-	s.mu.Lock()
-	t := s.tables[spec.Target]
-	s.mu.Unlock()
-	if t == nil {
-		var err error
-		if t, err = ensureTable(ctx, s.pool, spec, nil); err != nil {
-			return res, err
-		}
-	}
-	s.mu.Lock()
-	kc := t.KeyColumns()
-	s.mu.Unlock()
 	targets := append([]string{spec.Target}, req.Also...)
-	_, err := s.withRetry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
+	_, err = s.retry(ctx, "erase", "erasing from "+req.Target, func(ctx context.Context) error {
 		res = EraseResult{}
 		// READ COMMITTED whatever the database's default: each statement
 		// sees what the writers it waited for committed (under REPEATABLE
 		// READ the snapshot taken before the lock would miss their rows).
-		return pgx.BeginTxFunc(ctx, s.pool, applyTx, func(tx pgx.Tx) error {
+		return pgx.BeginTxFunc(ctx, w.Pool(), txOptions, func(tx pgx.Tx) error {
 			pgcodec.Register(tx.Conn().TypeMap())
 			types, err := columnTypes(ctx, tx, spec.Schema, spec.Target, spec.Keys)
 			if err != nil {
 				return err
 			}
-			if err := s.lockTargetWriters(ctx, tx, spec, targets); err != nil {
+			if err := w.LockWriters(ctx, tx, spec, targets); err != nil {
 				return err
 			}
 			topic := spec.Topic
 			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(topic), $2) FROM %s.%s WHERE target = $1`,
-				pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable), spec.Target, topic).Scan(&topic); err != nil {
+				pgx.Identifier{s.schema}.Sanitize(), catalog.ClaimsTable), spec.Target, topic).Scan(&topic); err != nil {
 				return fmt.Errorf("reading the topic of %s: %w", spec.Target, err)
 			}
 			casts := make([]string, len(types))
@@ -168,7 +146,7 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 				if err := tx.QueryRow(ctx, "SELECT "+strings.Join(casts, ", ")+", "+strings.Join(textCasts, ", "), args...).Scan(ptrs...); err != nil {
 					return fmt.Errorf("reading key %v as (%s): %w", k, strings.Join(types, ", "), err)
 				}
-				keys[n] = erasing{args: args, id: plan.KeyID(typed), texts: texts, e: Erased{Hash: s.erasures.hash(plan.KeyID(typed))}}
+				keys[n] = erasing{args: args, id: plan.KeyID(typed), texts: texts, e: Erased{Hash: s.hash(plan.KeyID(typed))}}
 			}
 			if !req.Lift {
 				for n := range keys {
@@ -192,9 +170,9 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 					action = "lift"
 				}
 				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, key_hash, action, reason, versions, side_rows, repairs, dead_letters, key_check, text_hash)
-					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ErasuresTable),
-					spec.Target, e.Hash, action, req.Reason, e.Versions, e.SideRows, e.Repairs, e.DeadLetters, keyCheck(s.cfg.ErasureSecret),
-					textHash(s.cfg.ErasureSecret, texts)); err != nil {
+					VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, pgx.Identifier{s.schema}.Sanitize(), catalog.ErasuresTable),
+					spec.Target, e.Hash, action, req.Reason, e.Versions, e.SideRows, e.Repairs, e.DeadLetters, keyCheck(s.secret),
+					textHash(s.secret, texts)); err != nil {
 					return fmt.Errorf("recording the erasure: %w", err)
 				}
 				res.Keys = append(res.Keys, e)
@@ -204,59 +182,13 @@ func (s *Sink) Erase(ctx context.Context, req EraseRequest) (EraseResult, error)
 			// count move).
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS w (consumer_group, n)
 				SELECT consumer_group, 1 FROM %[1]s.%[2]s UNION SELECT consumer_group, 1 FROM %[1]s.scd2sink_offsets UNION SELECT $1, 1
-				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, catalog.OutsideWritesTable), s.cfg.ConsumerGroup); err != nil {
+				ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, sch, catalog.OutsideWritesTable), s.group); err != nil {
 				return fmt.Errorf("counting an outside write: %w", err)
 			}
 			return nil
 		})
 	})
-	s.erasures.stale.Store(true)
 	return res, err
-}
-
-// lockTargetWriters takes the advisory locks of every partition of the
-// topics that write the targets (spec's exact topic, the topics claimed
-// for them, those whose recorded offsets name them), for every consumer
-// group that records progress on those topics (a rebuild's group too),
-// in the fences' order: those writers wait. The partitions are those
-// with a recorded offset and those a recorded partition count names (a
-// partition not applied yet has no offset; a partition added later than
-// the count is recorded before its first batch applies, errTopicGrown).
-func (s *Sink) lockTargetWriters(ctx context.Context, tx pgx.Tx, spec TableSpec, targets []string) error {
-	target := spec.Target
-	var exact []string
-	if spec.Topic != "" {
-		exact = append(exact, spec.Topic)
-	}
-	rows, err := tx.Query(ctx, fmt.Sprintf(`WITH t AS (
-			SELECT unnest($2::text[]) AS topic
-			UNION SELECT topic FROM %[1]s.%[2]s WHERE target = ANY($1)
-			UNION SELECT topic FROM %[1]s.scd2sink_offsets WHERE target = ANY($1))
-		SELECT consumer_group, topic, partition FROM (SELECT DISTINCT consumer_group, topic, partition FROM (
-			SELECT o.consumer_group, o.topic, o.partition FROM %[1]s.scd2sink_offsets o WHERE o.topic IN (SELECT topic FROM t)
-			UNION ALL
-			SELECT r.consumer_group, r.topic, p.n FROM %[1]s.%[3]s r, generate_series(0, r.partitions - 1) AS p(n)
-			WHERE r.topic IN (SELECT topic FROM t)) x) d ORDER BY consumer_group COLLATE "C", topic COLLATE "C", partition`,
-		pgx.Identifier{s.cfg.Schema}.Sanitize(), catalog.ClaimsTable, catalog.TopicsTable), targets, exact)
-	if err != nil {
-		return fmt.Errorf("reading the partitions of %s: %w", target, err)
-	}
-	var locks []int64
-	for rows.Next() {
-		var group, topic string
-		var part int32
-		if err := rows.Scan(&group, &topic, &part); err != nil {
-			return err
-		}
-		locks = append(locks, partitionLockOf(group, topic, part))
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reading the partitions of %s: %w", target, err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks); err != nil {
-		return fmt.Errorf("waiting for the writers of %s: %w", target, err)
-	}
-	return nil
 }
 
 // columnTypes reads the types of the named columns of schema.table.
@@ -274,7 +206,7 @@ func columnTypes(ctx context.Context, tx pgx.Tx, schema, table string, cols []st
 
 // eraseKey deletes one key's rows from the history tables given (those
 // that exist), their side tables and repair audits.
-func (s *Sink) eraseKey(ctx context.Context, tx pgx.Tx, spec TableSpec, tables, casts []string, args []any, e *Erased) error {
+func (s *Set) eraseKey(ctx context.Context, tx pgx.Tx, spec catalog.TableSpec, tables, casts []string, args []any, e *Erased) error {
 	cols := make([]string, len(spec.Keys))
 	pairs := make([]string, len(spec.Keys))
 	for i, k := range spec.Keys {
@@ -340,7 +272,7 @@ type erasing struct {
 // and takes out of the others the key-change headers that name one of
 // the keys. It returns the ids of the targets' dead letters whose key
 // could not be read at all, and how many headers it took out.
-func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.ColumnInfo, dlTables, targets []string, topic string, keyNames []string, keys []erasing) ([]int64, int64, error) {
+func (s *Set) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.ColumnInfo, dlTables, targets []string, topic string, keyNames []string, keys []erasing) ([]int64, int64, error) {
 	byID := make(map[string]int, len(keys))
 	for i, k := range keys {
 		byID[k.id] = i
@@ -360,7 +292,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 	for i, c := range kc {
 		keyMatch[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), i+1)
 	}
-	held := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s)`, pgx.Identifier{s.cfg.Schema, targets[0]}.Sanitize(), strings.Join(keyMatch, " AND "))
+	held := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s)`, pgx.Identifier{s.schema, targets[0]}.Sanitize(), strings.Join(keyMatch, " AND "))
 	ambiguous := func(rs []keyReading) (bool, error) {
 		for _, r := range rs {
 			if _, ok := byID[r.id]; ok || r.vals == nil {
@@ -380,7 +312,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 	var headers int64
 	for _, dl := range dlTables {
 		var exists bool
-		name := pgx.Identifier{s.cfg.Schema, dl}.Sanitize()
+		name := pgx.Identifier{s.schema, dl}.Sanitize()
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
 			return nil, 0, err
 		}
@@ -417,7 +349,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 		var newHeaders [][]byte
 		for _, l := range letters {
 			i := -1
-			rs, ok := s.erasures.letterKeyIDs(ctx, kc, &l.d)
+			rs, ok := s.letterKeyIDs(ctx, kc, &l.d)
 			if ok {
 				i = match(rs)
 				if i >= 0 && len(rs) > 1 {
@@ -444,7 +376,7 @@ func (s *Sink) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Col
 				keys[i].e.DeadLetters++
 				continue
 			}
-			if hs, n := s.erasures.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(rs []keyReading) bool { return match(rs) >= 0 }); n > 0 {
+			if hs, n := s.erasedHeaders(ctx, kc, l.d.Origin.Topic, l.d.Headers, func(rs []keyReading) bool { return match(rs) >= 0 }); n > 0 {
 				b, _ := json.Marshal(hs)
 				changed, newHeaders = append(changed, l.id), append(newHeaders, b)
 				headers += int64(n)
@@ -524,20 +456,20 @@ func deadLetterKey(key []byte, decoded bool, names []string) ([]string, bool) {
 	return out, true
 }
 
-// erasedViolations reports the erased keys that still have versions in
+// Violations reports the erased keys that still have versions in
 // the history table (verify): each key's identity is hashed as writers
 // hash it, streaming the table's keys, only when the target has erasures.
-func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string) ([]Violation, error) {
-	conn, err := s.pool.Acquire(ctx)
+func (s *Set) Violations(ctx context.Context, pool *pgxpool.Pool, spec catalog.TableSpec, hist string) ([]maint.Violation, error) {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
 	pgcodec.Register(conn.Conn().TypeMap())
-	s.erasures.mu.Lock()
-	err = s.erasures.load(ctx, conn)
-	set := s.erasures.erased[spec.Target]
-	s.erasures.mu.Unlock()
+	s.mu.Lock()
+	err = s.load(ctx, conn)
+	set := s.erased[spec.Target]
+	s.mu.Unlock()
 	if err != nil || len(set) == 0 {
 		return nil, err
 	}
@@ -546,22 +478,41 @@ func (s *Sink) erasedViolations(ctx context.Context, spec TableSpec, hist string
 		return nil, fmt.Errorf("reading the keys of %s: %w", hist, err)
 	}
 	defer rows.Close()
-	var out []Violation
+	var out []maint.Violation
 	n := 0
 	for rows.Next() {
 		key, err := rows.Values()
 		if err != nil {
 			return nil, err
 		}
-		if h := s.erasures.hash(plan.KeyID(key)); set[h] {
-			if n++; n <= MaxViolationsListed {
-				out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
+		if h := s.hash(plan.KeyID(key)); set[h] {
+			if n++; n <= maint.MaxViolationsListed {
+				out = append(out, maint.Violation{Table: hist, Check: "an erased key has versions", Key: "(erased " + h[:12] + ")", Info: "erase it again"})
 			}
 		}
 	}
-	if n > MaxViolationsListed {
-		out = append(out, Violation{Table: hist, Check: "an erased key has versions", Key: "-", More: int64(n - MaxViolationsListed),
-			Info: fmt.Sprintf("%d more erased keys with versions not listed (the first %d are)", n-MaxViolationsListed, MaxViolationsListed)})
+	if n > maint.MaxViolationsListed {
+		out = append(out, maint.Violation{Table: hist, Check: "an erased key has versions", Key: "-", More: int64(n - maint.MaxViolationsListed),
+			Info: fmt.Sprintf("%d more erased keys with versions not listed (the first %d are)", n-maint.MaxViolationsListed, maint.MaxViolationsListed)})
 	}
 	return out, rows.Err()
 }
+
+// Writers is what Erase needs of the sink that writes the target. The
+// sink owns its tables; Erase only reads their description and waits for
+// their writers in its own transaction.
+type Writers interface {
+	// Keyed returns target's spec with its key columns, and those
+	// columns as the history table has them (created when it does not
+	// exist yet); an error names the target when it has no keys.
+	Keyed(ctx context.Context, target string) (catalog.TableSpec, []catalog.ColumnInfo, error)
+	// LockWriters waits, in tx, for every writer of the targets (spec's
+	// topic's and those recorded for them), for tx's lifetime.
+	LockWriters(ctx context.Context, tx pgx.Tx, spec catalog.TableSpec, targets []string) error
+	// Pool is where Erase's transaction runs.
+	Pool() *pgxpool.Pool
+}
+
+// txOptions is Erase's transaction: READ COMMITTED whatever the
+// database's default (see Erase).
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

@@ -1,4 +1,4 @@
-package sink
+package history
 
 import (
 	"context"
@@ -31,6 +31,8 @@ func keysSource(t *plan.Table, keys []*plan.KeyPlan, firstParam int) (string, []
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
+// colList lists t's columns as loadLatest and RowBefore read them,
+// each prefixed by prefix.
 func colList(t *plan.Table, prefix string) string {
 	parts := make([]string, len(t.Cols))
 	for i, c := range t.Cols {
@@ -105,10 +107,10 @@ func asBytes(v any) []byte {
 	return b
 }
 
-// loadLatest reads, for each key, its latest version and side-table
+// LoadLatest reads, for each key, its latest version and side-table
 // summary. pre holds what the batch's prefetch (prefetch.go) read of some
 // keys in its first read: those are not read again.
-func loadLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, pre map[*plan.KeyPlan]*fold.Latest) ([]fold.Latest, error) {
+func LoadLatest(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, pre map[*plan.KeyPlan]*fold.Latest) ([]fold.Latest, error) {
 	out := make([]fold.Latest, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -130,19 +132,19 @@ func loadLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyP
 	// among the closed ones, from the directory's bound on; those it does
 	// not find there, in every partition.
 	if len(first) > 0 {
-		if err := readLatest(t, ctx, tx, keys, first, out, t.Parts != nil); err != nil {
+		if err := readLatest(ctx, tx, t, keys, first, out, t.Parts != nil); err != nil {
 			return nil, err
 		}
 	}
 	pending := all
 	if t.Parts != nil {
 		if pending = withoutVersion(out, all); len(pending) > 0 {
-			again, err := readClosedLatest(t, ctx, tx, keys, pending, out)
+			again, err := readClosedLatest(ctx, tx, t, keys, pending, out)
 			if err != nil {
 				return nil, err
 			}
 			if len(again) > 0 {
-				if err := readLatest(t, ctx, tx, keys, again, out, false); err != nil {
+				if err := readLatest(ctx, tx, t, keys, again, out, false); err != nil {
 					return nil, err
 				}
 			}
@@ -192,7 +194,7 @@ func withoutVersion(out []fold.Latest, idx []int) []int {
 
 // readLatest reads into out[i], for the keys keys[i] of idx, the latest
 // version (onlyCurrent: the current one) and the side-table summary.
-func readLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
+func readLatest(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, idx []int, out []fold.Latest, onlyCurrent bool) error {
 	q, args := latestQuery(t, keys, idx, onlyCurrent)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
@@ -268,18 +270,18 @@ func latestFromRow(t *plan.Table, vals []any, l *fold.Latest) error {
 // its versions and side rows from sequence from on, and (until set) up to
 // the version opened at until: a boundary the late events cannot move
 // (see bound).
-type history struct {
-	versions []*fold.Version
-	side     []fold.Event
-	from     change.Seq
-	until    change.Seq
-	// horizon is the sequence up to which retention removed the key's
+type KeyHistory struct {
+	Versions []*fold.Version
+	Side     []fold.Event
+	From     change.Seq
+	Until    change.Seq
+	// Horizon is the sequence up to which retention removed the key's
 	// history (its side row with scd_op 'h'), nil if it did not, or if
 	// the history was read from after it.
-	horizon change.Seq
+	Horizon change.Seq
 }
 
-// bound is what decides how far a key's late events can reach: the last
+// Bound is what decides how far a key's late events can reach: the last
 // one's sequence and the latest raw time among them. A version opened
 // after last is a boundary when it was not clamped (scd_raw_t NULL) and
 // opened at or after latest, so its time cannot move, and has no
@@ -294,14 +296,14 @@ type history struct {
 // planner would guess). No truncate may come after the first late
 // event (whether it closes something may change, and with it the times
 // after it).
-type bound struct {
-	last   change.Seq
-	latest time.Time
+type Bound struct {
+	Last   change.Seq
+	Latest time.Time
 }
 
 // loadHistory reads every version and side row of the keys.
-func loadHistory(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan) ([]history, error) {
-	return loadHistoryFrom(t, ctx, tx, keys, nil, nil)
+func Load(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan) ([]KeyHistory, error) {
+	return LoadFrom(ctx, tx, t, keys, nil, nil)
 }
 
 // loadHistoryFrom reads the history of each key from the version before
@@ -314,8 +316,8 @@ func loadHistory(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.Key
 //
 // With bounds (one per key; a zero one for none), a key's history is read
 // only up to its boundary version, when it has one (see bound).
-func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, after []change.Seq, bounds []bound) ([]history, error) {
-	out := make([]history, len(keys))
+func LoadFrom(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, after []change.Seq, bounds []Bound) ([]KeyHistory, error) {
+	out := make([]KeyHistory, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
@@ -327,8 +329,8 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 		latest := make([]any, len(keys))
 		for i := range keys {
 			from[i] = after[i]
-			if bounds != nil && bounds[i].last != nil {
-				lasts[i], latest[i] = bounds[i].last, bounds[i].latest
+			if bounds != nil && bounds[i].Last != nil {
+				lasts[i], latest[i] = bounds[i].Last, bounds[i].Latest
 			}
 		}
 		// (The start is never a version marked deleted: its opener, the
@@ -356,10 +358,10 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 				return nil, err
 			}
 			if start != nil {
-				out[ord-1].from = change.Seq(start)
+				out[ord-1].From = change.Seq(start)
 			}
 			if until != nil {
-				out[ord-1].until = change.Seq(until)
+				out[ord-1].Until = change.Seq(until)
 			}
 		}
 		rows.Close()
@@ -374,7 +376,7 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 		starts := make([][]byte, len(keys))
 		untils := make([][]byte, len(keys))
 		for i := range keys {
-			starts[i], untils[i] = out[i].from, out[i].until
+			starts[i], untils[i] = out[i].From, out[i].Until
 		}
 		src = fmt.Sprintf(`%s JOIN unnest($%d::bytea[], $%d::bytea[]) WITH ORDINALITY AS f(s, u, ord) ON f.ord = k.scd_ord`, src, len(args)+1, len(args)+2)
 		args = append(args, starts, untils)
@@ -404,7 +406,7 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 		v.Row = vals[rowAt : rowAt+n]
 		t.NormalizeRow(v.Row)
 		h := &out[vals[0].(int64)-1]
-		h.versions = append(h.versions, v)
+		h.Versions = append(h.Versions, v)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -424,7 +426,7 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 		}
 		op, _ := vals[2].(string)
 		if op == horizonOp {
-			out[vals[0].(int64)-1].horizon = change.Seq(asBytes(vals[1]))
+			out[vals[0].(int64)-1].Horizon = change.Seq(asBytes(vals[1]))
 			continue
 		}
 		if _, err := change.ParseOp(op); err != nil {
@@ -438,7 +440,7 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 			t.NormalizeRow(fe.Row)
 		}
 		h := &out[vals[0].(int64)-1]
-		h.side = append(h.side, fe)
+		h.Side = append(h.Side, fe)
 	}
 	return out, rows.Err()
 }
@@ -447,8 +449,8 @@ func loadHistoryFrom(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan
 // history (see the sink's retention.go and package maint).
 const horizonOp = "h"
 
-// loadTruncates reads the truncates applied to the table so far.
-func loadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table) ([]fold.Event, error) {
+// LoadTruncates reads the truncates applied to the table so far.
+func LoadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table) ([]fold.Event, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
 		pgx.Identifier{schema}.Sanitize()), t.Hist.Sanitize())
 	if err != nil {
@@ -467,7 +469,7 @@ func loadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table)
 	return out, rows.Err()
 }
 
-// readPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
+// ReadPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
 // from the table, of the append path's keys (keys[i] has states[i]) whose
 // first new after image holds placeholders (the later ones resolve
 // against the batch's own images).
@@ -479,7 +481,7 @@ func loadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table)
 // whose row holds NULL for the columns it lacked: nothing to change. Keys
 // without side rows after that version are not read; a batch without
 // placeholders reads nothing.
-func readPrevAbsent(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, states []*fold.Latest, evs map[*plan.KeyPlan][]fold.Event) error {
+func ReadPrevAbsent(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, states []*fold.Latest, evs map[*plan.KeyPlan][]fold.Event) error {
 	var need []*plan.KeyPlan
 	var at []int
 	var after [][]byte // the latest version's sequence; nil: marked deleted
@@ -535,4 +537,29 @@ func readPrevAbsent(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.
 		return fmt.Errorf("reading the last images of %s: %w", t.Hist.Sanitize(), err)
 	}
 	return nil
+}
+
+// RowBefore reads the row of key's last version in t before sequence seq
+// (nil when t holds none), its columns in t's order.
+func RowBefore(ctx context.Context, tx pgx.Tx, t *plan.Table, key []any, seq change.Seq) ([]any, error) {
+	var match string
+	args := []any{[]byte(seq)}
+	for i, k := range t.KeyNames() {
+		match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
+		args = append(args, key[i])
+	}
+	q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", colList(t, "h."), t.Hist.Sanitize(), match)
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var old []any
+	if rows.Next() {
+		if old, err = rows.Values(); err != nil {
+			return nil, err
+		}
+		t.NormalizeRow(old)
+	}
+	return old, rows.Err()
 }

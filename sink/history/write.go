@@ -1,4 +1,4 @@
-package sink
+package history
 
 import (
 	"context"
@@ -18,36 +18,36 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// sideRow is a row of the side table to insert or delete.
-type sideRow struct {
-	key []any
-	ev  fold.Event
+// SideRow is a row of the side table to insert or delete.
+type SideRow struct {
+	Key   []any
+	Event fold.Event
 }
 
-// t1Row carries a key's Type 1 values for its versions below sequence
+// T1Row carries a key's Type 1 values for its versions below sequence
 // below (all of them when nil): the versions from below on are rewritten
 // whole anyway.
-type t1Row struct {
-	key   []any
-	row   []any
-	below change.Seq
-	// since is the key's fold.Latest.ClosedFrom (zero: unknown).
-	since time.Time
+type T1Row struct {
+	Key   []any
+	Row   []any
+	Below change.Seq
+	// Since is the key's fold.Latest.ClosedFrom (zero: unknown).
+	Since time.Time
 }
 
-// writes collects one table's changes of one batch, executed set-based.
-type writes struct {
-	// pre is what the transaction read ahead (prefetch.go): the column
+// Writes collects one table's changes of one batch, executed set-based.
+type Writes struct {
+	// Pre is what the transaction read ahead (prefetch.go): the column
 	// types its COPYs take instead of a describe each.
-	pre         *prefetched
-	delVersions []int64
-	delSide     []sideRow
-	t1Bulk      []t1Row
-	closeOnly   []*fold.Version
-	full        []*fold.Version
-	insVersions []*fold.Version
-	insSide     []sideRow
-	repairs     []repairNote // late repairs, audited in <target>_scd_repairs
+	Pre         *Prefetched
+	DelVersions []int64
+	DelSide     []SideRow
+	T1Bulk      []T1Row
+	CloseOnly   []*fold.Version
+	Full        []*fold.Version
+	InsVersions []*fold.Version
+	InsSide     []SideRow
+	Repairs     []RepairNote // late repairs, audited in <target>_scd_repairs
 	dir         []dirRow     // keys left with a closed latest version (keydir.go)
 	// mem is where the transaction's fold and appendKey take versions,
 	// states, lists and rows from; its boxes hold the bookkeeping values
@@ -55,8 +55,8 @@ type writes struct {
 	mem fold.Mem
 }
 
-// slabs returns w's slabs (nil for a nil w: the heap).
-func (w *writes) slabs() *fold.Mem {
+// Slabs returns w's slabs (nil for a nil w: the heap).
+func (w *Writes) Slabs() *fold.Mem {
 	if w == nil {
 		return nil
 	}
@@ -100,7 +100,8 @@ func keyMatch(t *plan.Table, h, x string) string {
 	return strings.Join(parts, " AND ")
 }
 
-func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+// Exec executes w's changes to t in tx, set-based.
+func (w *Writes) Exec(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	audit, err := w.recordRepairsBefore(ctx, tx, t)
 	if err != nil {
 		return err
@@ -111,7 +112,7 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	return w.recordRepairsAfter(ctx, tx, t, audit)
 }
 
-func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err error) {
+func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err error) {
 	hist, side := t.Hist.Sanitize(), t.Side.Sanitize()
 	if t.Parts != nil {
 		defer func() {
@@ -128,26 +129,26 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 			return err
 		}
 	}
-	if len(w.delVersions) > 0 {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.delVersions); err != nil {
+	if len(w.DelVersions) > 0 {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.DelVersions); err != nil {
 			return fmt.Errorf("deleting versions of %s: %w", hist, err)
 		}
 	}
-	if len(w.delSide) > 0 {
-		types, names, args := keySeqColumns(t, len(w.delSide),
-			func(j int) []any { return w.delSide[j].key }, func(j int) []byte { return w.delSide[j].ev.Seq }, &w.mem.Boxes)
+	if len(w.DelSide) > 0 {
+		types, names, args := keySeqColumns(t, len(w.DelSide),
+			func(j int) []any { return w.DelSide[j].Key }, func(j int) []byte { return w.DelSide[j].Event.Seq }, &w.mem.Boxes)
 		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), keyMatch(t, "e", "x"))
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("deleting side rows of %s: %w", side, err)
 		}
 	}
-	if len(w.t1Bulk) > 0 && len(t.Type1) > 0 {
+	if len(w.T1Bulk) > 0 && len(t.Type1) > 0 {
 		if err := w.execType1(ctx, tx, t); err != nil {
 			return err
 		}
 	}
-	if len(w.closeOnly) > 0 {
-		vs := w.closeOnly
+	if len(w.CloseOnly) > 0 {
+		vs := w.CloseOnly
 		types, names, args := versionKeys(t, vs, &w.mem.Boxes)
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
 		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
@@ -166,18 +167,18 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
 	}
-	if len(w.full) > 0 {
+	if len(w.Full) > 0 {
 		if err := w.execFull(ctx, tx, t); err != nil {
 			return err
 		}
 	}
-	if len(w.insVersions) > 0 {
+	if len(w.InsVersions) > 0 {
 		cols := append(t.ColNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
 		if t.DeletedCol {
 			cols = append(cols, "scd_deleted")
 		}
-		if _, err := pgcodec.CopyIn(ctx, tx, t.Hist, cols, w.pre.columnTypes(t.Hist), len(w.insVersions), func(i int, row []any) []any {
-			v := w.insVersions[i]
+		if _, err := pgcodec.CopyIn(ctx, tx, t.Hist, cols, w.Pre.columnTypes(t.Hist), len(w.InsVersions), func(i int, row []any) []any {
+			v := w.InsVersions[i]
 			row = appendBook(t, append(row, v.Row...), v, &w.mem.Boxes)
 			if t.DeletedCol {
 				row = append(row, v.Deleted())
@@ -187,21 +188,21 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 			return fmt.Errorf("inserting versions into %s: %w", hist, err)
 		}
 	}
-	if len(w.insSide) > 0 {
+	if len(w.InsSide) > 0 {
 		cols := append(t.ColNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-		if _, err := pgcodec.CopyIn(ctx, tx, t.Side, cols, w.pre.columnTypes(t.Side), len(w.insSide), func(i int, row []any) []any {
-			sr := &w.insSide[i]
-			if sr.ev.Row != nil {
-				row = append(row, sr.ev.Row...)
+		if _, err := pgcodec.CopyIn(ctx, tx, t.Side, cols, w.Pre.columnTypes(t.Side), len(w.InsSide), func(i int, row []any) []any {
+			sr := &w.InsSide[i]
+			if sr.Event.Row != nil {
+				row = append(row, sr.Event.Row...)
 			} else {
 				row = row[:len(t.Cols)]
 				clear(row)
 				for k, ki := range t.KeyIdx {
-					row[ki] = sr.key[k]
+					row[ki] = sr.Key[k]
 				}
 			}
 			b := &w.mem.Boxes
-			return append(row, b.Bytes(sr.ev.Seq), opText[sr.ev.Op], b.Time(sr.ev.T), b.Bytes(sr.ev.Hash), sr.ev.Unavail, sr.ev.Absent, timeOrNil(sr.ev.Raw, b), attnumOf(t, sr.ev.Complete))
+			return append(row, b.Bytes(sr.Event.Seq), opText[sr.Event.Op], b.Time(sr.Event.T), b.Bytes(sr.Event.Hash), sr.Event.Unavail, sr.Event.Absent, timeOrNil(sr.Event.Raw, b), attnumOf(t, sr.Event.Complete))
 		}); err != nil {
 			return fmt.Errorf("inserting side rows into %s: %w", side, err)
 		}
@@ -216,18 +217,18 @@ func (w *writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 // partitions before it pruned at run time; none for keys without closed
 // versions): the others in every partition. Every statement names the
 // parent table, so locks are taken parent first, as by the other writes.
-func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+func (w *Writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	if t.Parts == nil {
-		return w.updateType1(ctx, tx, t, w.t1Bulk, "", false)
+		return w.updateType1(ctx, tx, t, w.T1Bulk, "", false)
 	}
-	var known, unknown, closed []t1Row
-	for _, r := range w.t1Bulk {
+	var known, unknown, closed []T1Row
+	for _, r := range w.T1Bulk {
 		switch {
-		case r.since.IsZero():
+		case r.Since.IsZero():
 			unknown = append(unknown, r)
 		default:
 			known = append(known, r)
-			if r.since.Before(fold.NoneClosed) {
+			if r.Since.Before(fold.NoneClosed) {
 				closed = append(closed, r)
 			}
 		}
@@ -243,24 +244,24 @@ func (w *writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error 
 
 // updateType1 updates the versions of rows' keys below each one's bound
 // and matching cond (withSince: cond names x.since) to their Type 1 values.
-func (w *writes) updateType1(ctx context.Context, tx pgx.Tx, t *plan.Table, rows []t1Row, cond string, withSince bool) error {
+func (w *Writes) updateType1(ctx context.Context, tx pgx.Tx, t *plan.Table, rows []T1Row, cond string, withSince bool) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	types, names := t.KeyTypes(), genericNames("k", len(t.KeyIdx))
 	var args []any
 	for i := range t.KeyIdx {
-		args = append(args, column(len(rows), func(j int) any { return rows[j].key[i] }))
+		args = append(args, column(len(rows), func(j int) any { return rows[j].Key[i] }))
 	}
 	types, names = append(types, "bytea"), append(names, "below")
-	args = append(args, column(len(rows), func(j int) any { return w.mem.Boxes.Bytes(rows[j].below) }))
+	args = append(args, column(len(rows), func(j int) any { return w.mem.Boxes.Bytes(rows[j].Below) }))
 	if withSince {
 		types, names = append(types, "timestamptz"), append(names, "since")
-		args = append(args, column(len(rows), func(j int) time.Time { return rows[j].since }))
+		args = append(args, column(len(rows), func(j int) time.Time { return rows[j].Since }))
 	}
 	var sets, lhs, rhs []string
 	for n, ci := range t.Type1 {
-		typ, arg, val, err := unnestColumn(t, tx, ci, len(rows), func(j int) any { return rows[j].row[ci] }, fmt.Sprintf("x.c%d", n))
+		typ, arg, val, err := unnestColumn(t, tx, ci, len(rows), func(j int) any { return rows[j].Row[ci] }, fmt.Sprintf("x.c%d", n))
 		if err != nil {
 			return err
 		}
@@ -341,8 +342,8 @@ var opText = func() map[change.Op]any {
 	return m
 }()
 
-func (w *writes) execFull(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
-	vs := w.full
+func (w *Writes) execFull(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+	vs := w.Full
 	types, names, args := versionKeys(t, vs, &w.mem.Boxes)
 	var sets []string
 	for ci, c := range t.Cols {
@@ -425,9 +426,9 @@ func unnestColumn(t *plan.Table, tx pgx.Tx, ci, n int, get func(int) any, ref st
 }
 
 // closedTimes are the valid_to of the versions w writes closed.
-func (w *writes) closedTimes() []time.Time {
+func (w *Writes) closedTimes() []time.Time {
 	var out []time.Time
-	for _, vs := range [][]*fold.Version{w.closeOnly, w.full, w.insVersions} {
+	for _, vs := range [][]*fold.Version{w.CloseOnly, w.Full, w.InsVersions} {
 		for _, v := range vs {
 			if v.Closed {
 				out = append(out, v.To)

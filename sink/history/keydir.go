@@ -1,4 +1,4 @@
-package sink
+package history
 
 import (
 	"context"
@@ -27,9 +27,9 @@ type dirRow struct {
 	to  time.Time
 }
 
-// noteClosedLatest notes, for a partitioned table, that the key's latest
+// NoteClosedLatest notes, for a partitioned table, that the key's latest
 // version v (nil: none) is closed.
-func (w *writes) noteClosedLatest(t *plan.Table, key []any, v *fold.Version) {
+func (w *Writes) NoteClosedLatest(t *plan.Table, key []any, v *fold.Version) {
 	if w == nil || t.Parts == nil || v == nil || !v.Closed {
 		return
 	}
@@ -37,7 +37,7 @@ func (w *writes) noteClosedLatest(t *plan.Table, key []any, v *fold.Version) {
 }
 
 // writeDir upserts w's directory rows (the last one noted of a key wins).
-func (w *writes) writeDir(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+func (w *Writes) writeDir(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 	if t.Parts == nil || len(w.dir) == 0 {
 		return nil
 	}
@@ -82,7 +82,7 @@ func prefixed(p string, names []string) []string {
 // directory row has no version and is not looked up (its ClosedFrom is
 // fold.NoneClosed); a key whose bound
 // finds nothing is returned in again, to be read from every partition.
-func readClosedLatest(t *plan.Table, ctx context.Context, tx pgx.Tx, keys []*plan.KeyPlan, idx []int, out []fold.Latest) (again []int, err error) {
+func readClosedLatest(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, idx []int, out []fold.Latest) (again []int, err error) {
 	sub := make([]*plan.KeyPlan, len(idx))
 	for j, i := range idx {
 		sub[j] = keys[i]

@@ -1,4 +1,4 @@
-package sink
+package apply
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
@@ -22,8 +23,8 @@ import (
 // them with its events); the others are read, folded and written chunk by
 // chunk. A chunk's writes touch only its own keys, so the next chunk's
 // query is not disturbed by them.
-func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, fresh []change.Seq, truncs []fold.Event,
-	forced map[string]*plan.KeyPlan, ops *cacheOps, res *Result) error {
+func (a *Applier) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, fresh []change.Seq, truncs []fold.Event,
+	forced map[string]*plan.KeyPlan, ops *Ops, res *Result) error {
 	t := p.Table
 	seqs := make([][]byte, len(fresh))
 	for i, sq := range fresh {
@@ -43,9 +44,9 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TablePlan
 	}
 	live := `EXISTS (SELECT 1 FROM unnest($1::bytea[]) s(seq) WHERE h.scd_seq <= s.seq AND (h.scd_close_seq IS NULL OR h.scd_close_seq > s.seq))
 		AND ` + strings.Join(notNull, " AND ")
-	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.Hist.Sanitize(), live, s.tune.TruncateChunk)
+	first := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s ORDER BY %[1]s LIMIT %[4]d`, keys, t.Hist.Sanitize(), live, a.tune.TruncateChunk)
 	next := fmt.Sprintf(`SELECT DISTINCT %[1]s FROM %[2]s h WHERE %[3]s AND ROW(%[1]s) > ROW(%[5]s) ORDER BY %[1]s LIMIT %[4]d`,
-		keys, t.Hist.Sanitize(), live, s.tune.TruncateChunk, strings.Join(after, ", "))
+		keys, t.Hist.Sanitize(), live, a.tune.TruncateChunk, strings.Join(after, ", "))
 	ops.ResetAll = true // far too many keys to drop one by one
 	var last []any
 	for {
@@ -78,30 +79,30 @@ func (s *Sink) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TablePlan
 			return fmt.Errorf("finding versions a truncate closes in %s: %w", t.Hist.Sanitize(), err)
 		}
 		if len(chunk) > 0 {
-			hists, err := loadHistory(t, ctx, tx, chunk)
+			hists, err := history.Load(ctx, tx, t, chunk)
 			if err != nil {
 				return err
 			}
-			w := &writes{}
+			w := &history.Writes{}
 			for i, kp := range chunk {
-				s.repairKey(t, kp, nil, hists[i], truncs, true, w, res)
+				a.repairKey(t, kp, nil, hists[i], truncs, true, w, res)
 			}
-			if err := w.exec(ctx, tx, t); err != nil {
+			if err := w.Exec(ctx, tx, t); err != nil {
 				return err
 			}
 		}
-		if n < s.tune.TruncateChunk {
+		if n < a.tune.TruncateChunk {
 			return nil
 		}
 	}
 }
 
-// recordTruncate records a truncate of the history table hist (its
+// RecordTruncate records a truncate of the history table hist (its
 // qualified, quoted name) in scd2sink_truncates, in the batch's
 // transaction, and reports whether it was not recorded before (one
 // recorded already is kept). Every writer records truncates here, and
 // only here.
-func recordTruncate(ctx context.Context, tx pgx.Tx, schema, hist string, seq change.Seq, at time.Time) (bool, error) {
+func RecordTruncate(ctx context.Context, tx pgx.Tx, schema, hist string, seq change.Seq, at time.Time) (bool, error) {
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (target, scd_seq, valid_from) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
 		pgx.Identifier{schema}.Sanitize(), catalog.TruncatesTable), hist, []byte(seq), at)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sink
+package apply
 
 import (
 	"context"
@@ -9,14 +9,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
-// isDataError reports whether PostgreSQL rejected a value: SQLSTATE class
+// IsDataError reports whether PostgreSQL rejected a value: SQLSTATE class
 // 22 (data exception) or 23 (integrity constraint violation).
-func isDataError(err error) bool {
+func IsDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !staleStatement(err) && !catalog.NoPartition(err) {
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !history.StaleStatement(err) && !catalog.NoPartition(err) {
 		return pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23"
 	}
 	return false
@@ -29,9 +30,9 @@ func isDataError(err error) bool {
 // keys is safe: keys do not interact, and a batch applied in parts within
 // one transaction gives the history of the same events arriving in
 // several batches, which the fold makes identical.
-func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
-	res, dead, err := s.trySavepoint(ctx, tx, p, ops)
-	if err == nil || !isDataError(err) {
+func (a *Applier) Isolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error) {
+	res, dead, err := a.trySavepoint(ctx, tx, p, ops)
+	if err == nil || !IsDataError(err) {
 		return res, dead, err
 	}
 	if len(p.Order) > 1 {
@@ -39,11 +40,11 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan,
 		var total Result
 		var allDead []plan.DeadLetter
 		for i, part := range []*plan.TablePlan{p.SubPlan(p.Order[:half], true), p.SubPlan(p.Order[half:], false)} {
-			r, d, err := s.applyIsolating(ctx, tx, part, ops)
+			r, d, err := a.Isolating(ctx, tx, part, ops)
 			if err != nil {
 				return total, nil, fmt.Errorf("part %d of %s: %w", i+1, p.Table.Spec.Target, err)
 			}
-			total.add(r)
+			total.Add(r)
 			allDead = append(allDead, d...)
 		}
 		return total, allDead, nil
@@ -51,7 +52,7 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan,
 	if len(p.Order) == 0 {
 		return res, nil, err // a truncate alone cannot carry a bad value
 	}
-	return s.isolateKey(ctx, tx, p, p.Order[0], ops, err)
+	return a.isolateKey(ctx, tx, p, p.Order[0], ops, err)
 }
 
 // isolateKey finds the events of one key that PostgreSQL rejects. The
@@ -62,7 +63,7 @@ func (s *Sink) applyIsolating(ctx context.Context, tx pgx.Tx, p *plan.TablePlan,
 // Every rejected event is found, however many there are, with a few
 // probes each, and every other event is applied. A key may arrive with no
 // events of its own (a truncate's re-fold): then only the truncates apply.
-func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp *plan.KeyPlan, ops *cacheOps, cause error) (Result, []plan.DeadLetter, error) {
+func (a *Applier) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp *plan.KeyPlan, ops *Ops, cause error) (Result, []plan.DeadLetter, error) {
 	planOf := func(evs []fold.Event) *plan.TablePlan {
 		return p.SubPlan([]*plan.KeyPlan{{ID: kp.ID, Key: kp.Key, Events: evs}}, true)
 	}
@@ -78,11 +79,11 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp 
 		lo, hi := 0, len(rest)-1
 		for lo < hi {
 			mid := (lo + hi) / 2
-			err := s.probe(ctx, tx, planOf(with(kept, rest[:mid+1])), ops)
+			err := a.probe(ctx, tx, planOf(with(kept, rest[:mid+1])), ops)
 			switch {
 			case err == nil:
 				lo = mid + 1
-			case isDataError(err):
+			case IsDataError(err):
 				hi, lastErr = mid, err
 			default:
 				return Result{}, nil, err
@@ -93,22 +94,22 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp 
 		if len(rest) == 0 {
 			break
 		}
-		err := s.probe(ctx, tx, planOf(with(kept, rest)), ops)
+		err := a.probe(ctx, tx, planOf(with(kept, rest)), ops)
 		if err == nil {
 			kept, rest = with(kept, rest), nil
 			break
 		}
-		if !isDataError(err) {
+		if !IsDataError(err) {
 			return Result{}, nil, err
 		}
 		lastErr = err
 	}
-	res, d, err := s.trySavepoint(ctx, tx, planOf(kept), ops)
+	res, d, err := a.trySavepoint(ctx, tx, planOf(kept), ops)
 	if err == nil {
 		res.Rejected += len(dead)
 		return res, append(dead, d...), nil
 	}
-	if !isDataError(err) {
+	if !IsDataError(err) {
 		return res, nil, err
 	}
 	// What was kept fails on its own after all (a rejection that depends
@@ -118,7 +119,7 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp 
 	for _, e := range kp.Events {
 		dead = append(dead, plan.EventDeadLetter(e.Src, plan.ReasonRejected, fmt.Errorf("rejected by PostgreSQL with the key's other events of the batch: %w", err)))
 	}
-	r, d, err2 := s.trySavepoint(ctx, tx, planOf(nil), ops)
+	r, d, err2 := a.trySavepoint(ctx, tx, planOf(nil), ops)
 	if err2 != nil {
 		return r, nil, err2
 	}
@@ -128,11 +129,11 @@ func (s *Sink) isolateKey(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, kp 
 
 // probe applies p inside a savepoint and always rolls it back: it only
 // asks whether PostgreSQL accepts p.
-func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) error {
+func (a *Applier) probe(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT scd2sink_probe"); err != nil {
 		return err
 	}
-	_, _, err := s.applyTable(ctx, tx, p, ops)
+	_, _, err := a.Table(ctx, tx, p, ops)
 	if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT scd2sink_probe; RELEASE SAVEPOINT scd2sink_probe"); rerr != nil {
 		return rerr
 	}
@@ -140,11 +141,11 @@ func (s *Sink) probe(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cac
 }
 
 // trySavepoint applies p inside a savepoint, rolling back to it on error.
-func (s *Sink) trySavepoint(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
+func (a *Applier) trySavepoint(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error) {
 	if _, err := tx.Exec(ctx, "SAVEPOINT scd2sink_isolate"); err != nil {
 		return Result{}, nil, err
 	}
-	res, dead, err := s.applyTable(ctx, tx, p, ops)
+	res, dead, err := a.Table(ctx, tx, p, ops)
 	if err != nil {
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT scd2sink_isolate; RELEASE SAVEPOINT scd2sink_isolate"); rerr != nil {
 			return res, nil, rerr

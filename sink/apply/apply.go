@@ -1,4 +1,4 @@
-package sink
+package apply
 
 import (
 	"bytes"
@@ -10,20 +10,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
 // applyTable applies one table's share of a batch inside tx. It never changes
 // p, so a retried transaction starts from the same plan.
-func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error) {
+func (a *Applier) Table(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error) {
 	var res Result
 	var dead []plan.DeadLetter
 	t := p.Table
-	truncs, ok := ops.pre.takeTruncates(t)
-	pre := ops.pre.takeLatest(t)
+	truncs, ok := ops.Pre.TakeTruncates(t)
+	pre := ops.Pre.TakeLatest(t)
 	if !ok {
 		var err error
-		if truncs, err = loadTruncates(ctx, tx, s.cfg.Schema, t); err != nil {
+		if truncs, err = history.LoadTruncates(ctx, tx, a.schema, t); err != nil {
 			return res, nil, err
 		}
 	}
@@ -38,7 +39,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 			continue
 		}
 		known[string(tr.Seq)] = true
-		recorded, err := recordTruncate(ctx, tx, s.cfg.Schema, t.Hist.Sanitize(), tr.Seq, tr.T)
+		recorded, err := RecordTruncate(ctx, tx, a.schema, t.Hist.Sanitize(), tr.Seq, tr.T)
 		if err != nil {
 			return res, nil, err
 		}
@@ -57,7 +58,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 	// the batch's own keys below, the others here, streamed in chunks.
 	forced := map[string]*plan.KeyPlan{}
 	if len(fresh) > 0 {
-		if err := s.refoldTruncated(ctx, tx, p, fresh, truncs, forced, ops, &res); err != nil {
+		if err := a.refoldTruncated(ctx, tx, p, fresh, truncs, forced, ops, &res); err != nil {
 			return res, nil, err
 		}
 	}
@@ -79,13 +80,13 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 	var uncached []*plan.KeyPlan
 	var uncachedAt []int
 	for i, kp := range appendKeys {
-		if l, ok := s.mem.cached(t.CacheKey(kp.ID), &ops.mem.Boxes, &ops.mem); ok {
+		if l, ok := a.cached(t.CacheKey(kp.ID), &ops.mem.Boxes, &ops.mem); ok {
 			states[i] = l
 		} else {
 			uncached, uncachedAt = append(uncached, kp), append(uncachedAt, i)
 		}
 	}
-	loaded, err := loadLatest(t, ctx, tx, uncached, pre)
+	loaded, err := history.LoadLatest(ctx, tx, t, uncached, pre)
 	if err != nil {
 		return res, nil, err
 	}
@@ -108,15 +109,15 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 		}
 		appending, appendStates = append(appending, kp), append(appendStates, states[i])
 	}
-	if err := readPrevAbsent(t, ctx, tx, appending, appendStates, batchEvents); err != nil {
+	if err := history.ReadPrevAbsent(ctx, tx, t, appending, appendStates, batchEvents); err != nil {
 		return res, nil, err
 	}
-	w := &writes{pre: ops.pre}
+	w := &history.Writes{Pre: ops.Pre}
 	if !ops.Off {
 		ops.Puts = slices.Grow(ops.Puts, len(appending))
 	}
 	for i, kp := range appending {
-		l := s.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res)
+		l := a.appendKey(t, kp, batchEvents[kp], appendStates[i], truncs, w, &res)
 		if t.Spec.Retention > 0 && (l == nil || l.V == nil || l.V.Closed) {
 			// Nothing current: a retention pass may remove what the
 			// state holds without telling the writers (retention.go).
@@ -133,37 +134,37 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 	for _, kp := range repair {
 		ops.Drops = append(ops.Drops, t.CacheKey(kp.ID))
 	}
-	if !partial || s.tune.WholeRepairs {
+	if !partial || a.tune.WholeRepairs {
 		repairFrom = nil
 	}
-	var bounds []bound
-	if repairFrom != nil && !s.tune.UnboundedRepairs {
-		bounds = make([]bound, len(repair))
+	var bounds []history.Bound
+	if repairFrom != nil && !a.tune.UnboundedRepairs {
+		bounds = make([]history.Bound, len(repair))
 		for i, evs := range repairEvents {
 			if repairFrom[i] != nil && !truncatedAfter(truncs, evs[0].Seq) {
 				bounds[i] = boundOf(evs)
 			}
 		}
 	}
-	hists, err := loadHistoryFrom(t, ctx, tx, repair, repairFrom, bounds)
+	hists, err := history.LoadFrom(ctx, tx, t, repair, repairFrom, bounds)
 	if err != nil {
 		return res, nil, err
 	}
 	for _, h := range hists {
-		res.RepairVersionsRead += len(h.versions)
-		res.RepairSideRowsRead += len(h.side)
+		res.RepairVersionsRead += len(h.Versions)
+		res.RepairSideRowsRead += len(h.Side)
 	}
 	for i, kp := range repair {
-		d, ok := s.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.ID] != nil, w, &res)
+		d, ok := a.repairKey(t, kp, repairEvents[i], hists[i], truncs, forced[kp.ID] != nil, w, &res)
 		if !ok {
 			// The boundary would have moved: read on to the end.
-			again, err := loadHistoryFrom(t, ctx, tx, repair[i:i+1], repairFrom[i:i+1], nil)
+			again, err := history.LoadFrom(ctx, tx, t, repair[i:i+1], repairFrom[i:i+1], nil)
 			if err != nil {
 				return res, nil, err
 			}
-			res.RepairVersionsRead += len(again[0].versions)
-			res.RepairSideRowsRead += len(again[0].side)
-			d, _ = s.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.ID] != nil, w, &res)
+			res.RepairVersionsRead += len(again[0].Versions)
+			res.RepairSideRowsRead += len(again[0].Side)
+			d, _ = a.repairKey(t, kp, repairEvents[i], again[0], truncs, forced[kp.ID] != nil, w, &res)
 		}
 		for _, l := range d {
 			if l.Reason == plan.ReasonExpired {
@@ -175,7 +176,7 @@ func (s *Sink) applyTable(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops
 			dead = append(dead, l)
 		}
 	}
-	if err := w.exec(ctx, tx, t); err != nil {
+	if err := w.Exec(ctx, tx, t); err != nil {
 		return res, nil, err
 	}
 	return res, dead, nil
@@ -190,15 +191,15 @@ func truncatedAfter(truncs []fold.Event, seq change.Seq) bool {
 }
 
 // boundOf is the bound of a key's late events (sorted by sequence).
-func boundOf(evs []fold.Event) bound {
-	b := bound{last: evs[len(evs)-1].Seq}
+func boundOf(evs []fold.Event) history.Bound {
+	b := history.Bound{Last: evs[len(evs)-1].Seq}
 	for _, e := range evs {
 		at := e.T
 		if !e.Raw.IsZero() {
 			at = e.Raw
 		}
-		if at.After(b.latest) {
-			b.latest = at
+		if at.After(b.Latest) {
+			b.Latest = at
 		}
 	}
 	return b
@@ -256,17 +257,17 @@ func mergeTruncates(evs, truncs []fold.Event, after change.Seq) []fold.Event {
 // appendKey folds events that all come after everything the table holds for
 // the key: only the latest version can change. It returns what the table
 // will hold for the key once the batch commits.
-func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *writes, res *Result) *fold.Latest {
-	st := fold.State{Mem: w.slabs()}
+func (a *Applier) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *history.Writes, res *Result) *fold.Latest {
+	st := fold.State{Mem: w.Slabs()}
 	var orig *fold.Version
 	if v := l.V; v != nil {
-		st.PrevRow, st.PrevT, st.HasPrev = l.PrevImage(&t.Shape, w.slabs()), v.From, true
+		st.PrevRow, st.PrevT, st.HasPrev = l.PrevImage(&t.Shape, w.Slabs()), v.From, true
 		if v.Closed && v.To.After(st.PrevT) {
 			st.PrevT = v.To
 		}
 		if !v.Closed {
 			orig = v
-			live := v.Clone(w.slabs())
+			live := v.Clone(w.Slabs())
 			live.Opener = v.Row
 			st.Live = live
 		}
@@ -287,7 +288,7 @@ func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *f
 	if l.V != nil && len(merged) > len(evs) {
 		since = time.Time{}
 	}
-	spread := t.Spec.Type1Scope == AllVersions && st.PrevRow != nil
+	spread := t.Spec.Type1Scope == fold.AllVersions && st.PrevRow != nil
 	if spread {
 		t.SpreadType1(out.Versions, st.PrevRow)
 	}
@@ -295,20 +296,20 @@ func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *f
 	for _, v := range out.Versions {
 		switch {
 		case !v.Stored:
-			w.insVersions = append(w.insVersions, v)
+			w.InsVersions = append(w.InsVersions, v)
 		case !slices.Equal(v.Absent, orig.Absent) || v.Complete != orig.Complete || !fold.RowsEqual(v.Row, orig.Row, t.Tracked) ||
 			(!spread && !fold.RowsEqual(v.Row, orig.Row, t.Type1)):
 			// (A column learned as NULL changes no value, but what the
 			// version knows: it is written, or a restart would not know it.)
-			w.full = append(w.full, v)
+			w.Full = append(w.Full, v)
 			rewritten = true
 		case v.Closed:
 			// Its Type 1 values, if they changed, come with the key's
 			// other versions' below.
-			w.closeOnly = append(w.closeOnly, v)
+			w.CloseOnly = append(w.CloseOnly, v)
 		}
 		if t.OpenerDiffers(v) && !(v.Stored && l.OpenerSaved) {
-			w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: v.Event(v.Opener, v.OpenAbsent)})
+			w.InsSide = append(w.InsSide, history.SideRow{Key: kp.Key, Event: v.Event(v.Opener, v.OpenAbsent)})
 		}
 	}
 	if spread && l.V != nil && !fold.RowsEqual(st.PrevRow, l.V.Row, t.Type1) {
@@ -316,16 +317,16 @@ func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *f
 		if rewritten {
 			below = orig.Seq // the live version is rewritten below
 		}
-		w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.Key, row: st.PrevRow, below: below, since: since})
+		w.T1Bulk = append(w.T1Bulk, history.T1Row{Key: kp.Key, Row: st.PrevRow, Below: below, Since: since})
 	}
 	for _, e := range out.Side {
-		w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: e})
+		w.InsSide = append(w.InsSide, history.SideRow{Key: kp.Key, Event: e})
 	}
 	res.Events += len(evs)
 	res.VersionsOpened += out.Opened
 	res.VersionsClosed += out.Closed
 
-	next := w.slabs().Latest()
+	next := w.Slabs().Latest()
 	*next = fold.Latest{V: l.V, OpenerSaved: l.OpenerSaved, SideMaxSeq: l.SideMaxSeq, SideMaxT: l.SideMaxT, ClosedFrom: since}
 	for _, v := range out.Versions {
 		next.NoteClosed(v)
@@ -333,15 +334,15 @@ func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *f
 	next.PrevAbsent, next.PrevKnown = fold.LastImage(evs, l.PrevAbsent, l.PrevKnown)
 	if n := len(out.Versions); n > 0 {
 		last := out.Versions[n-1]
-		next.V = w.slabs().Version()
+		next.V = w.Slabs().Version()
 		*next.V = *last // its row is not copied: ops.set packs (or detaches) the state at once
 		next.V.Stored = true
 		next.OpenerSaved = (last.Stored && l.OpenerSaved) || t.OpenerDiffers(last)
 		next.V.Opener = nil // appendKey takes the opener from the row (or the side table)
 		next.V.OpenAbsent = next.V.Absent
-		w.noteClosedLatest(t, kp.Key, next.V)
-	} else if l.V != nil && t.Spec.Type1Scope == AllVersions && st.PrevRow != nil {
-		next.V = l.V.Clone(w.slabs()) // its Type 1 columns changed with the key's
+		w.NoteClosedLatest(t, kp.Key, next.V)
+	} else if l.V != nil && t.Spec.Type1Scope == fold.AllVersions && st.PrevRow != nil {
+		next.V = l.V.Clone(w.Slabs()) // its Type 1 columns changed with the key's
 		t.SpreadType1([]*fold.Version{next.V}, st.PrevRow)
 	}
 	if n := len(out.Side); n > 0 {
@@ -359,7 +360,7 @@ func (s *Sink) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *f
 // version as the table holds it, at the same time: then nothing after it
 // changes and it is left as it is. If not, repairKey writes nothing and
 // returns false: the caller reads on to the end and repairs again.
-func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h history, truncs []fold.Event, forced bool, w *writes, res *Result) ([]plan.DeadLetter, bool) {
+func (a *Applier) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h history.KeyHistory, truncs []fold.Event, forced bool, w *history.Writes, res *Result) ([]plan.DeadLetter, bool) {
 	var dead []plan.DeadLetter
 	dups := 0
 	defer func() { res.Duplicates += dups }()
@@ -372,34 +373,34 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 	// starts the fold likewise, and events before it are dropped: what
 	// they could change is gone.
 	var first change.Seq
-	if h.horizon != nil {
-		for _, e := range h.side {
+	if h.Horizon != nil {
+		for _, e := range h.Side {
 			if first == nil || e.Seq.Compare(first) < 0 {
 				first = e.Seq
 			}
 		}
-		for _, v := range h.versions {
+		for _, v := range h.Versions {
 			if first == nil || v.Seq.Compare(first) < 0 {
 				first = v.Seq
 			}
 		}
 		var expired []plan.DeadLetter
-		batch, expired = expiredOf(t, batch, h.horizon, first)
+		batch, expired = expiredOf(t, batch, h.Horizon, first)
 		dead = append(dead, expired...)
-		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fold.Event) bool { return !afterHorizon(tr.Seq, h.horizon, first) })
+		truncs = slices.DeleteFunc(slices.Clone(truncs), func(tr fold.Event) bool { return !afterHorizon(tr.Seq, h.Horizon, first) })
 	}
 	placeholders := func(e fold.Event) fold.Event {
-		if (h.from != nil && e.Seq.Compare(h.from) == 0) || (first != nil && e.Seq.Compare(first) == 0) {
+		if (h.From != nil && e.Seq.Compare(h.From) == 0) || (first != nil && e.Seq.Compare(first) == 0) {
 			e.Resolved = true // its clamped time too: the events before it are not read
 			return e
 		}
 		return t.WithPlaceholders(e)
 	}
-	for _, e := range h.side {
+	for _, e := range h.Side {
 		existing[string(e.Seq)] = e.Hash
 		evs = append(evs, placeholders(e))
 	}
-	for _, v := range h.versions {
+	for _, v := range h.Versions {
 		if _, ok := existing[string(v.Seq)]; !ok {
 			existing[string(v.Seq)] = v.Hash
 			evs = append(evs, placeholders(v.Event(v.Row, v.Absent)))
@@ -421,30 +422,30 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 	if len(fresh) == 0 && !forced {
 		return dead, true
 	}
-	note := repairNote{key: kp.Key, cause: repairCause(fresh, truncs)}
+	note := history.RepairNote{Key: kp.Key, Cause: history.RepairCause(fresh, truncs)}
 	var touched []change.Seq
 	for _, tr := range truncs {
-		if h.from == nil || tr.Seq.Compare(h.from) >= 0 { // at h.from: after its event
+		if h.From == nil || tr.Seq.Compare(h.From) >= 0 { // at h.from: after its event
 			evs = append(evs, tr)
 		}
 	}
 	plan.SortEvents(evs)
-	st := fold.State{Mem: w.slabs()}
+	st := fold.State{Mem: w.Slabs()}
 	out := t.Fold(&st, evs)
 	var boundary *fold.Version // as the table holds it
-	if h.until != nil {
+	if h.Until != nil {
 		var folded *fold.Version
 		kept := make([]*fold.Version, 0, len(out.Versions))
 		for _, v := range out.Versions {
-			switch v.Seq.Compare(h.until) {
+			switch v.Seq.Compare(h.Until) {
 			case 0:
 				folded = v
 			case -1:
 				kept = append(kept, v)
 			}
 		}
-		for _, v := range h.versions {
-			if v.Seq.Compare(h.until) == 0 {
+		for _, v := range h.Versions {
+			if v.Seq.Compare(h.Until) == 0 {
 				boundary = v
 			}
 		}
@@ -453,30 +454,30 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 		// change of type1_scope without a rebuild, which the whole fold
 		// puts right.)
 		if folded == nil || boundary == nil || !folded.From.Equal(boundary.From) || !fold.RowsEqual(folded.Row, boundary.Row, t.Tracked) ||
-			(t.Spec.Type1Scope == AllVersions && !fold.RowsEqual(h.versions[0].Row, boundary.Row, t.Type1)) {
+			(t.Spec.Type1Scope == fold.AllVersions && !fold.RowsEqual(h.Versions[0].Row, boundary.Row, t.Type1)) {
 			dups = 0
 			return nil, false
 		}
 		out.Versions = kept
-		s.stats.boundedRepairs.Add(1)
+		a.bounded.Add(1)
 	}
 	for _, v := range out.Versions {
 		v.Key = kp.Key
 	}
 	res.noteDisagreements(t.Spec.Target, evs, time.Time{})
-	if t.Spec.Type1Scope == AllVersions && boundary != nil {
+	if t.Spec.Type1Scope == fold.AllVersions && boundary != nil {
 		// The key's last event is past the boundary, unchanged: every
 		// version holds its Type 1 values, the boundary's too.
 		t.SpreadType1(out.Versions, boundary.Row)
-	} else if t.Spec.Type1Scope == AllVersions {
+	} else if t.Spec.Type1Scope == fold.AllVersions {
 		t.SpreadType1(out.Versions, st.PrevRow)
 		// Read from h.from on, the fold ends with the key's last row
 		// (every row-bearing event from there is read): when its Type 1
 		// values differ from those all versions hold, the versions not
 		// read get them too.
-		if h.from != nil && len(h.versions) > 0 && st.PrevRow != nil && !fold.RowsEqual(st.PrevRow, h.versions[0].Row, t.Type1) {
-			w.t1Bulk = append(w.t1Bulk, t1Row{key: kp.Key, row: st.PrevRow, below: h.from})
-			note.below = h.from // audited too: every version under it changes
+		if h.From != nil && len(h.Versions) > 0 && st.PrevRow != nil && !fold.RowsEqual(st.PrevRow, h.Versions[0].Row, t.Type1) {
+			w.T1Bulk = append(w.T1Bulk, history.T1Row{Key: kp.Key, Row: st.PrevRow, Below: h.From})
+			note.Below = h.From // audited too: every version under it changes
 		}
 	}
 	want := out.Side
@@ -486,7 +487,7 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 		}
 	}
 	old := map[string]*fold.Version{}
-	for _, v := range h.versions {
+	for _, v := range h.Versions {
 		if v != boundary {
 			old[string(v.Seq)] = v
 		}
@@ -494,7 +495,7 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 	for _, v := range out.Versions {
 		o := old[string(v.Seq)]
 		if o == nil {
-			w.insVersions = append(w.insVersions, v)
+			w.InsVersions = append(w.InsVersions, v)
 			touched = append(touched, v.Seq)
 			res.VersionsOpened++
 			continue
@@ -502,7 +503,7 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 		delete(old, string(v.Seq))
 		v.ID, v.Stored = o.ID, true
 		if !v.SameAs(o) {
-			w.full = append(w.full, v)
+			w.Full = append(w.Full, v)
 			touched = append(touched, v.Seq)
 			if v.Closed && !o.Closed {
 				res.VersionsClosed++
@@ -510,17 +511,17 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 		}
 	}
 	for _, o := range old {
-		w.delVersions = append(w.delVersions, o.ID)
+		w.DelVersions = append(w.DelVersions, o.ID)
 		touched = append(touched, o.Seq)
 	}
-	if h.until == nil && len(out.Versions) > 0 { // (with a boundary, the latest stays as it is)
-		w.noteClosedLatest(t, kp.Key, out.Versions[len(out.Versions)-1])
+	if h.Until == nil && len(out.Versions) > 0 { // (with a boundary, the latest stays as it is)
+		w.NoteClosedLatest(t, kp.Key, out.Versions[len(out.Versions)-1])
 	}
-	note.noteTouched(touched)
-	w.repairs = append(w.repairs, note)
+	note.NoteTouched(touched)
+	w.Repairs = append(w.Repairs, note)
 	oldSide := map[string]fold.Event{}
-	for _, e := range h.side {
-		if h.until == nil || e.Seq.Compare(h.until) < 0 { // the boundary's saved opener stays
+	for _, e := range h.Side {
+		if h.Until == nil || e.Seq.Compare(h.Until) < 0 { // the boundary's saved opener stays
 			oldSide[string(e.Seq)] = e
 		}
 	}
@@ -530,12 +531,12 @@ func (s *Sink) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event, h 
 			if sameSide(o, e) {
 				continue
 			}
-			w.delSide = append(w.delSide, sideRow{key: kp.Key, ev: o})
+			w.DelSide = append(w.DelSide, history.SideRow{Key: kp.Key, Event: o})
 		}
-		w.insSide = append(w.insSide, sideRow{key: kp.Key, ev: e})
+		w.InsSide = append(w.InsSide, history.SideRow{Key: kp.Key, Event: e})
 	}
 	for _, o := range oldSide {
-		w.delSide = append(w.delSide, sideRow{key: kp.Key, ev: o})
+		w.DelSide = append(w.DelSide, history.SideRow{Key: kp.Key, Event: o})
 	}
 	res.Events += len(fresh)
 	res.Repaired++

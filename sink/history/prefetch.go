@@ -1,4 +1,4 @@
-package sink
+package history
 
 import (
 	"context"
@@ -44,9 +44,9 @@ import (
 // a truncate in the batch (it folds keys again before they are read) and
 // batches applied isolating values (each event in a savepoint of its own).
 
-// prefetched is what the prefetch read, per table; a share takes its
+// Prefetched is what the prefetch read, per table; a share takes its
 // table's entries (take*), which removes them.
-type prefetched struct {
+type Prefetched struct {
 	truncs map[*plan.Table][]fold.Event
 	latest map[*plan.Table]map[*plan.KeyPlan]*fold.Latest
 	// types are the column types of each table locked ahead (by its
@@ -55,8 +55,8 @@ type prefetched struct {
 	types map[string]map[string]uint32
 }
 
-// takeTruncates returns t's truncates as read ahead, once.
-func (p *prefetched) takeTruncates(t *plan.Table) ([]fold.Event, bool) {
+// TakeTruncates returns t's truncates as read ahead, once.
+func (p *Prefetched) TakeTruncates(t *plan.Table) ([]fold.Event, bool) {
 	if p == nil {
 		return nil, false
 	}
@@ -67,15 +67,15 @@ func (p *prefetched) takeTruncates(t *plan.Table) ([]fold.Event, bool) {
 
 // columnTypes returns the types of the columns of table, as a describe
 // of it in this transaction would (nil: not read ahead).
-func (p *prefetched) columnTypes(table pgx.Identifier) map[string]uint32 {
+func (p *Prefetched) columnTypes(table pgx.Identifier) map[string]uint32 {
 	if p == nil {
 		return nil
 	}
 	return p.types[table.Sanitize()]
 }
 
-// takeLatest returns the latest states read ahead for t's keys, once.
-func (p *prefetched) takeLatest(t *plan.Table) map[*plan.KeyPlan]*fold.Latest {
+// TakeLatest returns the latest states read ahead for t's keys, once.
+func (p *Prefetched) TakeLatest(t *plan.Table) map[*plan.KeyPlan]*fold.Latest {
 	if p == nil {
 		return nil
 	}
@@ -84,9 +84,9 @@ func (p *prefetched) takeLatest(t *plan.Table) map[*plan.KeyPlan]*fold.Latest {
 	return l
 }
 
-// prefetch reads ahead for the targets' shares of the batch (see above).
-func prefetch(ctx context.Context, tx pgx.Tx, schema string, holds func(statecache.Key) bool, plans map[string]*plan.TablePlan, targets []string) (*prefetched, error) {
-	pre := &prefetched{truncs: map[*plan.Table][]fold.Event{}, latest: map[*plan.Table]map[*plan.KeyPlan]*fold.Latest{}, types: map[string]map[string]uint32{}}
+// Prefetch reads ahead for the targets' shares of the batch (see above).
+func Prefetch(ctx context.Context, tx pgx.Tx, schema string, holds func(statecache.Key) bool, plans map[string]*plan.TablePlan, targets []string) (*Prefetched, error) {
+	pre := &Prefetched{truncs: map[*plan.Table][]fold.Event{}, latest: map[*plan.Table]map[*plan.KeyPlan]*fold.Latest{}, types: map[string]map[string]uint32{}}
 	byName := map[string]*plan.Table{}
 	var names, rels []string
 	var reads []func(b *pgx.Batch)

@@ -1,4 +1,4 @@
-package sink
+package history
 
 import (
 	"context"
@@ -12,19 +12,19 @@ import (
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
-// repairNote is a late repair to record in <target>_scd_repairs: the key,
+// RepairNote is a late repair to record in <target>_scd_repairs: the key,
 // the sequence of the late event that caused it, and the opening
 // sequences of the versions it inserted, changed or deleted (at most
 // maxAudited of them, the earliest; omitted counts the others).
-type repairNote struct {
-	key     []any
-	cause   change.Seq
+type RepairNote struct {
+	Key     []any
+	Cause   change.Seq
 	touched [][]byte
 	omitted int
-	// below, when set, says that every version under it, not read by the
+	// Below, when set, says that every version under it, not read by the
 	// repair, gets the key's new Type 1 values (all_versions): they are
 	// touched too, and come first.
-	below change.Seq
+	Below change.Seq
 }
 
 // maxAudited bounds the versions an audit row holds on each side, so that
@@ -32,8 +32,8 @@ type repairNote struct {
 // every version) stays small: 1,000 versions of a few hundred bytes.
 const maxAudited = 1000
 
-// noteTouched sets the versions a repair changed, earliest first.
-func (n *repairNote) noteTouched(seqs []change.Seq) {
+// NoteTouched sets the versions a repair changed, earliest first.
+func (n *RepairNote) NoteTouched(seqs []change.Seq) {
 	slices.SortFunc(seqs, func(a, b change.Seq) int { return a.Compare(b) })
 	if len(seqs) > maxAudited {
 		n.omitted = len(seqs) - maxAudited
@@ -44,9 +44,9 @@ func (n *repairNote) noteTouched(seqs []change.Seq) {
 	}
 }
 
-// repairCause is the sequence of the earliest of a repair's new events;
+// RepairCause is the sequence of the earliest of a repair's new events;
 // for a repair forced by a truncate, the latest truncate's.
-func repairCause(fresh []fold.Event, truncs []fold.Event) change.Seq {
+func RepairCause(fresh []fold.Event, truncs []fold.Event) change.Seq {
 	var cause change.Seq
 	for _, e := range fresh {
 		if cause == nil || e.Seq.Compare(cause) < 0 {
@@ -65,18 +65,18 @@ func repairCause(fresh []fold.Event, truncs []fold.Event) change.Seq {
 // columns that hold the sink's internal encodings. The touched versions
 // are passed flat, each with its row's id and key, and found through the
 // key index: linear in their number.
-func (w *writes) fillVersions(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64, col string) error {
+func (w *Writes) fillVersions(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64, col string) error {
 	var n int
-	for _, r := range w.repairs {
+	for _, r := range w.Repairs {
 		n += len(r.touched)
 	}
 	if n == 0 {
 		return nil
 	}
 	rid, keys, seqs := make([]int64, 0, n), make([][]any, 0, n), make([][]byte, 0, n)
-	for i, r := range w.repairs {
+	for i, r := range w.Repairs {
 		for _, sq := range r.touched {
-			rid, keys, seqs = append(rid, ids[i]), append(keys, r.key), append(seqs, sq)
+			rid, keys, seqs = append(rid, ids[i]), append(keys, r.Key), append(seqs, sq)
 		}
 	}
 	types, names, args := keySeqColumns(t, n, func(j int) []any { return keys[j] }, func(j int) []byte { return seqs[j] }, &w.mem.Boxes)
@@ -105,18 +105,18 @@ func keyObject(t *plan.Table, x string, param int) string {
 // recordRepairsBefore writes one audit row per repaired key with the
 // versions the repair touches as they are before the batch's writes; it
 // returns the rows' ids.
-func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *plan.Table) ([]int64, error) {
-	if len(w.repairs) == 0 {
+func (w *Writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *plan.Table) ([]int64, error) {
+	if len(w.Repairs) == 0 {
 		return nil, nil
 	}
 	if err := w.noteBelow(ctx, tx, t); err != nil {
 		return nil, err
 	}
-	types, names, args := keySeqColumns(t, len(w.repairs),
-		func(j int) []any { return w.repairs[j].key }, func(j int) []byte { return w.repairs[j].cause }, &w.mem.Boxes)
+	types, names, args := keySeqColumns(t, len(w.Repairs),
+		func(j int) []any { return w.Repairs[j].Key }, func(j int) []byte { return w.Repairs[j].Cause }, &w.mem.Boxes)
 	types, names = append(types, "int", "int"), append(names, "ord", "omitted")
-	args = append(args, column(len(w.repairs), func(j int) int32 { return int32(j) }),
-		column(len(w.repairs), func(j int) int32 { return int32(w.repairs[j].omitted) }), t.KeyNames())
+	args = append(args, column(len(w.Repairs), func(j int) int32 { return int32(j) }),
+		column(len(w.Repairs), func(j int) int32 { return int32(w.Repairs[j].omitted) }), t.KeyNames())
 	q := fmt.Sprintf(`INSERT INTO %s (key, cause_seq, omitted, before, after)
 		SELECT %s, x.seq, x.omitted, '[]', '[]' FROM %s ORDER BY x.ord RETURNING id`,
 		t.Repairs.Sanitize(), keyObject(t, "x", len(args)), unnest("x", 1, types, names))
@@ -128,15 +128,15 @@ func (w *writes) recordRepairsBefore(ctx context.Context, tx pgx.Tx, t *plan.Tab
 	if err != nil {
 		return nil, fmt.Errorf("recording repairs of %s: %w", t.Hist.Sanitize(), err)
 	}
-	if len(ids) != len(w.repairs) {
-		return nil, fmt.Errorf("recording repairs of %s: %d rows for %d repairs", t.Hist.Sanitize(), len(ids), len(w.repairs))
+	if len(ids) != len(w.Repairs) {
+		return nil, fmt.Errorf("recording repairs of %s: %d rows for %d repairs", t.Hist.Sanitize(), len(ids), len(w.Repairs))
 	}
 	return ids, w.fillVersions(ctx, tx, t, ids, "before")
 }
 
 // recordRepairsAfter completes the audit rows with the touched versions as
 // the batch leaves them.
-func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64) error {
+func (w *Writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *plan.Table, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -146,18 +146,18 @@ func (w *writes) recordRepairsAfter(ctx context.Context, tx pgx.Tx, t *plan.Tabl
 // noteBelow adds to the repairs with below set the versions under it
 // (all_versions' Type 1 values given to the versions a repair did not
 // read), earliest first, within maxAudited.
-func (w *writes) noteBelow(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
-	for i := range w.repairs {
-		r := &w.repairs[i]
-		if r.below == nil {
+func (w *Writes) noteBelow(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+	for i := range w.Repairs {
+		r := &w.Repairs[i]
+		if r.Below == nil {
 			continue
 		}
 		conds, args := make([]string, len(t.KeyIdx)), make([]any, 0, len(t.KeyIdx)+2)
 		for j, ki := range t.KeyIdx {
 			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.Cols[ki].Name}.Sanitize(), j+1, t.Cols[ki].TypeName)
-			args = append(args, r.key[j])
+			args = append(args, r.Key[j])
 		}
-		args = append(args, []byte(r.below), maxAudited)
+		args = append(args, []byte(r.Below), maxAudited)
 		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, count(*) OVER () FROM %s WHERE %s AND scd_seq < $%d ORDER BY scd_seq LIMIT $%d`,
 			t.Hist.Sanitize(), strings.Join(conds, " AND "), len(t.KeyIdx)+1, len(t.KeyIdx)+2), args...)
 		if err != nil {

@@ -1,4 +1,4 @@
-package sink
+package apply
 
 import (
 	"context"
@@ -6,12 +6,13 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
 )
 
 // applyFunc applies one table's plan in a transaction.
-type applyFunc func(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps) (Result, []plan.DeadLetter, error)
+type applyFunc func(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error)
 
 // applyKeyChanges applies a table's plan in two steps when it holds
 // creates of primary-key changes with placeholders (DESIGN.md section 5:
@@ -19,7 +20,7 @@ type applyFunc func(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cach
 // every other key, the old keys among them, then, with the placeholders
 // resolved from the table, the keys those creates open. Applying a batch
 // in parts within one transaction gives the same history as the whole.
-func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *cacheOps, apply applyFunc) (Result, []plan.DeadLetter, error) {
+func (a *Applier) WithKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops, apply applyFunc) (Result, []plan.DeadLetter, error) {
 	var first, second []*plan.KeyPlan
 	for _, kp := range p.Order {
 		if kp.NeedsOldKey() {
@@ -37,7 +38,7 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan
 	}
 	resolved := make([]*plan.KeyPlan, len(second))
 	for i, kp := range second {
-		if resolved[i], err = s.resolveOldKeys(ctx, tx, p.Table, kp); err != nil {
+		if resolved[i], err = a.resolveOldKeys(ctx, tx, p.Table, kp); err != nil {
 			return res, nil, err
 		}
 	}
@@ -45,7 +46,7 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan
 	if err != nil {
 		return res, nil, err
 	}
-	res.add(r)
+	res.Add(r)
 	return res, append(dead, d...), nil
 }
 
@@ -53,37 +54,18 @@ func (s *Sink) applyKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePlan
 // their placeholder columns from the old key's latest version before the
 // create. An old key the table does not hold (yet: it may live in another
 // partition that is behind) leaves those columns NULL, with a warning.
-func (s *Sink) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *plan.Table, kp *plan.KeyPlan) (*plan.KeyPlan, error) {
+func (a *Applier) resolveOldKeys(ctx context.Context, tx pgx.Tx, t *plan.Table, kp *plan.KeyPlan) (*plan.KeyPlan, error) {
 	out := &plan.KeyPlan{ID: kp.ID, Key: kp.Key, Events: slices.Clone(kp.Events)}
 	for j, e := range out.Events {
 		if e.OldKey == nil {
 			continue
 		}
-		var match string
-		args := []any{[]byte(e.Seq)}
-		for i, k := range t.KeyNames() {
-			match += fmt.Sprintf(" AND %s = $%d", pgx.Identifier{k}.Sanitize(), i+2)
-			args = append(args, e.OldKey[i])
-		}
-		q := fmt.Sprintf("SELECT %s FROM %s h WHERE h.scd_seq < $1%s ORDER BY h.scd_seq DESC LIMIT 1", colList(t, "h."), t.Hist.Sanitize(), match)
-		rows, err := tx.Query(ctx, q, args...)
+		old, err := history.RowBefore(ctx, tx, t, e.OldKey, e.Seq)
 		if err != nil {
 			return nil, fmt.Errorf("reading the old key of a primary-key change in %s: %w", t.Hist.Sanitize(), err)
 		}
-		var old []any
-		if rows.Next() {
-			if old, err = rows.Values(); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			t.NormalizeRow(old)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
 		if old == nil {
-			s.log.Warn("primary-key change: the old key's version is not in the history table; unavailable columns of the new key are NULL",
+			a.log.Warn("primary-key change: the old key's version is not in the history table; unavailable columns of the new key are NULL",
 				zap.String("table", t.Spec.Target), zap.String("seq", e.Seq.String()), zap.Strings("columns", e.Unavail))
 		}
 		row := slices.Clone(e.Row)

@@ -1,4 +1,4 @@
-package sink
+package erasure
 
 import (
 	"context"
@@ -46,7 +46,7 @@ type keyReading struct {
 // letterKeyIDs returns the identities a dead letter's key may stand for
 // in a table of key columns kc; ok is false when the key cannot be read
 // at all.
-func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *plan.DeadLetter) ([]keyReading, bool) {
+func (s *Set) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d *plan.DeadLetter) ([]keyReading, bool) {
 	if d.KeyID != "" {
 		return []keyReading{{id: d.KeyID}}, true
 	}
@@ -65,7 +65,7 @@ func (s *erasures) letterKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, d 
 }
 
 // recordKeyIDs reads a record's message key (or a header's).
-func (s *erasures) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []plan.Header) ([]keyReading, bool) {
+func (s *Set) recordKeyIDs(ctx context.Context, kc []catalog.ColumnInfo, topic string, key []byte, hs []plan.Header) ([]keyReading, bool) {
 	if s.decodeKey != nil {
 		dctx, cancel := context.WithTimeout(ctx, decodeKeyWait)
 		vals, names, err := s.decodeKey(dctx, topic, key, hs)
@@ -120,7 +120,7 @@ func jsonValue(r json.RawMessage) any {
 // keyIDsOf converts a key's values (named, or in key order when names is
 // nil) to the key columns kc and returns the identities they may stand
 // for.
-func (s *erasures) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]keyReading, bool) {
+func (s *Set) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any) ([]keyReading, bool) {
 	ordered := vals
 	if names != nil {
 		ordered = make([]any, len(kc))
@@ -167,7 +167,7 @@ func (s *erasures) keyIDsOf(kc []catalog.ColumnInfo, names []string, vals []any)
 // readings are the values of column col that v may stand for: v
 // converted as an event's value is, or, for a bare number in a time
 // column (a key without a schema), each of Debezium's encodings of it.
-func (s *erasures) readings(col *catalog.ColumnInfo, v any) []any {
+func (s *Set) readings(col *catalog.ColumnInfo, v any) []any {
 	if v == nil {
 		return nil
 	}
@@ -226,7 +226,7 @@ var keyChangeHeaders = []string{"__debezium.oldkey", "__debezium.newkey"}
 
 // erasedHeaders returns hs without the key-change headers that name a
 // key whose identity erased accepts, and how many it left out.
-func (s *erasures) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []plan.Header, erased func(rs []keyReading) bool) ([]plan.Header, int) {
+func (s *Set) erasedHeaders(ctx context.Context, kc []catalog.ColumnInfo, topic string, hs []plan.Header, erased func(rs []keyReading) bool) ([]plan.Header, int) {
 	var out []plan.Header
 	n := 0
 	for i, h := range hs {
