@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/linkedin/goavro/v2"
+	"github.com/scd2sink/scd2sink/debezium/mongo"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -298,7 +299,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	}
 	ev := &change.Event{Table: r.Target, Op: op, Origin: o}
 	conn, _ := avroPath(s.root, rec, []string{"source", "connector"})
-	mongo := conn == "mongodb"
+	fromMongo := conn == "mongodb"
 	var doc *rowSchema // a MongoDB document's fields
 	ev.Source = r.connector(func() string {
 		v, _ := avroPath(s.root, rec, sourceName)
@@ -334,7 +335,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if op.HasAfter() {
 		after, _ := avroPath(s.root, rec, []string{"after"})
 		m, ok := after.(map[string]any)
-		if str, isStr := after.(string); isStr && mongo { // a MongoDB document (mongo.go)
+		if str, isStr := after.(string); isStr && fromMongo { // a MongoDB document (mongo.go)
 			if doc, ev.AfterValues, err = r.docs.mongoDocument(str); err != nil {
 				return nil, fmt.Errorf("%s event: after document: %w", opStr, err)
 			}
@@ -342,7 +343,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		} else if planned != nil {
 			ev.AfterValues = planned
 		} else if !ok || s.row == nil {
-			if mongo {
+			if fromMongo {
 				return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
 					"updateDescription; use change_streams_update_full (docs/sources.md)", opStr)
 			}
@@ -364,7 +365,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		return ev, nil
 	}
 	keys := r.Keys
-	if mongo && len(keys) == 1 && keys[0] == "_id" {
+	if fromMongo && len(keys) == 1 && keys[0] == "_id" {
 		keys = nil // the message key's id is the _id
 	}
 	full := func() (map[string]any, error) { return rec, nil }
@@ -379,12 +380,12 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	if ev.Key, ev.KeyNames, err = d.avroKey(ctx, r, keys, key, hs, s, full); err != nil {
 		return nil, err
 	}
-	if mongo && len(ev.Key) == 1 && len(ev.KeyNames) == 1 && ev.KeyNames[0] == "id" {
+	if fromMongo && len(ev.Key) == 1 && len(ev.KeyNames) == 1 && ev.KeyNames[0] == "id" {
 		id, ok := ev.Key[0].(string)
 		if !ok {
 			return nil, fmt.Errorf(`message key: a MongoDB key's "id" is a %T, not the _id as JSON`, ev.Key[0])
 		}
-		ev.Key, ev.KeyNames = []any{mongoKeyText(id)}, mongoKeyNames
+		ev.Key, ev.KeyNames = []any{mongo.KeyText(id)}, mongo.KeyNames
 	}
 	return ev, nil
 }

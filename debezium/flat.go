@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/scd2sink/scd2sink/debezium/mongo"
 	"github.com/tidwall/gjson"
 )
 
@@ -184,7 +185,7 @@ func flatRowNames(names []string) []string {
 }
 
 // flatDocumentKey is the _id of a flattened MongoDB record, as text (as
-// mongoIDText spells it): ExtractNewDocumentState's key is {"id": <the
+// mongo.IDText spells it): ExtractNewDocumentState's key is {"id": <the
 // _id, typed>}; a record without one takes the row's _id.
 func flatDocumentKey(raw []byte, env *jsonEnvelope) ([]any, error) {
 	id := keyPayload(raw).Get("id")
@@ -194,5 +195,5 @@ func flatDocumentKey(raw []byte, env *jsonEnvelope) ([]any, error) {
 	if !id.Exists() || id.Type == gjson.Null {
 		return nil, errors.New(`flattened MongoDB record without an id: neither the message key's "id" nor the row's _id`)
 	}
-	return []any{mongoIDText(id)}, nil
+	return []any{mongo.IDText(id)}, nil
 }

@@ -3,12 +3,14 @@ package debezium
 import (
 	"errors"
 	"fmt"
-	"github.com/scd2sink/scd2sink/debezium/jsonscan"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/scd2sink/scd2sink/debezium/jsonscan"
+	"github.com/scd2sink/scd2sink/debezium/mongo"
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
@@ -405,9 +407,9 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	}
 	var after string
 	var doc *rowSchema // a MongoDB document's fields
-	mongo := isMongo(env)
+	fromMongo := isMongo(env)
 	if env.flat != notFlat {
-		mongo = false // a flattened document is a row (flat.go)
+		fromMongo = false // a flattened document is a row (flat.go)
 	}
 	if opv.HasAfter() && env.flat == flatRow {
 		var added map[string]bool
@@ -419,7 +421,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		}
 		ev.AfterValid = true
 		ev.Complete = r.Connector == "mongodb"
-	} else if opv.HasAfter() && mongo {
+	} else if opv.HasAfter() && fromMongo {
 		a := env.field("after")
 		if a.Type != gjson.String {
 			return nil, fmt.Errorf("%s event without the document (after): with capture.mode change_streams, updates carry only "+
@@ -441,7 +443,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		after = a.Raw
 		ev.AfterValid = true // unwrapJSON validated the payload
 	}
-	if row != nil && !mongo {
+	if row != nil && !fromMongo {
 		ev.Row = row
 	}
 	if doc != nil && r.imageTime() {
@@ -460,14 +462,14 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 		if ev.Key, err = flatDocumentKey(key, env); err != nil {
 			return nil, err
 		}
-		ev.KeyNames = mongoKeyNames
+		ev.KeyNames = mongo.KeyNames
 		id = change.AppendKeyID(id, ev.Key)
-	case mongo && (len(r.Keys) == 0 || (len(r.Keys) == 1 && r.Keys[0] == "_id")):
-		k, err := mongoKey(key)
+	case fromMongo && (len(r.Keys) == 0 || (len(r.Keys) == 1 && r.Keys[0] == "_id")):
+		k, err := mongo.Key(keyPayload(key))
 		if err != nil {
 			return nil, err
 		}
-		ev.Key, ev.KeyNames = []any{k}, mongoKeyNames
+		ev.Key, ev.KeyNames = []any{k}, mongo.KeyNames
 		id = change.AppendKeyID(id, ev.Key)
 	default:
 		if ev.Key, ev.KeyNames, err = d.keyOf(ev, r, key, env, row); err != nil {

@@ -1,4 +1,4 @@
-package debezium
+package mongo
 
 import (
 	"database/sql/driver"
@@ -12,8 +12,7 @@ import (
 // the BSON library's strict JSON, decimals with their own scale, integers
 // as integers; strings that spell NaN stay strings.
 func TestMongoNumbers(t *testing.T) {
-	var d docSchemas
-	rs, vals, err := d.mongoDocument(`{"_id": 1, "a": NaN, "b": -Infinity, "c": 1.0E-4, "d": 3.0, "e": {"$numberDouble": "1.0E-4"},` +
+	cols, vals, err := Document(`{"_id": 1, "a": NaN, "b": -Infinity, "c": 1.0E-4, "d": 3.0, "e": {"$numberDouble": "1.0E-4"},` +
 		` "f": {"$numberDecimal": "1.50"}, "g": "NaN, Infinity", "h": 0.1, "i": {"$numberLong": "7"}, "j": 1e21, "k": [Infinity, "x"]}`)
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +20,7 @@ func TestMongoNumbers(t *testing.T) {
 	want := map[string]string{"a": "numeric NaN", "b": "numeric -Infinity", "c": "numeric 0.0001", "d": "numeric 3", "e": "numeric 0.0001",
 		"f": "numeric 1.50", "g": "text NaN, Infinity", "h": "numeric 0.1", "i": "bigint 7", "j": "numeric 1000000000000000000000",
 		"k": `jsonb [{"$numberDouble": "Infinity"}, "x"]`}
-	for i, c := range rs.columns {
+	for i, c := range cols {
 		w, ok := want[c.Name]
 		if !ok {
 			continue
