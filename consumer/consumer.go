@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/consumer/fetch"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
@@ -301,8 +302,8 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	if cfg.StartOffset == "latest" {
 		startAt = kgo.NewOffset().AtEnd()
 	}
-	pool := &decompressPool{}
-	sizer := newFetchSizer(cfg.Metrics.FetchMaxBytes, pool)
+	pool := &fetch.DecompressPool{}
+	sizer := fetch.NewSizer(cfg.Metrics.FetchMaxBytes, pool)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -314,15 +315,15 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(250 * time.Millisecond),
-		kgo.FetchMaxBytes(fetchBudget), // bounds what franz-go buffers ahead of the sequencer
-		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
-		kgo.WithHooks(sizer),                // and so does this, for compressed batches
-		kgo.WithPools(pool, &recordsPool{}), // compressed batches' bytes, every batch's records; take recycles them
+		kgo.FetchMaxBytes(fetch.Budget), // bounds what franz-go buffers ahead of the sequencer
+		kgo.FetchMaxPartitionBytes(fetch.PartitionMax),
+		kgo.WithHooks(sizer),                      // and so does this, for compressed batches
+		kgo.WithPools(pool, &fetch.RecordsPool{}), // compressed batches' bytes, every batch's records; take recycles them
 		// A fetch per broker, up to four: a broker with nothing to send
 		// holds its fetch for FetchMaxWait, which must not hold back the
 		// others (TestIdleBrokersDoNotStallFetching). Four fetches of
-		// fetchBudget are what a single fetch of 4 MiB held before.
-		kgo.MaxConcurrentFetches(maxConcurrentFetches),
+		// fetch.Budget are what a single fetch of 4 MiB held before.
+		kgo.MaxConcurrentFetches(fetch.MaxConcurrent),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
@@ -376,7 +377,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		return nil, fmt.Errorf("creating Kafka client: %w", err)
 	}
 	c.client = client
-	sizer.client.Store(client)
+	sizer.SetClient(client)
 	close(c.ready)
 	return c, nil
 }

@@ -1,4 +1,4 @@
-package consumer
+package fetch
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ func TestFetchSize(t *testing.T) {
 		ratio float64
 		want  int32
 	}{
-		{0, fetchBudget}, {1, fetchBudget}, {2, fetchBudget / 2}, {8, fetchBudget / 8}, {fetchBudget / fetchFloor * 4, fetchFloor}, {1000, fetchFloor},
+		{0, Budget}, {1, Budget}, {2, Budget / 2}, {8, Budget / 8}, {Budget / fetchFloor * 4, fetchFloor}, {1000, fetchFloor},
 	} {
 		if got := fetchSize(tc.ratio); got != tc.want {
 			t.Errorf("fetchSize(%v) = %d, want %d", tc.ratio, got, tc.want)
@@ -37,14 +37,14 @@ func TestFetchSizerWindows(t *testing.T) {
 	}
 	defer cl.Close()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
-	f := newFetchSizer(g, nil)
-	f.client.Store(cl)
+	f := NewSizer(g, nil)
+	f.SetClient(cl)
 	// The steps were written for a budget of 4 MiB; sizes scale with it.
-	q := func(n int) int { return n * fetchBudget / (4 << 20) }
+	q := func(n int) int { return n * Budget / (4 << 20) }
 	batch := func(uncompressed, compressed int) {
 		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{UncompressedBytes: q(uncompressed), CompressedBytes: q(compressed)})
 	}
-	const b = fetchBudget
+	const b = Budget
 	steps := []struct {
 		name  string
 		feed  func()
@@ -86,7 +86,7 @@ func TestDecompressPoolClasses(t *testing.T) {
 	// fit, observed, and given back whole. Once the pool has seen a few,
 	// batches fit the buffer they are given, and no buffer is more than
 	// eight times what its batch needs.
-	p := &decompressPool{}
+	p := &DecompressPool{}
 	rng := rand.New(rand.NewPCG(1, 2))
 	big := make([]byte, 256<<10)
 	var out [][]byte
@@ -130,7 +130,7 @@ func TestDecompressPoolClasses(t *testing.T) {
 
 func TestRecordsPool(t *testing.T) {
 	t.Parallel()
-	p := &recordsPool{}
+	p := &RecordsPool{}
 	for _, n := range []int{0, 1, 2, 3, 100, 128, 129, 32_768, 32_769, 100_000} {
 		rs := p.GetRecords(n)
 		if len(rs) != 0 || cap(rs) < n {

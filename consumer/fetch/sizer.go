@@ -1,4 +1,4 @@
-package consumer
+package fetch
 
 import (
 	"math/bits"
@@ -9,49 +9,49 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// fetchBudget bounds what one fetch holds once decompressed: franz-go
+// Budget bounds what one fetch holds once decompressed: franz-go
 // decompresses a whole fetch as it arrives and holds it ahead of the
 // sequencer, so this is memory the reorder buffer's budget does not count.
 // It was 4 MiB: a fetch of uncompressed records is a new buffer of that
-// size, which lives until take has decoded its last record, and the
+// size, which lives until the consumer has decoded its last record, and the
 // collector had that much less room (docs/benchmarks.md: 1 MiB cut the
 // collections by about 5 % at the same throughput, against a real broker
 // too).
-const fetchBudget = 1 << 20
+const Budget = 1 << 20
 
-// maxConcurrentFetches is how many fetches franz-go may have in flight or
+// MaxConcurrent is how many fetches franz-go may have in flight or
 // buffered at once, each to its own broker: franz-go holds at most that
-// many fetchBudgets ahead of the reorder buffer.
-const maxConcurrentFetches = 4
+// many Budgets ahead of the reorder buffer.
+const MaxConcurrent = 4
 
 // fetchFloor is the least a fetch asks for. A broker returns at least one
 // record batch of a partition even when it is larger (KIP-74), so a small
 // floor never stops progress; it only keeps fetches from becoming tiny.
 const fetchFloor = 64 << 10
 
-// fetchPartitionMax is franz-go's default per-partition limit, kept.
-const fetchPartitionMax = 1 << 20
+// PartitionMax is franz-go's default per-partition limit, kept.
+const PartitionMax = 1 << 20
 
-// fetchSizer keeps what a fetch decompresses to near fetchBudget. Kafka's
+// Sizer keeps what a fetch decompresses to near Budget. Kafka's
 // fetch limits count the bytes on the wire, and Debezium's JSON with
 // schemas compresses 20 to 40 times with lz4 or zstd (the schema repeats
 // in every record): a 4 MiB fetch of such batches held 80 MiB of records,
 // and the collector, bounded by the soft memory limit, ran four times as
-// often (docs/benchmarks.md). After every fetchBudget of records read, the
-// fetch size becomes fetchBudget divided by the ratio of records to wire
+// often (docs/benchmarks.md). After every Budget of records read, the
+// fetch size becomes Budget divided by the ratio of records to wire
 // bytes of the most compressed batches that make up a tenth of the
-// window's wire bytes (ratioShare), between fetchFloor and fetchBudget;
-// uncompressed topics keep fetchBudget. A tenth, not the single most
+// window's wire bytes (ratioShare), between fetchFloor and Budget;
+// uncompressed topics keep Budget. A tenth, not the single most
 // compressed batch: one repetitive batch among uncompressed ones must not
 // throttle them all. A fetch that holds only batches more compressed than
 // that ratio holds more than the budget, by their ratio over it.
 //
 // franz-go calls OnFetchBatchRead from its fetch goroutines; the client is
-// set once New has it (a fetch before that only counts).
-type fetchSizer struct {
+// set once the consumer has it (SetClient; a fetch before that only counts).
+type Sizer struct {
 	client atomic.Pointer[kgo.Client]
 	gauge  prometheus.Gauge // nil: none
-	pool   *decompressPool  // told every compressed batch's sizes; nil: none
+	pool   *DecompressPool  // told every compressed batch's sizes; nil: none
 
 	mu   sync.Mutex
 	read int                  // uncompressed bytes read since the size was last set
@@ -74,7 +74,7 @@ func ratioBucket(uncompressed, wire int) int {
 // windowRatio is the ratio of records to wire bytes of the most compressed
 // batches that make up ratioShare of the window's wire bytes (whole
 // buckets, so at least that share).
-func (f *fetchSizer) windowRatio() float64 {
+func (f *Sizer) windowRatio() float64 {
 	var read, wire int
 	for b := ratioBuckets - 1; b >= 0; b-- {
 		read, wire = read+f.by[b][0], wire+f.by[b][1]
@@ -85,18 +85,25 @@ func (f *fetchSizer) windowRatio() float64 {
 	return float64(read) / float64(wire)
 }
 
-var _ kgo.HookFetchBatchRead = (*fetchSizer)(nil)
+var _ kgo.HookFetchBatchRead = (*Sizer)(nil)
 
-func newFetchSizer(gauge prometheus.Gauge, pool *decompressPool) *fetchSizer {
-	f := &fetchSizer{gauge: gauge, pool: pool, size: fetchBudget}
+// NewSizer returns a Sizer that starts at Budget, sets gauge (nil: none)
+// to the fetch size it asks for, and tells pool (nil: none) the sizes of
+// every compressed batch. Hook it into the client (kgo.WithHooks) and give
+// it the client once made (SetClient).
+func NewSizer(gauge prometheus.Gauge, pool *DecompressPool) *Sizer {
+	f := &Sizer{gauge: gauge, pool: pool, size: Budget}
 	if gauge != nil {
-		gauge.Set(fetchBudget)
+		gauge.Set(Budget)
 	}
 	return f
 }
 
+// SetClient gives f the client whose fetch size it sets.
+func (f *Sizer) SetClient(cl *kgo.Client) { f.client.Store(cl) }
+
 // OnFetchBatchRead implements kgo.HookFetchBatchRead.
-func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+func (f *Sizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
 	if m.CompressedBytes <= 0 || m.UncompressedBytes <= 0 {
 		return
 	}
@@ -109,7 +116,7 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 	f.wire += m.CompressedBytes
 	b := &f.by[ratioBucket(m.UncompressedBytes, m.CompressedBytes)]
 	b[0], b[1] = b[0]+m.UncompressedBytes, b[1]+m.CompressedBytes
-	if f.read < fetchBudget {
+	if f.read < Budget {
 		return
 	}
 	size := fetchSize(f.windowRatio())
@@ -122,7 +129,7 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 			return
 		}
 		f.size = size
-		cl.UpdateFetchMaxBytes(size, min(size, fetchPartitionMax))
+		cl.UpdateFetchMaxBytes(size, min(size, PartitionMax))
 		if f.gauge != nil {
 			f.gauge.Set(float64(size))
 		}
@@ -132,7 +139,7 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 // fetchSize is the fetch size for batches that decompress ratio times.
 func fetchSize(ratio float64) int32 {
 	if ratio <= 1 {
-		return fetchBudget
+		return Budget
 	}
-	return int32(max(fetchFloor, min(fetchBudget, float64(fetchBudget)/ratio)))
+	return int32(max(fetchFloor, min(Budget, float64(Budget)/ratio)))
 }

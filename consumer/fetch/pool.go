@@ -1,4 +1,4 @@
-package consumer
+package fetch
 
 import (
 	"bytes"
@@ -10,16 +10,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Buffers of compressed batches' records are taken from decompressPool
-// and given back when every record of the batch has been recycled, which
-// take does once the records are decoded (kgo.Record.Recycle): a backlog of
+// DecompressPool pools the buffers franz-go decompresses record batches
+// into (kgo.PoolDecompressBytes). Buffers of compressed batches' records
+// are taken from DecompressPool and given back when every record of the
+// batch has been recycled, which the consumer's take does once the
+// records are decoded (kgo.Record.Recycle): a backlog of
 // lz4 batches otherwise allocated its whole size again (1.1 GB over
 // BenchmarkPipeline's backlog), and the collector ran more often. Nothing
 // decoded may keep a record's bytes: the decoder copies what it keeps
 // (debezium's TestDecodedEventsOwnTheirMemory), and a dead letter takes
 // copies. Uncompressed batches' bytes are not pooled by franz-go: their
 // records view the fetch response, which the collector frees. The record
-// structs themselves are pooled for every batch (recordsPool).
+// structs themselves are pooled for every batch (RecordsPool).
 //
 // A buffer is asked for at the batch's bytes on the wire times the mean
 // ratio batches of about that wire size have decompressed by, plus half,
@@ -32,7 +34,7 @@ import (
 // is made to measure and not kept. Topics that compress very differently
 // in batches of the same wire size share a mean: the less compressed one's
 // buffers are then larger than they need, by the ratio of the two.
-type decompressPool struct {
+type DecompressPool struct {
 	classes [poolClasses]sync.Pool
 	sizes   [sizeClasses]sizeStats // by class of wire size (sizeClass)
 }
@@ -53,7 +55,7 @@ func sizeClass(wire int) int {
 // observe notes a batch's bytes on the wire and decompressed (the fetch
 // sizer's hook sees every batch). Concurrent notes may lose one: a sample
 // less.
-func (p *decompressPool) observe(wire, decompressed int) {
+func (p *DecompressPool) observe(wire, decompressed int) {
 	if wire <= 0 || decompressed <= 0 {
 		return
 	}
@@ -72,7 +74,7 @@ const (
 	poolClasses  = 13 // the largest: 16 MiB (to 32 MiB); a larger buffer is not kept
 )
 
-var _ kgo.PoolDecompressBytes = (*decompressPool)(nil)
+var _ kgo.PoolDecompressBytes = (*DecompressPool)(nil)
 
 // poolClass returns the class whose buffers hold at least n bytes, and false
 // when n is over the largest.
@@ -87,7 +89,7 @@ func poolClass(n int) (int, bool) {
 // GetDecompressBytes implements kgo.PoolDecompressBytes: a buffer for what
 // compressed should decompress to. A buffer too small is grown by franz-go
 // and the grown one put back.
-func (p *decompressPool) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
+func (p *DecompressPool) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
 	st := &p.sizes[sizeClass(len(compressed))]
 	want := min(8*len(compressed), 16<<20) // none seen yet at this size
 	if ratio := math.Float64frombits(st.ratio.Load()); ratio > 0 {
@@ -109,7 +111,7 @@ func (p *decompressPool) GetDecompressBytes(compressed []byte, _ kgo.Compression
 
 // PutDecompressBytes implements kgo.PoolDecompressBytes. franz-go gives
 // back the whole capacity, cleared.
-func (p *decompressPool) PutDecompressBytes(b []byte) {
+func (p *DecompressPool) PutDecompressBytes(b []byte) {
 	// A buffer goes to the largest class it fills, so that every buffer
 	// a class hands out holds its class's size.
 	n := cap(b)
@@ -123,24 +125,25 @@ func (p *decompressPool) PutDecompressBytes(b []byte) {
 	p.classes[c].Put(&b)
 }
 
-// recordsPool keeps the slices franz-go decodes a batch's records into
+// RecordsPool keeps the slices franz-go decodes a batch's records into
 // (kgo.PoolRecords), by power-of-two capacity: a slice comes back once
-// every record of its batch is recycled, which take does for all of them.
+// every record of its batch is recycled, which the consumer's take does
+// for all of them.
 // Without it every batch's records were a new slice (about 170 bytes a
 // record: 45 MB over BenchmarkPipeline's backlog). A request over the
 // largest class gets a slice made to measure; a slice goes back to the
 // largest class it fills, and one of 65,536 records or more is not kept.
-type recordsPool struct {
+type RecordsPool struct {
 	classes [recordClasses]sync.Pool
 }
 
 // recordClasses: slices of 1, 2, 4, ... 32,768 records.
 const recordClasses = 16
 
-var _ kgo.PoolRecords = (*recordsPool)(nil)
+var _ kgo.PoolRecords = (*RecordsPool)(nil)
 
 // GetRecords implements kgo.PoolRecords: a slice of capacity n or more.
-func (p *recordsPool) GetRecords(n int) []kgo.Record {
+func (p *RecordsPool) GetRecords(n int) []kgo.Record {
 	c := bits.Len(uint(max(n, 1) - 1))
 	if c >= recordClasses {
 		return make([]kgo.Record, 0, n)
@@ -153,7 +156,7 @@ func (p *recordsPool) GetRecords(n int) []kgo.Record {
 
 // PutRecords implements kgo.PoolRecords. franz-go gives a slice back when
 // all its records are recycled (kgo.Record.Recycle clears each).
-func (p *recordsPool) PutRecords(rs []kgo.Record) {
+func (p *RecordsPool) PutRecords(rs []kgo.Record) {
 	n := cap(rs)
 	if n == 0 {
 		return
