@@ -248,7 +248,7 @@ func (c *Consumer) commitPoints(rest []*change.Event) map[change.Partition]int64
 // target, whether it was rewound on purpose, and the valid time of the
 // last event below it.
 func (c *Consumer) positions(evs []*change.Event, offsets map[change.Partition]int64) map[change.Partition]sink.Position {
-	anchors, rewound, valid := c.anchors.at(offsets), c.rewoundIn(offsets), lastValid(evs, offsets)
+	anchors, rewound, valid := c.anchors.At(offsets), c.rewoundIn(offsets), lastValid(evs, offsets)
 	targets := map[string]string{}
 	out := make(map[change.Partition]sink.Position, len(offsets))
 	for p, o := range offsets {

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scd2sink/scd2sink/consumer/anchor"
 	"github.com/scd2sink/scd2sink/consumer/fetch"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -196,7 +197,7 @@ type Consumer struct {
 	// snaps are the completed snapshots whose last read is pending, by
 	// that event (snapshot.go).
 	snaps      map[*change.Event]sink.Snapshot
-	anchors    *anchors
+	anchors    *anchor.Anchors
 	pending    []*change.Event
 	pendBytes  int64 // Event.Size of pending
 	dead       []sink.DeadLetter
@@ -286,7 +287,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 	c := &Consumer{ready: make(chan struct{}), drainStart: make(chan struct{}), cfg: cfg, log: cfg.Logger, sink: s, batches: s, ledger: s, marks: s, dec: cfg.Decoder, m: cfg.Metrics, health: health,
 		seq: sequencer.New(sequencer.Config{ReorderWindow: cfg.ReorderWindow,
 			MaxBufferedEvents: cfg.MaxBufferedEvents, MaxBufferedBytes: cfg.MaxBufferedBytes}, time.Now),
-		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: newAnchors(),
+		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}, anchors: anchor.New(),
 		topicIDs: map[string]string{}, next: map[change.Partition]int64{},
 		origin: map[change.Partition]int64{}, appliedTo: map[change.Partition]int64{}, rewound: map[change.Partition]int64{}, assigned: map[change.Partition]bool{},
 		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/scd2sink/scd2sink/consumer/anchor"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
@@ -68,7 +69,7 @@ func TestDeadLettersCountInBatchBytes(t *testing.T) {
 	t.Parallel()
 	rs := &recordingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 1000, BatchMaxBytes: 3 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify}, sink: rs, batches: rs, ledger: rs, marks: rs,
-		m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
+		m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: anchor.New(),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
 	if err != nil {

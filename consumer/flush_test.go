@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scd2sink/scd2sink/consumer/anchor"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
@@ -50,7 +51,7 @@ func TestFlushBatches(t *testing.T) {
 	p0, p1 := change.Partition{Topic: "t", Partition: 0}, change.Partition{Topic: "t", Partition: 1}
 	rs := &recordingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 3}, sink: rs, batches: rs, ledger: rs, marks: rs, m: NewMetrics(nil), health: &Health{},
-		seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
+		seq: sequencer.New(sequencer.Config{}, time.Now), anchors: anchor.New(),
 		committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	for i := int64(0); i < 8; i++ {
 		p := p0
@@ -106,7 +107,7 @@ func TestBatchesCutByBytes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := &recordingSink{}
 			c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: tc.maxBytes, BatchMaxWait: time.Hour}, sink: rs, batches: rs, ledger: rs, marks: rs, m: NewMetrics(nil), log: zap.NewNop(),
-				health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: newAnchors(),
+				health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now), anchors: anchor.New(),
 				committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1")) // no group: commits fail at once, harmlessly
 			if err != nil {

@@ -348,9 +348,9 @@ func (c *Consumer) rereadLocked(parts []change.Partition) {
 		at[p] = o
 	}
 	c.commitMu.Unlock()
-	seeds := c.anchors.at(at)
+	seeds := c.anchors.At(at)
 	c.seq.DropPartitions(parts)
-	c.anchors.drop(parts)
+	c.anchors.Drop(parts)
 	c.dropPending(parts)
 	set := map[change.Partition]bool{}
 	for _, p := range parts {
@@ -363,7 +363,7 @@ func (c *Consumer) rereadLocked(parts []change.Partition) {
 	}
 	for p, o := range at {
 		if seeds[p] != nil {
-			c.anchors.resume(p, o, seeds[p])
+			c.anchors.Resume(p, o, seeds[p])
 		}
 		c.next[p] = o
 	}

@@ -215,7 +215,7 @@ func (c *Consumer) adjustOffsets(ctx context.Context, offsets map[string]map[int
 					continue
 				}
 				if at, ok := applied[part]; ok && anchors[part] != nil && off.EpochOffset().Offset == at {
-					c.anchors.resume(part, at, anchors[part])
+					c.anchors.Resume(part, at, anchors[part])
 				}
 			}
 		}
@@ -373,7 +373,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 		c.dropPending(parts)
 	}
 	c.seq.DropPartitions(parts)
-	c.anchors.drop(parts)
+	c.anchors.Drop(parts)
 	c.forgetCommitted(parts)
 	c.ledger.Forget()
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
@@ -395,7 +395,7 @@ func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, lost map[string][]
 		c.awaitAbandoned(ctx)
 	}
 	c.seq.DropPartitions(parts)
-	c.anchors.drop(parts)
+	c.anchors.Drop(parts)
 	c.dropPending(parts)
 	c.forgetCommitted(parts)
 	c.ledger.Forget()

@@ -175,12 +175,12 @@ func (c *Consumer) resync(ctx context.Context) error {
 	for part := range targets {
 		parts = append(parts, part)
 	}
-	seeds := c.anchors.at(targets)
+	seeds := c.anchors.At(targets)
 	c.seq.DropPartitions(parts)
-	c.anchors.drop(parts)
+	c.anchors.Drop(parts)
 	for part, o := range targets {
 		if seeds[part] != nil {
-			c.anchors.resume(part, o, seeds[part])
+			c.anchors.Resume(part, o, seeds[part])
 		}
 		c.next[part] = o
 	}

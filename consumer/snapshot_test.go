@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scd2sink/scd2sink/consumer/anchor"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
 	"github.com/scd2sink/scd2sink/sink"
@@ -36,7 +37,7 @@ func TestSnapshotSurvivesCutFlush(t *testing.T) {
 	fs := &failingSink{}
 	c := &Consumer{cfg: Config{BatchMaxEvents: 10, BatchMaxBytes: 64 << 20, BatchMaxWait: time.Hour, Classify: sink.Classify},
 		sink: fs, batches: fs, ledger: fs, marks: fs, m: NewMetrics(nil), log: zap.NewNop(), health: &Health{}, seq: sequencer.New(sequencer.Config{}, time.Now),
-		anchors: newAnchors(), committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
+		anchors: anchor.New(), committed: map[change.Partition]int64{}, hwm: map[change.Partition]int64{}}
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1")) // no group: commits fail at once, harmlessly
 	if err != nil {
 		t.Fatal(err)

@@ -201,7 +201,7 @@ func (c *Consumer) decodeLetter(o change.Origin, r *kgo.Record, err error) sink.
 // stamp notes what a decoded event tells before it is sequenced: when it
 // was received, how far its stream's time has come, the snapshot it
 // completes, and its sequence (a snapshot read without one is anchored
-// to its partition's last seen sequence, anchor.go). Called with mu held.
+// to its partition's last seen sequence, package anchor). Called with mu held.
 func (c *Consumer) stamp(it decoded, received int64) {
 	ev := it.ev
 	ev.Received = received
@@ -214,9 +214,9 @@ func (c *Consumer) stamp(it decoded, received int64) {
 		c.noteSnapshot(ev, *it.snap)
 	}
 	if ev.Seq == nil {
-		ev.Seq = c.anchors.anchor(it.o)
+		ev.Seq = c.anchors.Anchor(it.o)
 	} else {
-		c.anchors.see(it.o, ev.Seq)
+		c.anchors.See(it.o, ev.Seq)
 	}
 }
 

@@ -1,4 +1,20 @@
-package consumer
+// Package anchor gives the snapshot reads that carry no sequence
+// (Debezium's incremental snapshots) a sequence of their own, their
+// anchor: the highest sequence of the earlier records of their partition,
+// extended by their own offset (Anchors).
+//
+// Invariants: an anchor sorts after every earlier event of its key and
+// before any later one with a higher sequence, and a partition read again
+// gives every read the same anchor, whether it is read from the start or
+// resumed from a commit point with the anchor recorded there (Resume; At
+// gives what to record with each commit point).
+//
+// The state kept is enough: per partition, only the offsets where the
+// highest sequence grew, with those sequences, and only from the last
+// commit point's on (At forgets the marks before it): an anchor needs the
+// highest sequence below its offset, and a later commit point the highest
+// below its own.
+package anchor
 
 import (
 	"bytes"
@@ -7,7 +23,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// anchors orders snapshot reads that carry no sequence (Debezium's
+// Anchors orders snapshot reads that carry no sequence (Debezium's
 // incremental snapshots) after everything before them in their partition:
 // such a read gets the highest sequence of the partition's earlier records,
 // extended by its own offset. That sorts after every earlier event of its
@@ -15,8 +31,9 @@ import (
 // sequence, and it is the same however often the partition is replayed:
 // from the start it is recomputed, and from a commit point it resumes from
 // the anchor recorded with that offset (scd2sink_offsets.anchor_seq).
-// Guarded by Consumer.mu.
-type anchors struct {
+// Not safe for concurrent use: the consumer guards it with its mutex
+// (Consumer.mu).
+type Anchors struct {
 	parts map[change.Partition]*anchorState
 }
 
@@ -37,9 +54,10 @@ type anchorMark struct {
 	at, n  int32
 }
 
-func newAnchors() *anchors { return &anchors{parts: map[change.Partition]*anchorState{}} }
+// New returns Anchors that know no partition.
+func New() *Anchors { return &Anchors{parts: map[change.Partition]*anchorState{}} }
 
-func (a *anchors) state(p change.Partition) *anchorState {
+func (a *Anchors) state(p change.Partition) *anchorState {
 	st := a.parts[p]
 	if st == nil {
 		st = &anchorState{}
@@ -48,8 +66,8 @@ func (a *anchors) state(p change.Partition) *anchorState {
 	return st
 }
 
-// see records an event's sequence, read in offset order.
-func (a *anchors) see(o change.Origin, seq change.Seq) {
+// See records an event's sequence, read in offset order.
+func (a *Anchors) See(o change.Origin, seq change.Seq) {
 	st := a.state(o.Partition)
 	if st.max == nil || seq.Compare(st.max) > 0 {
 		st.mark(o.Offset+1, seq)
@@ -76,8 +94,8 @@ func (st *anchorState) seq(m anchorMark) change.Seq {
 	return change.Seq(st.arena[m.at:end:end])
 }
 
-// anchor returns the sequence of a read without one at o.
-func (a *anchors) anchor(o change.Origin) change.Seq {
+// Anchor returns the sequence of a read without one at o.
+func (a *Anchors) Anchor(o change.Origin) change.Seq {
 	st := a.state(o.Partition)
 	out := make(change.Seq, 0, len(st.max)+10)
 	if st.max == nil {
@@ -88,17 +106,17 @@ func (a *anchors) anchor(o change.Origin) change.Seq {
 	return change.AppendSeqInt(out, o.Offset)
 }
 
-// resume seeds a partition resumed at offset with its recorded anchor.
-func (a *anchors) resume(p change.Partition, offset int64, seq change.Seq) {
+// Resume seeds a partition resumed at offset with its recorded anchor.
+func (a *Anchors) Resume(p change.Partition, offset int64, seq change.Seq) {
 	st := &anchorState{}
 	st.mark(offset, seq)
 	a.parts[p] = st
 }
 
-// at returns the anchors of the commit points: per partition, the highest
+// At returns the anchors of the commit points: per partition, the highest
 // sequence of the records below its offset (none when unknown), and forgets
 // marks no later commit point needs.
-func (a *anchors) at(offsets map[change.Partition]int64) map[change.Partition]change.Seq {
+func (a *Anchors) At(offsets map[change.Partition]int64) map[change.Partition]change.Seq {
 	out := map[change.Partition]change.Seq{}
 	for p, off := range offsets {
 		st := a.parts[p]
@@ -143,8 +161,8 @@ func (st *anchorState) forget(i int) {
 	st.max = st.seq(st.marks[len(st.marks)-1])
 }
 
-// drop forgets partitions given up.
-func (a *anchors) drop(parts []change.Partition) {
+// Drop forgets partitions given up.
+func (a *Anchors) Drop(parts []change.Partition) {
 	for _, p := range parts {
 		delete(a.parts, p)
 	}

@@ -1,4 +1,4 @@
-package consumer
+package anchor
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ func TestAnchorsMatchModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	p := change.Partition{Topic: "t"}
 	for round := range 200 {
-		a := newAnchors()
+		a := New()
 		type mark struct {
 			off int64
 			max change.Seq
@@ -27,7 +27,7 @@ func TestAnchorsMatchModel(t *testing.T) {
 		next, committed := int64(rng.IntN(5)), int64(0)
 		if rng.IntN(3) == 0 { // resumed from a recorded anchor
 			max = change.MustSeq(rng.IntN(1000))
-			a.resume(p, next, bytes.Clone(max))
+			a.Resume(p, next, bytes.Clone(max))
 			model = append(model, mark{next, max})
 			committed = next
 		}
@@ -44,14 +44,14 @@ func TestAnchorsMatchModel(t *testing.T) {
 				if commits > 20 { // a rising sequence: a mark per record
 					seq = change.MustSeq(next, rng.IntN(3))
 				}
-				a.see(change.Origin{Partition: p, Offset: next}, seq)
+				a.See(change.Origin{Partition: p, Offset: next}, seq)
 				if max == nil || seq.Compare(max) > 0 {
 					max = bytes.Clone(seq)
 					model = append(model, mark{next + 1, max})
 				}
 				next++
 			case r < commits-2:
-				got := a.anchor(change.Origin{Partition: p, Offset: next})
+				got := a.Anchor(change.Origin{Partition: p, Offset: next})
 				want := change.AppendSeqNull(nil)
 				if max != nil {
 					want = append([]byte(nil), max...)
@@ -62,7 +62,7 @@ func TestAnchorsMatchModel(t *testing.T) {
 				}
 			default:
 				committed += int64(rng.IntN(int(next-committed) + 1))
-				got, ok := a.at(map[change.Partition]int64{p: committed})[p]
+				got, ok := a.At(map[change.Partition]int64{p: committed})[p]
 				i := -1
 				for j, m := range model {
 					if m.off <= committed {
