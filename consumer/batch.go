@@ -195,7 +195,7 @@ func (c *Consumer) flush(ctx context.Context, interrupt func() bool) error {
 		rest := c.pending[n:]
 		offsets := c.commitPoints(rest)
 		snaps := c.snapshotsIn(c.pending[:n])
-		epoch := c.park.now()
+		epoch := c.park.Now()
 		j, err := c.prepare(ctx, sink.Batch{Events: c.pending[:n:n], DeadLetters: c.dead, Positions: c.positions(c.pending[:n], offsets),
 			Confirm: c.confirmMember, Snapshots: snaps}, epoch)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/consumer/anchor"
 	"github.com/scd2sink/scd2sink/consumer/fetch"
+	"github.com/scd2sink/scd2sink/consumer/park"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sequencer"
@@ -254,7 +255,7 @@ type Consumer struct {
 	// same rate.
 	expiredLog deadLog
 	// park holds the parked targets (park.go).
-	park parking
+	park park.Parking
 	// waitMu guards the partitions held back (waits.go).
 	waitMu  sync.Mutex
 	paused  map[change.Partition]pausedPart
@@ -293,7 +294,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		paused: map[change.Partition]pausedPart{}, backoff: map[change.Partition]time.Duration{}}
 	c.applier = newApplier(c)
 	if sk, ok := s.(interface{ SkipReconcile(func(string) bool) }); ok {
-		sk.SkipReconcile(c.park.parked) // a parked table's snapshots wait with it
+		sk.SkipReconcile(c.park.Parked) // a parked table's snapshots wait with it
 	}
 	topics := make([]string, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {

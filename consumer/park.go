@@ -7,181 +7,38 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
+	"github.com/scd2sink/scd2sink/consumer/park"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink"
 	"go.uber.org/zap"
 )
 
-// One table's trouble stays in its table (DESIGN.md section 6).
-//
-// A failure that belongs to one target (sink.ParkTarget: a lock or
-// statement timeout, a table changed by hand, a missing privilege,
-// schema_changes: fail, a value isolation could not resolve) parks that
-// target: the batch is applied again without it, so every other target
-// goes on applying and committing, and the target's partitions are paused,
-// their buffered events dropped and their reading position put back to
-// what was applied of them. Nothing of a parked target is committed past
-// what was applied. After a backoff (parkBackoffMin doubling to
-// parkBackoffMax, parkBlockedMax for blocked errors) its partitions are
-// read again from there, and the first batches holding its events are
-// prepared (its DDL too: a column added while a DBA holds the table) and
-// applied in transactions of their own, on a goroutine of their own (a
-// probe), so that a trouble that lasts costs the others nothing; the first probe that applies its events
-// un-parks it. /readyz names each parked target and why;
-// scd2sink_target_blocked{target} is 1 while it is parked.
-//
-// Which part of a batch may be applied is decided by epochs: every park
-// and every resume of a target takes the next epoch, and each batch is
-// stamped with the epoch at which its events were taken. A target's part
-// of a batch cut before its last park or resume is never applied: its
-// events may follow events that were dropped, and they are read again.
-
-// Backoff of a parked target.
-var (
-	parkBackoffMin = time.Second
-	parkBackoffMax = 10 * time.Second // lock and statement timeouts
-	parkBlockedMax = 30 * time.Second // a table changed by hand, a missing grant
-)
-
-// parkState is one parked target.
-type parkState struct {
-	err     error
-	since   time.Time
-	until   time.Time // when its partitions are read again
-	backoff time.Duration
-	probing bool // read again: its parts are applied on their own
-	settled bool // the poll loop dropped and paused its partitions
-	// inflight: a probe is being applied (on a goroutine of its own);
-	// the target's parts of other batches are left out meanwhile.
-	inflight bool
-	// done: a probe applied its events; the parts left out meanwhile
-	// are still left out until the poll loop reads its partitions again
-	// from what was applied (then the parking ends).
-	done bool
-	// reread: a probe ended without deciding (it applied no event); the
-	// parts left out meanwhile are left out until the poll loop reads
-	// the partitions again, and the target goes on probing.
-	reread  bool
-	logged  string
-	loggedA time.Time
-}
-
-// parking is the parked targets, shared by the applier (which parks and
-// un-parks) and the poll loop (which pauses, rewinds and resumes).
-type parking struct {
-	mu      sync.Mutex
-	epoch   int64
-	targets map[string]*parkState
-	// last is, per target ever parked, the epoch of its last park or resume.
-	last map[string]int64
-	// paused are the partitions paused for parking.
-	paused map[change.Partition]bool
-}
-
-func (k *parking) init() {
-	if k.targets == nil {
-		k.targets, k.last, k.paused = map[string]*parkState{}, map[string]int64{}, map[change.Partition]bool{}
-	}
-}
-
-// now is the current epoch: what a batch cut now is stamped with.
-func (k *parking) now() int64 {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.epoch
-}
-
-// parked reports whether target is parked (probing included).
-func (k *parking) parked(target string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	_, ok := k.targets[target]
-	return ok
-}
-
-// pausedFor reports whether p is paused because its target is parked.
-func (k *parking) pausedFor(p change.Partition) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.paused[p]
-}
-
-// any reports whether a target is parked.
-func (k *parking) any() bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.targets) > 0
-}
-
-// rules returns, for a batch stamped with epoch, whether a target's part
-// must be left out (parked, or parked or resumed after the batch was cut)
-// and whether it is a probe (applied on its own).
-func (k *parking) rules(epoch int64) (skip, probe func(string) bool) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	skips, probes := map[string]bool{}, map[string]bool{}
-	for t, st := range k.targets {
-		if !st.probing || st.inflight || st.done || st.reread {
-			skips[t] = true
-		} else {
-			probes[t] = true
-		}
-	}
-	for t, e := range k.last {
-		if epoch < e {
-			skips[t] = true
-		}
-	}
-	return func(t string) bool { return skips[t] }, func(t string) bool { return probes[t] && !skips[t] }
-}
+// One table's trouble stays in its table (DESIGN.md section 6): package
+// park decides when a parked target's partitions are paused, read again
+// and probed, and which part of a batch is left out; here the consumer
+// parks targets (and says so: log, /readyz, scd2sink_target_blocked),
+// pauses, drops and rewinds their partitions, leaves their parts out of
+// batches, and applies the probes.
 
 // parkTarget parks target after err (or parks it again after a probe
 // failed, with a longer backoff). Called by the applier and, for
 // failures preparing a batch, by the poll loop.
 func (c *Consumer) parkTarget(target string, err error) {
-	k := &c.park
-	k.mu.Lock()
-	k.init()
-	st := k.targets[target]
-	first := st == nil
-	if first {
-		st = &parkState{since: time.Now()}
-		k.targets[target] = st
-	}
-	limit := parkBackoffMax
 	class := c.cfg.Classify(err)
-	if class == sink.Blocked || class == sink.Data {
-		limit = parkBlockedMax
-	}
-	switch {
-	case st.backoff == 0:
-		st.backoff = parkBackoffMin
-	default:
-		st.backoff = min(2*st.backoff, limit)
-	}
-	st.err, st.until, st.probing, st.settled, st.inflight, st.done, st.reread = err, time.Now().Add(st.backoff), false, false, false, false, false
-	k.epoch++
-	k.last[target] = k.epoch
-	msg := err.Error()
-	logIt := msg != st.logged || time.Since(st.loggedA) > blockedLogEvery
-	if logIt {
-		st.logged, st.loggedA = msg, time.Now()
-	}
-	backoff, since := st.backoff, st.since
-	k.mu.Unlock()
+	blocked := class == sink.Blocked || class == sink.Data
+	pk := c.park.Park(target, err, blocked, blockedLogEvery)
 	state := sink.SQLState(err)
 	c.m.Retries.WithLabelValues(state).Inc()
 	c.m.TargetBlocked.WithLabelValues(target).Set(1)
-	c.health.Wait("target "+target, fmt.Sprintf("target %s parked (its partitions paused, the other targets go on), retrying in %s: %v", target, backoff, err))
-	if !logIt {
+	c.health.Wait("target "+target, fmt.Sprintf("target %s parked (its partitions paused, the other targets go on), retrying in %s: %v", target, pk.Backoff, err))
+	if !pk.Log {
 		return
 	}
-	fields := []zap.Field{zap.String("target", target), zap.String("sqlstate", state), zap.Duration("retry_in", backoff),
-		zap.Duration("parked_for", time.Since(since).Round(time.Second)), zap.Error(err)}
-	if class == sink.Blocked || class == sink.Data {
+	fields := []zap.Field{zap.String("target", target), zap.String("sqlstate", state), zap.Duration("retry_in", pk.Backoff),
+		zap.Duration("parked_for", time.Since(pk.Since).Round(time.Second)), zap.Error(err)}
+	if blocked {
 		c.log.Error("progress of this table stopped until this is fixed; the other tables go on (retrying slowly; a fix made live is picked up)",
 			append(fields, zap.String("hint", sink.Hint(err)))...)
 	} else {
@@ -189,29 +46,16 @@ func (c *Consumer) parkTarget(target string, err error) {
 	}
 }
 
-// unpark ends a target's parking after a probe applied its events: what
-// other batches held of it was left out meanwhile, so it stays left out
-// until the poll loop has read its partitions again from what was applied
-// (syncParked, which then ends the parking).
-func (c *Consumer) unpark(target string) {
-	k := &c.park
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if st := k.targets[target]; st != nil {
-		st.done, st.inflight = true, false
-	}
-}
-
 // unparked is the end of a parking: its partitions are read again after
 // a probe applied, or none of them is assigned any more.
-func (c *Consumer) unparked(target string, st *parkState) {
+func (c *Consumer) unparked(target string, st park.Ended) {
 	c.m.TargetBlocked.WithLabelValues(target).Set(0)
 	c.health.Wait("target "+target, "")
 	msg := "table applied again: parking over"
-	if !st.done {
+	if !st.Applied {
 		msg = "parking over: none of the table's partitions is assigned here any more"
 	}
-	c.log.Info(msg, zap.String("target", target), zap.Duration("parked_for", time.Since(st.since).Round(time.Millisecond)))
+	c.log.Info(msg, zap.String("target", target), zap.Duration("parked_for", time.Since(st.Since).Round(time.Millisecond)))
 }
 
 // syncParked pauses, drops and rewinds the partitions of targets parked
@@ -219,10 +63,7 @@ func (c *Consumer) unparked(target string, st *parkState) {
 // runs on the poll loop, while no rebalance callback runs.
 func (c *Consumer) syncParked() {
 	k := &c.park
-	k.mu.Lock()
-	idle := len(k.targets) == 0 && len(k.paused) == 0
-	k.mu.Unlock()
-	if idle {
+	if k.Idle() {
 		return
 	}
 	// mu first: no batch is cut (a revoke flushes too) between a new
@@ -233,63 +74,14 @@ func (c *Consumer) syncParked() {
 	for p := range c.assigned {
 		owned[c.target(p.Topic)] = true
 	}
-	k.mu.Lock()
-	now := time.Now()
-	hold, resume := map[string]bool{}, map[string]bool{}
-	var ended map[string]*parkState
-	for t, st := range k.targets {
-		switch {
-		case !owned[t] && !st.inflight:
-			// None of its partitions is assigned any more (revoked,
-			// lost): nothing of it was committed past what was applied,
-			// and whoever gets them reads from there. A later assignment
-			// finds the trouble again, if it lasts.
-			k.epoch++
-			k.last[t] = k.epoch
-			delete(k.targets, t)
-			if ended == nil {
-				ended = map[string]*parkState{}
-			}
-			ended[t] = st
-		case st.done:
-			// A probe applied its events: read the partitions again from
-			// what was applied (batches cut before now leave them out),
-			// and the parking is over.
-			k.epoch++
-			k.last[t] = k.epoch
-			resume[t] = true
-			delete(k.targets, t)
-			if ended == nil {
-				ended = map[string]*parkState{}
-			}
-			ended[t] = st
-		case st.reread:
-			st.reread = false
-			k.epoch++
-			k.last[t] = k.epoch
-			resume[t] = true
-		case !st.settled:
-			st.settled = true
-			hold[t] = true
-		case !st.probing && now.After(st.until):
-			st.probing = true
-			k.epoch++
-			k.last[t] = k.epoch
-			resume[t] = true
-		case !st.probing:
-			hold[t] = true // partitions assigned since are paused too
-		}
-	}
-	k.mu.Unlock()
+	hold, resume, ended := k.Sync(owned)
 	for t, st := range ended {
 		c.unparked(t, st)
 	}
 	var drop, pause, unpause []change.Partition
 	for p := range c.assigned {
 		t := c.target(p.Topic)
-		k.mu.Lock()
-		was := k.paused[p]
-		k.mu.Unlock()
+		was := k.PausedFor(p)
 		switch {
 		case resume[t]:
 			drop = append(drop, p)
@@ -303,14 +95,7 @@ func (c *Consumer) syncParked() {
 	if len(drop) > 0 {
 		c.rereadLocked(drop)
 	}
-	k.mu.Lock()
-	for _, p := range pause {
-		k.paused[p] = true
-	}
-	for _, p := range unpause {
-		delete(k.paused, p)
-	}
-	k.mu.Unlock()
+	k.SetPaused(pause, unpause)
 	if len(pause) > 0 {
 		c.client.PauseFetchPartitions(byTopic(pause))
 	}
@@ -376,16 +161,7 @@ func (c *Consumer) rereadLocked(parts []change.Partition) {
 // paused for parking, and resumes them for a later assignment (which
 // pauses them again while their target is parked).
 func (c *Consumer) releaseParked(parts []change.Partition) {
-	k := &c.park
-	k.mu.Lock()
-	var resume []change.Partition
-	for _, p := range parts {
-		if k.paused[p] {
-			delete(k.paused, p)
-			resume = append(resume, p)
-		}
-	}
-	k.mu.Unlock()
+	resume := c.park.Release(parts)
 	if len(resume) > 0 {
 		c.client.ResumeFetchPartitions(byTopic(resume))
 	}
@@ -412,12 +188,12 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 	if j.prepared == nil { // a sink that prepares nothing (tests)
 		return j.offsets, c.apply(ctx, j, nil)
 	}
-	skip, probe := c.park.rules(j.parkEpoch)
+	skip, probe := c.park.Rules(j.parkEpoch)
 	out := map[string]bool{} // targets whose part is not applied
 	var probes []string
 	main := j.prepared
 	targets := main.Targets()
-	if c.park.any() || j.parkEpoch < c.park.now() {
+	if c.park.Any() || j.parkEpoch < c.park.Now() {
 		for _, t := range targets {
 			switch {
 			case skip(t):
@@ -456,13 +232,13 @@ func (c *Consumer) applyJob(ctx context.Context, j job) (map[change.Partition]in
 		var part *sink.Prepared
 		aside, part = aside.Split(func(x string) bool { return x == t })
 		out[t] = true // committed by the probe, not by this job
-		if part != nil && c.park.startProbe(t, j.parkEpoch) {
+		if part != nil && c.park.StartProbe(t, j.parkEpoch) {
 			c.applier.probe(ctx, j, t, part, nil)
 		}
 	}
 	for _, t := range slices.Sorted(maps.Keys(j.alone)) {
 		b := j.alone[t]
-		if c.park.startProbe(t, j.parkEpoch) {
+		if c.park.StartProbe(t, j.parkEpoch) {
 			c.applier.probe(ctx, j, t, nil, &b)
 		}
 	}
@@ -533,36 +309,6 @@ func (c *Consumer) deadTarget(d sink.DeadLetter) string {
 	return c.target(d.Origin.Topic)
 }
 
-// startProbe marks a probe of target, from a batch cut at epoch, in
-// flight; false if one already is, or the target was parked or read again
-// since the batch was cut (while its main part was applied): then the
-// part is left out, and the next re-read (due anyway) covers it.
-func (k *parking) startProbe(target string, epoch int64) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	st := k.targets[target]
-	if st == nil || !st.probing || st.inflight || st.done || st.reread || epoch < k.last[target] {
-		if st != nil && st.probing && !st.inflight && !st.done {
-			st.reread = true // the part is left out: read again before the next
-		}
-		return false
-	}
-	st.inflight = true
-	return true
-}
-
-// probeDone ends a probe that decided nothing (it applied no event of its
-// target, or was abandoned): the target stays probing, and what batches
-// held of it while the probe was in flight, left out, is read again
-// before any of its parts is applied (syncParked).
-func (k *parking) probeDone(target string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if st := k.targets[target]; st != nil {
-		st.inflight, st.reread = false, true
-	}
-}
-
 // probe applies a parked target's part of job j on a goroutine of its own,
 // counted as busy (a rebalance and a drain wait for it; an abandonment
 // cancels it). Its offsets are recorded in its own transaction and
@@ -581,7 +327,7 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 		// again (resync).
 		a.mu.Unlock()
 		cancel()
-		c.park.probeDone(target)
+		c.park.ProbeDone(target)
 		return
 	}
 	a.probing.Add(1)
@@ -610,13 +356,13 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 		switch {
 		case gen != a.gen.Load():
 			// Abandoned meanwhile: everything is read again (resync).
-			c.park.probeDone(target)
+			c.park.ProbeDone(target)
 		case errors.Is(err, errNotMember):
-			c.park.probeDone(target)
+			c.park.ProbeDone(target)
 			c.requestResync(err.Error())
 		case err != nil && pctx.Err() != nil:
 			// Cut short by a rebalance or a drain: decided nothing.
-			c.park.probeDone(target)
+			c.park.ProbeDone(target)
 		case err != nil:
 			if _, ok := sink.ParkTarget(err); ok {
 				c.parkTarget(target, err)
@@ -637,9 +383,9 @@ func (a *applier) probe(ctx context.Context, j job, target string, part *sink.Pr
 			c.commit(pctx, offs)
 			c.m.TargetApplied.WithLabelValues(target).Set(float64(time.Now().UnixNano()) / 1e9)
 			if part.HasEvents() {
-				c.unpark(target)
+				c.park.Unpark(target)
 			} else {
-				c.park.probeDone(target)
+				c.park.ProbeDone(target)
 			}
 		}
 	}()

@@ -47,12 +47,12 @@ func (c *Consumer) applyWith(ctx context.Context, j job, p *sink.Prepared, fn fu
 // whose DDL or schema check fails as sink.ParkTarget says is parked and
 // the batch prepared again without it (park.go). Called with mu held.
 func (c *Consumer) prepare(ctx context.Context, b sink.Batch, epoch int64) (job, error) {
-	skip, probe := c.park.rules(epoch)
+	skip, probe := c.park.Rules(epoch)
 	// A probing target's part is prepared by its probe, on its goroutine:
 	// its DDL's lock wait (a column added while a DBA holds the table)
 	// would hold this loop, and every other table with it.
 	var alone map[string]sink.Batch
-	if c.park.any() {
+	if c.park.Any() {
 		for _, t := range c.batchTargets(b) {
 			if probe(t) {
 				if alone == nil {

@@ -82,7 +82,7 @@ func (c *Consumer) resumeDue() {
 	for p, st := range c.paused {
 		if time.Now().After(st.until) {
 			delete(c.paused, p)
-			if c.park.pausedFor(p) {
+			if c.park.PausedFor(p) {
 				continue // its table is parked: resumed with it (park.go)
 			}
 			resume[p.Topic] = append(resume[p.Topic], p.Partition)
