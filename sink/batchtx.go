@@ -126,7 +126,7 @@ func (b *batchTx) before(ctx context.Context, tx pgx.Tx) error {
 	}
 	b.seen = s.mem.lastReconciled() // what this transaction's fence saw
 	for _, e := range p.early {
-		if _, err := apply.RecordTruncate(ctx, tx, s.cfg.Schema, e.Target, e.Seq, e.At); err != nil {
+		if _, err := history.RecordTruncate(ctx, tx, s.cfg.Schema, e.Target, e.Seq, e.At); err != nil {
 			return err
 		}
 	}

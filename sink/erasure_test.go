@@ -115,3 +115,50 @@ func TestErase(t *testing.T) {
 		t.Errorf("a key with two values: %v", err)
 	}
 }
+
+// TestEraseOutsideServiceSchema: a target whose history lives in another
+// schema than the service's tables is erased (its history read and
+// deleted in its schema, the outside write counted in the service's);
+// a key of the wrong length is refused before any table is created.
+func TestEraseOutsideServiceSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA hist`); err != nil {
+		t.Fatal(err)
+	}
+	spec := custSpec("hist")
+	later := sink.TableSpec{Target: "orders_history", Schema: "public", Keys: []string{"order_id"}}
+	cfg := sink.Config{Schema: "public", Tables: []sink.TableSpec{spec, later}, ErasureSecret: []byte("0123456789abcdef0123456789abcdef")}
+	s := newSinkWith(t, pool, cfg)
+	apply(t, s, cust(change.OpCreate, 1, day, "C1", "name", "Ann", "plan", "basic", "city", "Wien", "visits", 1),
+		cust(change.OpCreate, 2, day, "C2", "name", "Bob", "plan", "basic", "city", "Graz", "visits", 1))
+	count := func(q string) int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	outside := count(`SELECT coalesce(sum(n), 0) FROM public.scd2sink_outside_writes`)
+	if _, err := s.Erase(ctx, sink.EraseRequest{Target: spec.Target, Keys: [][]string{{"C1"}}}); err != nil {
+		t.Fatalf("erase of a target in another schema: %v", err)
+	}
+	if n := count(`SELECT count(*) FROM hist.customers_history WHERE customer_id = 'C1'`); n != 0 {
+		t.Errorf("C1 has %d versions after its erase, want 0", n)
+	}
+	if n := count(`SELECT count(*) FROM hist.customers_history WHERE customer_id = 'C2'`); n != 1 {
+		t.Errorf("C2 has %d versions, want 1", n)
+	}
+	if n := count(`SELECT coalesce(sum(n), 0) FROM public.scd2sink_outside_writes`); n <= outside {
+		t.Errorf("outside writes %d after the erase, %d before: not counted in the service schema", n, outside)
+	}
+	_, err := s.Erase(ctx, sink.EraseRequest{Target: later.Target, Keys: [][]string{{"1", "2"}}})
+	if err == nil || !strings.Contains(err.Error(), "key has 2 values") {
+		t.Fatalf("erase with a key of 2 values for a 1-column key: %v, want refused", err)
+	}
+	if n := count(`SELECT count(*) FROM pg_class WHERE relname = 'orders_history'`); n != 0 {
+		t.Errorf("a refused erase created %d tables, want none", n)
+	}
+}

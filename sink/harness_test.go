@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
@@ -93,4 +94,31 @@ func verifyClean(t *testing.T, s *sink.Sink, target string) {
 func newBenchDSN(b *testing.B) string {
 	b.Helper()
 	return pgtest.NewDatabase(b)
+}
+
+// emptySchema deletes every row of every table in schema (history, side,
+// repair and the service's tables), keeping the tables: a test that runs
+// case after case in one schema then creates its tables once, not once
+// per case (their DDL is most of such a test's time). The service's
+// tables hold no rows the sink's Init needs; a new Sink on the emptied
+// schema starts as on a new one.
+func emptySchema(t *testing.T, pool *pgxpool.Pool, schema string) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r'`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	for _, n := range names {
+		b.Queue("DELETE FROM " + n)
+	}
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatalf("emptying schema %s: %v", schema, err)
+	}
 }

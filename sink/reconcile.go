@@ -295,7 +295,7 @@ func (r *reconciler) reconcileOne(ctx context.Context, sn Snapshot, confirmed bo
 		parts = append(parts, change.Partition{Topic: sn.Topic, Partition: n})
 	}
 	err = pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
-		pgcodec.Register(tx.Conn().TypeMap()) // keys read as load.go reads them back
+		pgcodec.Register(tx.Conn().TypeMap()) // keys read as package history reads them back
 		var done bool
 		sch := pgx.Identifier{r.s.cfg.Schema}.Sanitize()
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT done_at IS NOT NULL FROM %[1]s.scd2sink_snapshots sn WHERE consumer_group = $1 AND target = $2 AND scd_seq = $3

@@ -34,7 +34,7 @@ type Sink struct {
 	planner plan.Planner
 	// parts is how many parts a batch may be applied in (parallel.go).
 	parts int
-	// erasures knows the erased keys (erasure.go).
+	// erasures knows the erased keys (package erasure).
 	erasures *erasure.Set
 	// tune holds sizes and hooks (tuning.go; tests change them before
 	// the first batch); stats counts the ways batches took.

@@ -81,7 +81,7 @@ type Config struct {
 	// less this.
 	ReorderWindow time.Duration
 	// ErasureSecret keys the hashes of erased keys (erasure_key_file,
-	// erasure.go); ErasureAlias names the table this Sink writes the
+	// package erasure); ErasureAlias names the table this Sink writes the
 	// history of a target erasures were recorded for (a rebuild's); nil:
 	// the target itself.
 	ErasureSecret []byte
@@ -90,7 +90,7 @@ type Config struct {
 	// it for an event (its fields typed by the key's schema, JSON or
 	// Avro): how erasure recognises the key of a record that was never
 	// decoded, and the key a primary-key change's header names
-	// (erasekeys.go). nil: such keys are read as plain JSON.
+	// (package erasure). nil: such keys are read as plain JSON.
 	DecodeKey func(ctx context.Context, topic string, key []byte, headers []plan.Header) (vals []any, names []string, err error)
 	// Resolve gives the spec of a target not in Tables (a topic matched by
 	// a pattern): asked once per target, its answer kept when ok. It must

@@ -34,7 +34,7 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 		n.at, n.guessed = map[string]int{}, map[string]bool{}
 	}
 	// Names that PostgreSQL cuts to the same 63 bytes are one column (the
-	// first met); events carrying both are dead-lettered (plan.go).
+	// first met); events carrying both are dead-lettered (package plan).
 	i, ok := n.at[catalog.Ident(name)]
 	if !ok {
 		n.at[catalog.Ident(name)] = len(n.cols)

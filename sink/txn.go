@@ -135,6 +135,6 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 
 // applyTx is a batch's transaction: READ COMMITTED whatever the server's
 // default, so that each statement sees what committed before it and took
-// its locks (the column types read after a table's lock, prefetch.go; the
+// its locks (the column types read after a table's lock, history.Prefetch; the
 // offsets read after the partitions' advisory locks, fence).
 var applyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

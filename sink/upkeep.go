@@ -111,30 +111,33 @@ func (v upkeepView) ErasedViolations(ctx context.Context, spec catalog.TableSpec
 // Erase erases (or lifts the erasure of) keys of one target in one
 // transaction that waits for the target's writers (erasure.Set.Erase).
 func (s *Sink) Erase(ctx context.Context, req erasure.EraseRequest) (erasure.EraseResult, error) {
-	res, err := s.erasures.Erase(ctx, upkeepView{s}, req)
-	s.erasures.Stale()
-	return res, err
+	return s.erasures.Erase(ctx, upkeepView{s}, req)
 }
 
-// Keyed returns target's spec with its key columns and those columns as
-// the history table has them, creating the table when it does not exist
-// yet (erasure.Writers).
-func (v upkeepView) Keyed(ctx context.Context, target string) (catalog.TableSpec, []catalog.ColumnInfo, error) {
-	s := v.s
-	spec, ok := s.reg.spec(target)
+// KeySpec returns target's spec with its key columns, read from its
+// history table when the config names none (erasure.Writers).
+func (v upkeepView) KeySpec(ctx context.Context, target string) (catalog.TableSpec, error) {
+	spec, ok := v.s.reg.spec(target)
 	if !ok {
-		return spec, nil, fmt.Errorf("erasing from %s: no such table is configured", target)
+		return spec, fmt.Errorf("erasing from %s: no such table is configured", target)
 	}
 	if len(spec.Keys) == 0 {
-		keys, err := s.reg.existingKeys(ctx, spec)
+		keys, err := v.s.reg.existingKeys(ctx, spec)
 		if err != nil {
-			return spec, nil, err
+			return spec, err
 		}
 		spec.Keys = keys
 	}
 	if len(spec.Keys) == 0 {
-		return spec, nil, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", target)
+		return spec, fmt.Errorf("erasing from %s: the table does not exist yet (its key columns are unknown)", target)
 	}
+	return spec, nil
+}
+
+// KeyColumns returns spec's key columns as its history table has them,
+// creating the table when it does not exist yet (erasure.Writers).
+func (v upkeepView) KeyColumns(ctx context.Context, spec catalog.TableSpec) ([]catalog.ColumnInfo, error) {
+	s := v.s
 	// The key columns' types, for reading the keys' forms back: the
 	// table as it exists.
 	s.reg.mu.Lock()
@@ -143,12 +146,12 @@ func (v upkeepView) Keyed(ctx context.Context, target string) (catalog.TableSpec
 	if t == nil {
 		var err error
 		if t, err = ensureTable(ctx, s.pool, spec, nil); err != nil {
-			return spec, nil, err
+			return nil, err
 		}
 	}
 	s.reg.mu.Lock()
 	defer s.reg.mu.Unlock()
-	return spec, t.KeyColumns(), nil
+	return t.KeyColumns(), nil
 }
 
 // Pool is where erase's transaction runs (erasure.Writers).

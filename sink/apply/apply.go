@@ -14,7 +14,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
-// applyTable applies one table's share of a batch inside tx. It never changes
+// Table applies one table's share of a batch inside tx. It never changes
 // p, so a retried transaction starts from the same plan.
 func (a *Applier) Table(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error) {
 	var res Result
@@ -39,7 +39,7 @@ func (a *Applier) Table(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *
 			continue
 		}
 		known[string(tr.Seq)] = true
-		recorded, err := RecordTruncate(ctx, tx, a.schema, t.Hist.Sanitize(), tr.Seq, tr.T)
+		recorded, err := history.RecordTruncate(ctx, tx, a.schema, t.Hist.Sanitize(), tr.Seq, tr.T)
 		if err != nil {
 			return res, nil, err
 		}

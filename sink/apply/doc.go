@@ -13,7 +13,9 @@
 // reads it reads in its own transaction (or from the state cache, whose
 // entries the sink only commits with the transaction, Ops), so a batch
 // redelivered or applied again after a crash folds to the same history
-// (fold's reference semantics, DESIGN.md section 5). It runs no DDL and
-// takes no lock beyond the rows it writes; the sink took the table locks
+// (fold's reference semantics, DESIGN.md section 5). It runs no DDL but
+// the partitions a partitioned table needs for the versions it writes
+// (package history's Writes.Exec, catalog's Parts), and takes no lock
+// beyond those and the rows it writes; the sink took the table locks
 // and the fence before it. Result counts what it did.
 package apply

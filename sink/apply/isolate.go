@@ -23,7 +23,7 @@ func IsDataError(err error) bool {
 	return false
 }
 
-// applyIsolating applies a table's plan when the batch as a whole hit a
+// Isolating applies a table's plan when the batch as a whole hit a
 // value PostgreSQL rejects: it finds the events carrying such values by
 // bisecting the plan's keys under savepoints, dead-letters them with the
 // database's message, and applies everything else. Splitting a batch by

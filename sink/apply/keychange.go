@@ -14,7 +14,7 @@ import (
 // applyFunc applies one table's plan in a transaction.
 type applyFunc func(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *Ops) (Result, []plan.DeadLetter, error)
 
-// applyKeyChanges applies a table's plan in two steps when it holds
+// WithKeyChanges applies a table's plan in two steps when it holds
 // creates of primary-key changes with placeholders (DESIGN.md section 5:
 // "previous" is the old key's version live just before the create): first
 // every other key, the old keys among them, then, with the placeholders

@@ -6,7 +6,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/statecache"
 )
 
-// cacheOps is what one transaction carries besides its statements: the
+// Ops is what one transaction carries besides its statements: the
 // changes it makes to the state cache once it commits, the slabs the
 // states it unpacks take their values from, and what it read ahead. It
 // belongs to the transaction's goroutine.
@@ -15,6 +15,6 @@ type Ops struct {
 	// mem holds the values and structs of the states unpacked for the
 	// transaction.
 	mem fold.Mem
-	// Pre is what the transaction read ahead for its tables (prefetch.go).
+	// Pre is what the transaction read ahead for its tables (history.Prefetch).
 	Pre *history.Prefetched
 }

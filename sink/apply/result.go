@@ -44,7 +44,7 @@ type Result struct {
 	Disagreements map[string]int
 	Disagree      []Disagreement
 	// Erased counts, per target, the events and dead letters of erased
-	// keys dropped (erasure.go).
+	// keys dropped (package erasure).
 	Erased map[string]int
 	// Expired counts, per target, the events whose whole effect lies
 	// before what retention left of their key's history (retention.go):

@@ -40,7 +40,7 @@ func afterHorizon(seq, horizon, first change.Seq) bool {
 
 // expiredOf returns the events of evs after the horizon, and the
 // others described as dead letters of reason ReasonExpired, for
-// applyTable to count (Result.Expired) and log, never to store: what
+// Applier.Table to count (Result.Expired) and log, never to store: what
 // they would change is gone.
 func expiredOf(t *plan.Table, evs []fold.Event, horizon, first change.Seq) ([]fold.Event, []plan.DeadLetter) {
 	var out []fold.Event

@@ -91,7 +91,7 @@ func (s *Set) Erase(ctx context.Context, w Writers, req EraseRequest) (EraseResu
 	if len(s.secret) == 0 {
 		return res, fmt.Errorf("%w: erasing needs a secret to hash keys with; configure erasure_key_file", ErrErasureKey)
 	}
-	spec, kc, err := w.Keyed(ctx, req.Target)
+	spec, err := w.KeySpec(ctx, req.Target)
 	if err != nil {
 		return res, err
 	}
@@ -100,7 +100,13 @@ func (s *Set) Erase(ctx context.Context, w Writers, req EraseRequest) (EraseResu
 			return res, fmt.Errorf("erasing from %s: a key has %d values, the table's key is (%s)", req.Target, len(k), strings.Join(spec.Keys, ", "))
 		}
 	}
-	sch := pgx.Identifier{spec.Schema}.Sanitize()
+	kc, err := w.KeyColumns(ctx, spec)
+	if err != nil {
+		return res, err
+	}
+	// The service's tables are in s.schema; the history tables in
+	// spec.Schema.
+	sch := pgx.Identifier{s.schema}.Sanitize()
 	dlTables := req.DeadLetterTables
 	if len(dlTables) == 0 {
 		dlTables = []string{s.deadLetters}
@@ -156,7 +162,7 @@ func (s *Set) Erase(ctx context.Context, w Writers, req EraseRequest) (EraseResu
 				}
 				// Every dead-letter table is read once, whatever the
 				// number of keys.
-				unread, headers, err := s.eraseDeadLetters(ctx, tx, kc, dlTables, targets, topic, spec.Keys, keys)
+				unread, headers, err := s.eraseDeadLetters(ctx, tx, kc, dlTables, spec.Schema, targets, topic, spec.Keys, keys)
 				if err != nil {
 					return err
 				}
@@ -188,6 +194,7 @@ func (s *Set) Erase(ctx context.Context, w Writers, req EraseRequest) (EraseResu
 			return nil
 		})
 	})
+	s.Stale()
 	return res, err
 }
 
@@ -272,7 +279,7 @@ type erasing struct {
 // and takes out of the others the key-change headers that name one of
 // the keys. It returns the ids of the targets' dead letters whose key
 // could not be read at all, and how many headers it took out.
-func (s *Set) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.ColumnInfo, dlTables, targets []string, topic string, keyNames []string, keys []erasing) ([]int64, int64, error) {
+func (s *Set) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.ColumnInfo, dlTables []string, histSchema string, targets []string, topic string, keyNames []string, keys []erasing) ([]int64, int64, error) {
 	byID := make(map[string]int, len(keys))
 	for i, k := range keys {
 		byID[k.id] = i
@@ -292,7 +299,7 @@ func (s *Set) eraseDeadLetters(ctx context.Context, tx pgx.Tx, kc []catalog.Colu
 	for i, c := range kc {
 		keyMatch[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), i+1)
 	}
-	held := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s)`, pgx.Identifier{s.schema, targets[0]}.Sanitize(), strings.Join(keyMatch, " AND "))
+	held := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s)`, pgx.Identifier{histSchema, targets[0]}.Sanitize(), strings.Join(keyMatch, " AND "))
 	ambiguous := func(rs []keyReading) (bool, error) {
 		for _, r := range rs {
 			if _, ok := byID[r.id]; ok || r.vals == nil {
@@ -502,10 +509,12 @@ func (s *Set) Violations(ctx context.Context, pool *pgxpool.Pool, spec catalog.T
 // sink owns its tables; Erase only reads their description and waits for
 // their writers in its own transaction.
 type Writers interface {
-	// Keyed returns target's spec with its key columns, and those
-	// columns as the history table has them (created when it does not
-	// exist yet); an error names the target when it has no keys.
-	Keyed(ctx context.Context, target string) (catalog.TableSpec, []catalog.ColumnInfo, error)
+	// KeySpec returns target's spec with its key columns; an error
+	// names the target when it is unknown or has no keys yet. No DDL.
+	KeySpec(ctx context.Context, target string) (catalog.TableSpec, error)
+	// KeyColumns returns spec's key columns as its history table has
+	// them, creating the table when it does not exist yet.
+	KeyColumns(ctx context.Context, spec catalog.TableSpec) ([]catalog.ColumnInfo, error)
 	// LockWriters waits, in tx, for every writer of the targets (spec's
 	// topic's and those recorded for them), for tx's lifetime.
 	LockWriters(ctx context.Context, tx pgx.Tx, spec catalog.TableSpec, targets []string) error

@@ -77,7 +77,7 @@ type Set struct {
 	kconv plan.Converter
 }
 
-// erasureConfig is what a Set is made of.
+// Config is what a Set is made of.
 type Config struct {
 	// Schema holds the service's tables; Secret is the key hashes are
 	// made with (erasure_key_file).
@@ -97,7 +97,7 @@ type Config struct {
 	Retry func(ctx context.Context, stage, what string, fn func(context.Context) error) (int, error)
 }
 
-// newErasures returns a Set that reads the erased keys before its first
+// New returns a Set that reads the erased keys before its first
 // use.
 func New(cfg Config) *Set {
 	s := &Set{schema: cfg.Schema, secret: cfg.Secret, group: cfg.Group, deadLetters: cfg.DeadLetters, retry: cfg.Retry,

@@ -1,9 +1,10 @@
 // Package history holds the only SQL the sink runs against a history
 // table, its side table, its repairs table and its key directory while a
 // batch is applied: reading keys' latest states (LoadLatest, Prefetch,
-// ReadPrevAbsent), their whole or partial histories for a repair (Load,
-// LoadFrom), the truncates recorded so far (LoadTruncates), and writing
-// one table's changes of a batch set-based (Writes.Exec: COPY and unnest,
+// ReadPrevAbsent, RowBefore), their whole or partial histories for a
+// repair (Load, LoadFrom), the keys a truncate closes (LiveKeys), the
+// truncates recorded (LoadTruncates, RecordTruncate), and writing one
+// table's changes of a batch set-based (Writes.Exec: COPY and unnest,
 // never a statement per key).
 //
 // It runs inside the caller's transaction and keeps no state between

@@ -31,7 +31,7 @@ func keysSource(t *plan.Table, keys []*plan.KeyPlan, firstParam int) (string, []
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args
 }
 
-// colList lists t's columns as loadLatest and RowBefore read them,
+// colList lists t's columns as LoadLatest and RowBefore read them,
 // each prefixed by prefix.
 func colList(t *plan.Table, prefix string) string {
 	parts := make([]string, len(t.Cols))
@@ -108,7 +108,7 @@ func asBytes(v any) []byte {
 }
 
 // LoadLatest reads, for each key, its latest version and side-table
-// summary. pre holds what the batch's prefetch (prefetch.go) read of some
+// summary. pre holds what the batch's prefetch (Prefetch) read of some
 // keys in its first read: those are not read again.
 func LoadLatest(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan, pre map[*plan.KeyPlan]*fold.Latest) ([]fold.Latest, error) {
 	out := make([]fold.Latest, len(keys))
@@ -301,12 +301,12 @@ type Bound struct {
 	Latest time.Time
 }
 
-// loadHistory reads every version and side row of the keys.
+// Load reads every version and side row of the keys.
 func Load(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPlan) ([]KeyHistory, error) {
 	return LoadFrom(ctx, tx, t, keys, nil, nil)
 }
 
-// loadHistoryFrom reads the history of each key from the version before
+// LoadFrom reads the history of each key from the version before
 // the latest one opened at or before after[i] (nil: all of it): what a
 // late event at after[i] may change, and one version before it, whose
 // resolved row is the fold's starting point (apply.go, repairKey); when
@@ -449,26 +449,6 @@ func LoadFrom(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyPla
 // history (see the sink's retention.go and package maint).
 const horizonOp = "h"
 
-// LoadTruncates reads the truncates applied to the table so far.
-func LoadTruncates(ctx context.Context, tx pgx.Tx, schema string, t *plan.Table) ([]fold.Event, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT scd_seq, valid_from FROM %s.scd2sink_truncates WHERE target = $1 ORDER BY scd_seq`,
-		pgx.Identifier{schema}.Sanitize()), t.Hist.Sanitize())
-	if err != nil {
-		return nil, fmt.Errorf("reading truncates of %s: %w", t.Hist.Sanitize(), err)
-	}
-	defer rows.Close()
-	var out []fold.Event
-	for rows.Next() {
-		var seq []byte
-		var at time.Time
-		if err := rows.Scan(&seq, &at); err != nil {
-			return nil, err
-		}
-		out = append(out, fold.Event{Seq: seq, Op: change.OpTruncate, T: at})
-	}
-	return out, rows.Err()
-}
-
 // ReadPrevAbsent works out PrevAbsent (fold.Latest) for the states, read
 // from the table, of the append path's keys (keys[i] has states[i]) whose
 // first new after image holds placeholders (the later ones resolve
@@ -553,13 +533,14 @@ func RowBefore(ctx context.Context, tx pgx.Tx, t *plan.Table, key []any, seq cha
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var old []any
 	if rows.Next() {
 		if old, err = rows.Values(); err != nil {
+			rows.Close()
 			return nil, err
 		}
 		t.NormalizeRow(old)
 	}
+	rows.Close() // an error after the last row comes with the close
 	return old, rows.Err()
 }

@@ -37,7 +37,7 @@ type T1Row struct {
 
 // Writes collects one table's changes of one batch, executed set-based.
 type Writes struct {
-	// Pre is what the transaction read ahead (prefetch.go): the column
+	// Pre is what the transaction read ahead (Prefetch): the column
 	// types its COPYs take instead of a describe each.
 	Pre         *Prefetched
 	DelVersions []int64

@@ -208,7 +208,7 @@ func (m *Maint) retainChunk(ctx context.Context, spec catalog.TableSpec, t *cata
 				return fmt.Errorf("recording the retention horizon of %s: %w", target, err)
 			}
 			// No writer keeps the state of a key with nothing current
-			// while its table has retention (applyTable), and nothing a
+			// while its table has retention (package apply's Applier.Table), and nothing a
 			// kept state holds of a key with a current version is
 			// removed: the pass fences once, at its end (Retain).
 			return nil

@@ -28,7 +28,7 @@ import (
 // without an error.
 //
 // known, when not nil, holds the table's column types as read after the
-// same lock earlier in the transaction (prefetch.go): then no describe is
+// same lock earlier in the transaction (package history's Prefetch): then no describe is
 // needed, unless a column is missing from it or of a domain type (0).
 func CopyIn(ctx context.Context, tx pgx.Tx, table pgx.Identifier, cols []string, known map[string]uint32, n int, fill func(i int, row []any) []any) (int64, error) {
 	quoted := make([]string, len(cols))

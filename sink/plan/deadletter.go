@@ -18,16 +18,18 @@ type DeadLetter struct {
 	Err     string
 	// Decoded marks a dead letter of an event rejected after decoding (a
 	// value PostgreSQL refused, a conflict): Key and Value are then its
-	// decoded form (plan.go), not the record's bytes; a replay reads the
+	// decoded form (Planner.Plan), not the record's bytes; a replay reads the
 	// record again from Kafka by its coordinates.
 	Decoded bool
 	// Reason is why it is a dead letter (one of the Reason constants): the
 	// reason label of scd2sink_events_dead_lettered_total.
 	Reason string
-	// kid is the identity of the event's key when it converted (an
-	// erased key's dead letters are dropped too); keyCols, for one
-	// without, are its table's key columns (Prepare), to read its key
-	// back with (erasekeys.go).
+	// KeyID is the identity of the event's key when it converted (an
+	// erased key's dead letters are dropped too); KeyCols, for one
+	// without, are its table's key columns, to read its key back with
+	// (package erasure). The sink's Prepare sets them; a caller handing
+	// dead letters to the sink leaves them empty (the erasure filter
+	// trusts KeyID).
 	KeyID   string
 	KeyCols []catalog.ColumnInfo
 }

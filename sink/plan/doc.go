@@ -5,8 +5,9 @@
 //
 // It is CPU only: no SQL, no I/O. A Planner's fields are scratch reused
 // batch after batch, so one goroutine uses it at a time; a plan refers to
-// the Table descriptions it was made for and is not changed once made
-// (the sink's later stages read it, SubPlan takes parts of it).
+// the Table descriptions it was made for. Once made, a plan's events are
+// not changed; the sink's erasure filter only takes erased keys out of
+// it (in the batch's transaction), and SubPlan takes parts of it.
 //
 // Invariants: a key's identity (KeyID) is the same text for equal keys
 // whatever Go type their values arrive as, so that the state cache, the

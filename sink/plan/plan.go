@@ -86,7 +86,7 @@ func appendKeyID(b []byte, key []any) []byte {
 
 // Planner turns a batch's events into typed rows grouped by table and
 // key: CPU only, no SQL. Its fields are scratch reused batch after batch,
-// so it is used by one goroutine at a time (Prepare, under the Sink's mu).
+// so it is used by one goroutine at a time (Prepare, under the Sink's registry lock).
 type Planner struct {
 	Conv Converter
 	// has is the columns an image carries.
@@ -247,7 +247,7 @@ func (s *Planner) toFevent(t *Table, ev *change.Event, after map[string]any) (fo
 		if cap(s.has) < len(t.Cols) {
 			s.has = make([]bool, len(t.Cols))
 		}
-		has := s.has[:len(t.Cols)] // scratch: Prepare holds the Sink's mu
+		has := s.has[:len(t.Cols)] // scratch: Prepare holds the Sink's registry lock
 		clear(has)
 		f := &s.fill
 		*f = rowFill{s: s, t: t, ev: ev, row: row, has: has, carried: len(t.KeyIdx)}
@@ -437,7 +437,7 @@ func (kp *KeyPlan) Partition() change.Partition {
 }
 
 // KeyColumns are t's key columns, in key order, copied (a batch being
-// prepared may change t's columns meanwhile). Call it holding s.mu.
+// prepared may change t's columns meanwhile). Call it holding the Sink's registry lock.
 func (t *Table) KeyColumns() []catalog.ColumnInfo {
 	out := make([]catalog.ColumnInfo, len(t.KeyIdx))
 	for i, ki := range t.KeyIdx {

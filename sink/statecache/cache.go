@@ -38,7 +38,7 @@ type Cache struct {
 type Entry struct {
 	// mem holds the entry's own copy of its key's identity (kn bytes),
 	// which the map keeps: a batch's identities share its memory
-	// (tablePlan.intern), and a map assignment stores the key it is
+	// (plan.TablePlan's interning), and a map assignment stores the key it is
 	// given, even over an existing entry. A packed state (bn bytes)
 	// follows it in the same allocation.
 	mem    *byte
