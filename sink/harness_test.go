@@ -100,23 +100,31 @@ func newBenchDSN(b *testing.B) string {
 // repair and the service's tables), keeping the tables: a test that runs
 // case after case in one schema then creates its tables once, not once
 // per case (their DDL is most of such a test's time). The service's
-// tables hold no rows the sink's Init needs; a new Sink on the emptied
-// schema starts as on a new one.
+// tables hold no rows the sink's Init needs, and the sequences start
+// again: a new Sink on the emptied schema starts as on a new one.
 func emptySchema(t *testing.T, pool *pgxpool.Pool, schema string) {
 	t.Helper()
 	ctx := context.Background()
-	rows, err := pool.Query(ctx, `SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relkind = 'r'`, schema)
+	rows, err := pool.Query(ctx, `SELECT c.oid::regclass::text, c.relkind = 'S' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'S')`, schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type rel struct {
+		Name string
+		Seq  bool
+	}
+	rels, err := pgx.CollectRows(rows, pgx.RowToStructByPos[rel])
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := &pgx.Batch{}
-	for _, n := range names {
-		b.Queue("DELETE FROM " + n)
+	for _, r := range rels {
+		if r.Seq {
+			b.Queue("SELECT setval($1::regclass, 1, false)", r.Name) // scd_id starts again at 1
+		} else {
+			b.Queue("DELETE FROM " + r.Name)
+		}
 	}
 	if err := pool.SendBatch(ctx, b).Close(); err != nil {
 		t.Fatalf("emptying schema %s: %v", schema, err)
