@@ -64,6 +64,8 @@ type BatchSink interface {
 // being prepared or applied, when what the sink remembers may have gone
 // stale.
 type Ledger interface {
+	// Offsets returns the offsets the group's transactions recorded: the
+	// next offset to consume per partition.
 	Offsets(ctx context.Context) (map[change.Partition]int64, error)
 	// TopicIDs returns the Kafka topic IDs recorded with the offsets.
 	TopicIDs(ctx context.Context) (map[change.Partition]string, error)
@@ -75,6 +77,9 @@ type Ledger interface {
 	// HistoryTables reports which of the given targets' history tables
 	// exist.
 	HistoryTables(ctx context.Context, targets []string) (map[string]bool, error)
+	// Forget empties what the sink remembers of what it wrote; safe from
+	// any goroutine, a batch being applied meanwhile included (its memory
+	// is then not kept either). It never waits.
 	Forget()
 }
 

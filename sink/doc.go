@@ -90,20 +90,20 @@
 // sequencer order them per key and hold them for the reorder window, and
 // cuts the released events into a Batch (batch.go). From there:
 //
-//  1. Prepare (txn.go) brings every target's tables to the batch's
-//     columns (the registry, registry.go and tables.go, with package
+//  1. Prepare (apply.go) brings every target's tables to the batch's
+//     columns (the registry, registry.go and registry_ddl.go, with package
 //     catalog's DDL), then package plan converts each event to the
 //     columns' types into a fold.Event, grouped by table and key
 //     (plan.TablePlan, plan.KeyPlan); what cannot be converted becomes a
 //     dead letter. CPU and DDL only.
-//  2. ApplyPrepared (txn.go, parallel.go) cuts the batch into parts of
+//  2. ApplyPrepared (apply.go, parallel.go) cuts the batch into parts of
 //     disjoint partitions when apply_workers allows (cut.go: the one way
-//     to cut, by partitions here, by targets for parking, park.go), and
+//     to cut, by partitions here, by targets for parking), and
 //     applyOne applies each in one transaction, batchTx (batchtx.go), in
 //     three phases, one call per part:
-//  3. before: the fence and writers' locks (the Ledger, offsets.go,
-//     writers.go), truncates of tables not yet created, replay marks
-//     (replay.go), erased keys dropped (package erasure), then one
+//  3. before: the fence and writers' locks (the Ledger, ledger_offsets.go,
+//     ledger_locks.go), truncates of tables not yet created, replay marks
+//     (ledger_replay.go), erased keys dropped (package erasure), then one
 //     pipeline reading ahead every table's truncates, uncached keys'
 //     latest versions and column types (package history's Prefetch).
 //  4. the tables: package apply folds each target's share — the append
@@ -173,7 +173,7 @@
 // naming it; when ParkTarget says waiting cures it (blocked and data
 // errors, lock and statement timeouts) the consumer parks that target
 // while the others go on: Prepared.Split cuts a batch along targets, which
-// is exact for the reason parts are (park.go), and ApplyPart applies the
+// is exact for the reason parts are (Split, below), and ApplyPart applies the
 // parked target's probe beside later batches.
 //
 // DDL runs only for what the catalog lacks (package catalog): a restart with

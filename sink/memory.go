@@ -30,7 +30,7 @@ type memory struct {
 	written map[change.Partition]int64
 	// seen is, for partitions of resized topics this Sink does not write,
 	// the offset the fence last saw; resized are the topics its fences
-	// found resized (resize.go).
+	// found resized (ledger_topics.go).
 	seen    map[change.Partition]int64
 	resized map[string]bool
 	// forgets counts Forget calls; forgot is the count last acted on.
@@ -88,7 +88,7 @@ func (m *memory) holds(k statecache.Key) bool {
 }
 
 // anyResized reports whether a topic of positions was found resized: its
-// writers take turns on the topic's lock (resize.go).
+// writers take turns on the topic's lock (ledger_topics.go).
 func (m *memory) anyResized(positions map[change.Partition]Position) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()

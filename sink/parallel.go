@@ -104,7 +104,7 @@ func (s *Sink) split(p *Prepared, n int) []*Prepared {
 		return nil
 	}
 	if s.mem.anyResized(p.positions) {
-		return nil // its parts would take turns on the topic's lock anyway (resize.go)
+		return nil // its parts would take turns on the topic's lock anyway (ledger_topics.go)
 	}
 	parent := map[change.Partition]change.Partition{}
 	var find func(change.Partition) change.Partition

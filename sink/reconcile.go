@@ -56,7 +56,7 @@ import (
 // to: a chunk of a snapshot's deletes is a batch of s, fenced like every
 // writer's. pending says scd2sink_snapshots may hold snapshots to decide;
 // it is set by any goroutine recording a snapshot (a probe applies beside
-// the batches, park.go), and recorded counts those records, so that a
+// the batches, cut.go), and recorded counts those records, so that a
 // reconciliation that began before one does not clear the flag. running
 // guards against reconciling from reconciliation's own batches; it,
 // notBefore (by target and sequence, when a snapshot is looked at again:

@@ -12,7 +12,7 @@ import (
 // registry is what a Sink knows of its targets: their specs (the
 // configured ones and those cfg.Resolve gave, keys learnt from existing
 // tables), and the history tables it has loaded or created, with the
-// DDL that brings them to a batch's columns (tables.go). tables is
+// DDL that brings them to a batch's columns (registry_ddl.go). tables is
 // guarded by mu, which Prepare holds while it plans (a batch's plan
 // refers to the descriptions it was made for); specs and snapDeletes by
 // specMu, so that the applying goroutine and maintenance read specs

@@ -23,7 +23,7 @@ type Sink struct {
 	cfg  Config
 	pool *pgxpool.Pool
 	log  *zap.Logger
-	// reg knows the targets' specs and tables (registry.go, tables.go);
+	// reg knows the targets' specs and tables (registry.go, registry_ddl.go);
 	// its mu is held while a batch is prepared.
 	reg *registry
 	// mem is what the Sink remembers of what it wrote (memory.go).

@@ -153,17 +153,7 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
 		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
 			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
-		cur := ""
-		if t.Parts != nil {
-			// Only a key's open version is closed here (appendKey), and
-			// in a partitioned table it is in the current versions'
-			// partition (a closed row cannot have a NULL valid_to): the
-			// plan touches that one instead of probing every partition.
-			cur = " AND h.is_current"
-		}
-		q := fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq%s",
-			hist, unnest("x", 1, types, names), keyMatch(t, "h", "x"), cur)
-		if _, err := tx.Exec(ctx, q, args...); err != nil {
+		if _, err := tx.Exec(ctx, closeStmt(t, types, names), args...); err != nil {
 			return fmt.Errorf("closing versions of %s: %w", hist, err)
 		}
 	}
@@ -208,6 +198,23 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 		}
 	}
 	return w.writeDir(ctx, tx, t)
+}
+
+// closeStmt is the statement that closes versions in t, one per row of
+// the arrays (the versions' keys and sequences, then their valid_to and
+// closing sequence: types and names as versionKeys gives them, with
+// "vt" and "cs" added). It only builds the text; Exec runs it.
+func closeStmt(t *plan.Table, types, names []string) string {
+	cur := ""
+	if t.Parts != nil {
+		// Only a key's open version is closed here (appendKey), and in a
+		// partitioned table it is in the current versions' partition (a
+		// closed row cannot have a NULL valid_to): the plan touches that
+		// one instead of probing every partition.
+		cur = " AND h.is_current"
+	}
+	return fmt.Sprintf("UPDATE %s h SET valid_to = x.vt, is_current = false, scd_close_seq = x.cs FROM %s WHERE %s AND h.scd_seq = x.seq%s",
+		t.Hist.Sanitize(), unnest("x", 1, types, names), keyMatch(t, "h", "x"), cur)
 }
 
 // execType1 writes the Type 1 values of w.t1Bulk to the keys' stored

@@ -53,11 +53,11 @@ func (n *newColumns) note(name, typ string, inferred bool) {
 	}
 }
 
-// prepare creates tables met for the first time and adds columns that
+// ensure creates tables met for the first time and adds columns that
 // events carry but their tables lack: typed and in the schema's order when
 // the event has a schema, else typed by inference from the values, in name
 // order. DDL runs in its own transactions.
-func (r *registry) prepare(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
+func (r *registry) ensure(ctx context.Context, evs []*change.Event, afters []map[string]any) error {
 	extra := map[string]*newColumns{}
 	widen := map[string]map[string]string{} // table → column → wider type
 	failed := map[string]string{}           // table → the change schema_changes: fail stops at
@@ -254,7 +254,7 @@ func (r *registry) loadExisting(ctx context.Context, evs []*change.Event) error 
 		seen[ev.Table] = true
 		spec, ok := r.spec(ev.Table)
 		if ok && len(spec.Keys) == 0 && len(ev.KeyNames) > 0 {
-			spec.Keys = ev.KeyNames // keys from the Kafka key, as prepare takes them
+			spec.Keys = ev.KeyNames // keys from the Kafka key, as ensure takes them
 			r.setSpec(spec)
 		}
 		if !ok || len(spec.Keys) == 0 {

@@ -193,7 +193,7 @@ type Batch struct {
 	// their topics, every partition): an import writes keys that run may
 	// be writing. Each lock waits at most lock_timeout.
 	LockTargets []string
-	// Replay, for a replay of dead letters (replay.go), names the
+	// Replay, for a replay of dead letters (ledger_replay.go), names the
 	// dead-letter rows of each event's origin: marked replayed in the
 	// batch's transaction, or given the new error if rejected again.
 	Replay map[change.Origin][]int64

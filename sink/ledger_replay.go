@@ -51,7 +51,7 @@ func (l *Ledger) markReplayed(ctx context.Context, tx pgx.Tx, replay map[change.
 }
 
 // countOutsideWrite bumps the outside-writes count in tx: every writer's
-// next fence (offsets.go) sees it and forgets its cached states.
+// next fence (ledger_offsets.go) sees it and forgets its cached states.
 func (l *Ledger) countOutsideWrite(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s AS w (consumer_group, n) VALUES ($1, 1)
 		ON CONFLICT (consumer_group) DO UPDATE SET n = w.n + 1`, pgx.Identifier{l.schema}.Sanitize(), catalog.OutsideWritesTable), l.group); err != nil {

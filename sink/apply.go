@@ -74,7 +74,7 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 		}
 		afters[i] = a
 	}
-	if err := s.reg.prepare(ctx, b.Events, afters); err != nil {
+	if err := s.reg.ensure(ctx, b.Events, afters); err != nil {
 		return nil, err
 	}
 	plans, dead, early, mismatches := s.planner.Plan(b.Events, afters, s.reg.tables, s.reg.spec)

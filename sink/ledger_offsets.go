@@ -61,7 +61,7 @@ func (l *Ledger) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partit
 	b := &pgx.Batch{}
 	b.Queue(keyedPlans)
 	b.Queue(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks)
-	// Topics whose partitions were added to (resize.go): keys moved
+	// Topics whose partitions were added to (ledger_topics.go): keys moved
 	// between partitions, so writers of the topic take turns, after the
 	// partition locks (one order for all) and in a statement of its own,
 	// whose snapshot sees a resize recorded while it waited.
