@@ -3,7 +3,7 @@ GO ?= go
 .PHONY: test lint bench build e2e e2e-bench only-go
 
 build:
-	$(GO) build -o bin/scd2sink ./cmd/scd2sink
+	$(GO) build -buildvcs=auto -o bin/scd2sink ./cmd/scd2sink
 
 # The packages whose tests take longest go first, three test binaries at a
 # time: their tests wait on PostgreSQL and on Kafka's timers as much as

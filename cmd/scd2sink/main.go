@@ -82,7 +82,7 @@ const usage = `usage:
                                     write a first configuration for the cluster's Debezium topics
                                     (one record of each read: format, connector, key, columns)
   scd2sink demo                     play a scripted scenario in-process and print its history
-  scd2sink version
+  scd2sink version                  the version, VCS revision and Go version (also --version)
   scd2sink help                     this text (also -h, --help)
 (--config defaults to $SCD2SINK_CONFIG, then scd2sink.yaml)
 `
@@ -113,6 +113,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
+		return 0
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, versionLine())
 		return 0
 	case "dead-letters":
 		if len(rest) == 0 || (rest[0] != "list" && rest[0] != "replay") {
@@ -198,9 +201,6 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch cmd {
-	case "version":
-		fmt.Fprintln(stdout, "scd2sink", version)
-		return 0
 	case "demo":
 		// Interrupted, it still stops the PostgreSQL it started.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
