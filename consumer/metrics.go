@@ -1,10 +1,12 @@
 package consumer
 
 import (
+	"maps"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/scd2sink/scd2sink/sink"
@@ -195,7 +197,40 @@ type Health struct {
 	Joined   atomic.Bool
 	Postgres atomic.Bool
 	mu       sync.Mutex
-	waits    map[string]string // stage -> what it waits for
+	waits    map[string]string  // stage -> what it waits for
+	parked   map[string]Parking // target -> why it is parked
+}
+
+// Parking is why and since when a target is parked, as the status page
+// shows it: a value-free summary of the error (sink.Summary).
+type Parking struct {
+	Reason string
+	Since  time.Time
+}
+
+// Park records that target is parked (again) for reason; the time of
+// the first parking is kept.
+func (h *Health) Park(target, reason string, since time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.parked == nil {
+		h.parked = map[string]Parking{}
+	}
+	h.parked[target] = Parking{Reason: reason, Since: since}
+}
+
+// Unpark records that target's parking is over.
+func (h *Health) Unpark(target string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.parked, target)
+}
+
+// Parked is a copy of the targets parked now.
+func (h *Health) Parked() map[string]Parking {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.parked)
 }
 
 // Wait records what a stage of the pipeline (init, prepare, apply ...)

@@ -32,6 +32,7 @@ func (c *Consumer) parkTarget(target string, err error) {
 	state := sink.SQLState(err)
 	c.m.Retries.WithLabelValues(state).Inc()
 	c.m.TargetBlocked.WithLabelValues(target).Set(1)
+	c.health.Park(target, sink.Summary(err), pk.Since)
 	c.health.Wait("target "+target, fmt.Sprintf("target %s parked (its partitions paused, the other targets go on), retrying in %s: %v", target, pk.Backoff, err))
 	if !pk.Log {
 		return
@@ -50,6 +51,7 @@ func (c *Consumer) parkTarget(target string, err error) {
 // a probe applied, or none of them is assigned any more.
 func (c *Consumer) unparked(target string, st park.Ended) {
 	c.m.TargetBlocked.WithLabelValues(target).Set(0)
+	c.health.Unpark(target)
 	c.health.Wait("target "+target, "")
 	msg := "table applied again: parking over"
 	if !st.Applied {

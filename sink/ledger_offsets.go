@@ -156,10 +156,10 @@ func (l *Ledger) writeDeadLetters(ctx context.Context, tx pgx.Tx, dead []plan.De
 			}
 			hdrs, _ = json.Marshal(hs) // strings and bytes: cannot fail
 		}
-		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, cleanText(d.Err), now, hdrs, d.Decoded}
+		rows[i] = []any{d.Origin.Topic, d.Origin.Partition.Partition, d.Origin.Offset, d.Table, d.Key, d.Value, cleanText(d.Err), now, hdrs, d.Decoded, nullIfEmpty(d.Reason)}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, l.deadLetters},
-		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers", "decoded"}, pgx.CopyFromRows(rows))
+		[]string{"topic", "partition", "offset", "target", "key", "value", "error", "created_at", "headers", "decoded", "reason"}, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("writing %d dead letters: %w", len(dead), err)
 	}

@@ -74,12 +74,20 @@ func (l *Ledger) failedAgain(ctx context.Context, tx pgx.Tx, replay map[change.O
 			rest = append(rest, d)
 			continue
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET replayed_at = NULL, error = $2 WHERE id = ANY($1)`,
-			pgx.Identifier{l.schema}.Sanitize(), pgx.Identifier{l.deadLetters}.Sanitize()), ids, cleanText(d.Err)); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.%s SET replayed_at = NULL, error = $2, reason = $3 WHERE id = ANY($1)`,
+			pgx.Identifier{l.schema}.Sanitize(), pgx.Identifier{l.deadLetters}.Sanitize()), ids, cleanText(d.Err), nullIfEmpty(d.Reason)); err != nil {
 			return nil, fmt.Errorf("recording a dead letter rejected again: %w", err)
 		}
 	}
 	return rest, nil
+}
+
+// nullIfEmpty is s, or NULL when it is empty.
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // cleanText makes an error text storable: valid UTF-8, without NUL.

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -228,4 +229,31 @@ func once(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context) erro
 		pool.Reset()
 	}
 	return err
+}
+
+// Summary says what err is in a line fit for a status page: its class,
+// its SQLSTATE and PostgreSQL's message, never a value. Data errors
+// (SQLSTATE classes 22 and 23) and errors other than PostgreSQL's may
+// quote an event's values, so they show only their class and code.
+func Summary(err error) string {
+	if err == nil {
+		return ""
+	}
+	code := SQLState(err)
+	what := map[string]string{"55P03": "lock timeout: another session holds a lock the table's writes need",
+		"57014": "statement timeout", "25006": "PostgreSQL is read-only (a standby, or after a failover)",
+		"42501": "permission denied", "53100": "disk full", "40P01": "deadlock", "40001": "serialization failure",
+		"42P01": "a table scd2sink writes is missing", "42703": "a column scd2sink writes is missing",
+		"drift": "the history table is not as scd2sink keeps it", "network": "PostgreSQL unreachable"}[code]
+	if what == "" {
+		what = Classify(err).String() + " error"
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(code) == 5 && code[:2] != "22" && code[:2] != "23" {
+		return fmt.Sprintf("%s (SQLSTATE %s: %s)", what, code, pgErr.Message)
+	}
+	if code == "network" || code == "drift" {
+		return what
+	}
+	return fmt.Sprintf("%s (SQLSTATE %s)", what, code)
 }

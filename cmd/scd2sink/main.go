@@ -184,6 +184,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&iq.ValidTo, "valid-to", "", "another layout: the column where a version ends (NULL while current)")
 		fs.BoolVar(&iq.DryRun, "dry-run", false, "print what would be written and every invalid version; write nothing")
 	}
+	asJSON := false
+	if cmd == "status" {
+		fs.BoolVar(&asJSON, "json", false, "print /status.json's shape")
+	}
 	var initOpts app.InitOptions
 	var brokers, topics string
 	if cmd == "init" {
@@ -224,7 +228,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return exitCode(stderr, app.Init(ctx, initOpts, stdout))
-	case "run", "verify", "rebuild", "history", "tables", "reconcile", "erase", "import", "dead-letters list", "dead-letters replay":
+	case "run", "verify", "rebuild", "history", "tables", "status", "reconcile", "erase", "import", "dead-letters list", "dead-letters replay":
 	default:
 		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
 		return 2
@@ -295,6 +299,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 		return exitCode(stderr, app.Import(ctx, cfg, app.Options{Logger: log}, iq, stdout))
 	}
+	if cmd == "status" {
+		trouble, err := app.Status(context.Background(), cfg, app.Options{Logger: log, ConfigPath: config.Path(*cfgPath)}, asJSON, stdout)
+		if err == nil && trouble {
+			return 1
+		}
+		return exitCode(stderr, err)
+	}
 	if cmd == "tables" {
 		return exitCode(stderr, app.Tables(context.Background(), cfg, app.Options{Logger: log}, stdout))
 	}
@@ -332,7 +343,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		defer memProfile(path, log)
 	}
 	log.Info("starting", zap.String("command", cmd), zap.String("version", version), zap.Int("tables", len(cfg.Tables)))
-	run := func() error { return app.Run(ctx, cfg, app.Options{Logger: log, LeaveGroup: leave}) }
+	run := func() error {
+		return app.Run(ctx, cfg, app.Options{Logger: log, LeaveGroup: leave, ConfigPath: config.Path(*cfgPath), Version: moduleVersion()})
+	}
 	if cmd == "rebuild" {
 		run = func() error {
 			return app.Rebuild(ctx, cfg, app.Options{Logger: log}, app.RebuildMode{Follow: follow, FromScratch: scratch})

@@ -11,11 +11,8 @@ import (
 // revision and commit time Go stamps into a binary built from a checkout
 // (marked modified when the tree had changes), and the Go version.
 func versionLine() string {
-	v, rev, at, modified, gov := version, "", "", "", runtime.Version()
+	v, rev, at, modified, gov := moduleVersion(), "", "", "", runtime.Version()
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			v = bi.Main.Version
-		}
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -40,4 +37,13 @@ func versionLine() string {
 		out += ", committed " + at
 	}
 	return out + ", " + gov
+}
+
+// moduleVersion is the version set at build time, else the module
+// version Go recorded, else "dev".
+func moduleVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return version
 }

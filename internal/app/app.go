@@ -30,6 +30,7 @@ import (
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/apicurio"
 	"github.com/scd2sink/scd2sink/internal/retry"
+	"github.com/scd2sink/scd2sink/internal/status"
 	"github.com/scd2sink/scd2sink/sink"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -45,6 +46,9 @@ type Options struct {
 	Logger *zap.Logger
 	// KafkaOpts are extra franz-go options (the demo and tests).
 	KafkaOpts []kgo.Opt
+	// ConfigPath is the configuration file, named in the commands the
+	// status page shows; Version is shown at its foot.
+	ConfigPath, Version string
 	// LeaveGroup makes a static member (kafka.instance_id) leave the
 	// group when it stops (run --leave-group).
 	LeaveGroup bool
@@ -52,6 +56,9 @@ type Options struct {
 	// rebuild's carryOver starts; afterEraseRound after each round of
 	// Erase; retentionFirst and retentionEvery, when set, replace run's
 	// retention schedule (retention.go).
+	// statusEvery, when set (tests), is how often the status page's
+	// charts sample.
+	statusEvery                    time.Duration
 	beforeCarry                    func()
 	afterEraseRound                func(round int)
 	retentionFirst, retentionEvery time.Duration
@@ -314,11 +321,18 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	reg.MustRegister(heldGauge(s))
 	g, gctx := errgroup.WithContext(ctx)
 	if addr := cfg.HTTPAddr(); addr != "" {
-		srv, err := newHTTP(addr, reg, health)
+		adm, cl, err := opts.kafkaAdmin(cfg)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		coll := status.New(cfg, status.Options{ConfigPath: opts.ConfigPath, Rebuilding: cfg.Rebuilding, SampleEvery: opts.statusEvery}, pool, adm, health)
+		srv, err := newHTTP(addr, reg, health, status.NewServer(coll, opts.Version))
 		if err != nil {
 			return err
 		}
 		g.Go(func() error { return srv.run(gctx) })
+		g.Go(func() error { return coll.Run(gctx) })
 	}
 	g.Go(func() error {
 		if err := initSink(gctx, s, log, health, metrics); err != nil {

@@ -11,20 +11,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/internal/status"
 )
 
-// httpServer serves /metrics, /healthz and /readyz; nothing that changes state.
+// httpServer serves /metrics, /healthz, /readyz and the status page (/
+// and /status.json); nothing that changes state.
 type httpServer struct {
 	ln  net.Listener
 	srv *http.Server
 }
 
-func newHTTP(addr string, reg *prometheus.Registry, health *consumer.Health) (*httpServer, error) {
+func newHTTP(addr string, reg *prometheus.Registry, health *consumer.Health, page *status.Server) (*httpServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http.addr %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
+	if page != nil {
+		page.Register(mux)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

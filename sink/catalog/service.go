@@ -121,7 +121,7 @@ func EnsureService(ctx context.Context, pool *pgxpool.Pool, svc Service) error {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text, partition integer,
 			"offset" bigint, target text, key bytea, value bytea, error text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now(), headers jsonb, replayed_at timestamptz, decoded boolean)`, s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
+			created_at timestamptz NOT NULL DEFAULT now(), headers jsonb, replayed_at timestamptz, decoded boolean, reason text)`, s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
 	} else if !cat.HasCol(svc.DeadLetterTable, "headers") {
 		// The record's headers: without Apicurio's schema id header a
 		// dead letter's bare Avro could never be decoded again.
@@ -169,6 +169,12 @@ func replayDDL(cat *Catalog, svc Service) []string {
 		// replayed_at: put right by a replay; decoded: Key and Value are
 		// the decoded form (DeadLetter.Decoded).
 		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS replayed_at timestamptz, ADD COLUMN IF NOT EXISTS decoded boolean`,
+			s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
+	}
+	if cat.Has(svc.DeadLetterTable) && !cat.HasCol(svc.DeadLetterTable, "reason") {
+		// reason: why it is a dead letter (DeadLetter.Reason), counted by
+		// the status page; NULL on rows written before it existed.
+		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS reason text`,
 			s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
 	}
 	if !cat.Has(OutsideWritesTable) {
