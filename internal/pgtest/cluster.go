@@ -143,22 +143,35 @@ func freePort() (int, error) {
 }
 
 func startLocal(ctx context.Context, bindir string, settings []string) (*Cluster, error) {
-	c := &Cluster{bindir: bindir, Kind: "local PostgreSQL from " + bindir}
+	var runAs *user.User
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			return nil, fmt.Errorf("running as root needs the postgres user to run initdb: %w", err)
 		}
-		c.runAs = u
+		runAs = u
 	}
 	dir, err := os.MkdirTemp("", "scd2sink-pg-")
 	if err != nil {
+		return nil, fmt.Errorf("directory for a local PostgreSQL: %w", err)
+	}
+	c, err := startCluster(ctx, bindir, dir, runAs, settings)
+	if err != nil {
 		return nil, err
 	}
-	c.dataDir = dir
+	c.Kind = "local PostgreSQL from " + bindir
+	return c, nil
+}
+
+// startCluster initialises a cluster in dir/data with bindir's initdb and
+// starts it on a free loopback port, its socket and log in dir; as runAs
+// when not nil (then dir is given to that user). The Cluster owns dir from
+// the start: Stop, or a failure here, removes it.
+func startCluster(ctx context.Context, bindir, dir string, runAs *user.User, settings []string) (*Cluster, error) {
+	c := &Cluster{bindir: bindir, runAs: runAs, dataDir: dir}
 	if err := c.chown(dir); err != nil {
 		c.Stop()
-		return nil, err
+		return nil, fmt.Errorf("giving %s to %s: %w", dir, runAs.Username, err)
 	}
 	data := filepath.Join(dir, "data")
 	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust",
