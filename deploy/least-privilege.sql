@@ -1,10 +1,15 @@
--- Least privilege for scd2sink (README, "Least privilege"). Run once, as an
--- administrator (a superuser, or the database's owner holding CREATEROLE),
--- with psql:
+-- Least privilege for scd2sink (docs/operations.md, "Least privilege").
+-- Run once, as an administrator (a superuser, or the database's owner
+-- holding CREATEROLE), with psql:
 --
 --   psql "$ADMIN_DSN" -v schema=history -v service_role=scd2sink \
 --        -v service_password="$SCD2SINK_DB_PASSWORD" -v reader_role=history_reader \
 --        -f deploy/least-privilege.sql
+--
+-- and name the same schema in scd2sink's configuration:
+--
+--   postgres:
+--     schema: history
 --
 -- The service's role is no superuser, cannot create databases or roles,
 -- has no CREATE on the database, and owns only what it creates in the
