@@ -306,18 +306,24 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // Error is a configuration error: Key names the offending key (as a path
-// like tables[1].type1_scope), Msg says why.
+// like tables[1].type1_scope), Line its line in the file when known, Msg
+// says why.
 type Error struct {
-	Key string
-	Msg string
+	Key  string
+	Line int
+	Msg  string
 }
 
-// Error formats the error as "configuration: key: why".
+// Error formats the error as "configuration: key (line N): why".
 func (e *Error) Error() string {
-	if e.Key == "" {
+	where := e.Key
+	if e.Line > 0 {
+		where = strings.TrimSpace(fmt.Sprintf("%s (line %d)", e.Key, e.Line))
+	}
+	if where == "" {
 		return "configuration: " + e.Msg
 	}
-	return fmt.Sprintf("configuration: %s: %s", e.Key, e.Msg)
+	return fmt.Sprintf("configuration: %s: %s", where, e.Msg)
 }
 
 func errf(key, format string, args ...any) *Error {
@@ -345,18 +351,28 @@ func Load(path string) (*Config, error) {
 	return Parse(raw, os.LookupEnv)
 }
 
-var (
-	yamlUnknown = regexp.MustCompile(`line (\d+): field (\S+) not found in type config\.(\w+)`)
-	yamlLine    = regexp.MustCompile(`line (\d+): (.*)`)
-)
+// fileKeys is where the keys of a file are: the key path on each line
+// that holds one, the value written on each line, and each key path's
+// first line.
+type fileKeys struct {
+	keys   map[int]string
+	values map[int]string
+	lines  map[string]int
+}
 
-// keyLines maps each line of raw that holds a key to that key's path
-// (kafka.brokers, tables[1].deletes ...), to name keys in decoder errors.
-func keyLines(raw []byte) map[int]string {
-	out := map[int]string{}
+// keyLines reads raw's keys (kafka.brokers, tables[1].deletes ...), to
+// name keys and lines in errors.
+func keyLines(raw []byte) fileKeys {
+	fk := fileKeys{keys: map[int]string{}, values: map[int]string{}, lines: map[string]int{}}
 	var root yaml.Node
 	if yaml.Unmarshal(raw, &root) != nil {
-		return out
+		return fk
+	}
+	note := func(line int, path string) {
+		fk.keys[line] = path
+		if _, ok := fk.lines[path]; !ok {
+			fk.lines[path] = line
+		}
 	}
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
@@ -371,22 +387,29 @@ func keyLines(raw []byte) map[int]string {
 				if path != "" {
 					p = path + "." + p
 				}
-				out[n.Content[i].Line] = p
-				out[n.Content[i+1].Line] = p
-				walk(n.Content[i+1], p)
+				note(n.Content[i].Line, p)
+				v := n.Content[i+1]
+				fk.keys[v.Line] = p
+				if v.Kind == yaml.ScalarNode {
+					fk.values[v.Line] = v.Value
+				}
+				walk(v, p)
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
 				p := fmt.Sprintf("%s[%d]", path, i)
-				if _, taken := out[c.Line]; !taken || c.Kind != yaml.MappingNode {
-					out[c.Line] = p
+				if _, taken := fk.keys[c.Line]; !taken || c.Kind != yaml.MappingNode {
+					fk.keys[c.Line] = p
+				}
+				if _, ok := fk.lines[p]; !ok {
+					fk.lines[p] = c.Line
 				}
 				walk(c, p)
 			}
 		}
 	}
 	walk(&root, "")
-	return out
+	return fk
 }
 
 // Parse decodes raw YAML, applies env (os.LookupEnv in production) and the
@@ -395,49 +418,23 @@ func Parse(raw []byte, env func(string) (string, bool)) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
+	fk := keyLines(raw)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, yamlError(err, keyLines(raw))
+		return nil, yamlErrors(err, fk.keys, fk.values)
 	}
 	if err := c.readSecretFiles(); err != nil {
-		return nil, err
+		return nil, withLines(err, fk.lines)
 	}
 	if err := c.applyEnv(env); err != nil {
 		return nil, err
 	}
 	c.applyDefaults()
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return nil, withLines(err, fk.lines)
 	}
 	return &c, nil
 }
 
-// yamlError turns the YAML decoder's message into one naming the key.
-func yamlError(err error, lines map[int]string) error {
-	msg := err.Error()
-	if m := yamlUnknown.FindStringSubmatch(msg); m != nil {
-		return &Error{Key: m[2], Msg: fmt.Sprintf("unknown key at line %s (in the %s block); check its spelling", m[1], blockName(m[3]))}
-	}
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		var line int
-		fmt.Sscan(m[1], &line)
-		if key, ok := lines[line]; ok {
-			return &Error{Key: key, Msg: fmt.Sprintf("line %d: %s", line, strings.ReplaceAll(m[2], "!!str ", ""))}
-		}
-	}
-	msg = strings.TrimPrefix(msg, "yaml: ")
-	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
-	return &Error{Msg: "invalid YAML: " + msg}
-}
-
-func blockName(goType string) string {
-	names := map[string]string{"Config": "top", "Kafka": "kafka", "TLS": "kafka.tls", "SASL": "kafka.sasl",
-		"Postgres": "postgres", "SchemaRegistry": "schema_registry", "RegistryTLS": "schema_registry.tls", "Sequencer": "sequencer", "Sink": "sink",
-		"HTTP": "http", "Log": "log", "TableDefaults": "defaults", "Table": "tables"}
-	if n, ok := names[goType]; ok {
-		return n
-	}
-	return goType
-}
 
 // readSecretFiles reads the *_file forms of secrets (Kubernetes and Docker
 // mount secrets as files). A secret given both inline and as a file is an

@@ -130,8 +130,8 @@ func TestBadValues(t *testing.T) {
 		name, yaml, key string
 	}{
 		{"unknown top key", minimal + "colour: blue\n", "colour"},
-		{"misspelled nested key", strings.Replace(minimal, "brokers:", "broker:", 1), "broker"},
-		{"unknown table key", minimal + "    targt: x\n", "targt"},
+		{"misspelled nested key", strings.Replace(minimal, "brokers:", "broker:", 1), "kafka.broker"},
+		{"unknown table key", minimal + "    targt: x\n", "tables[0].targt"},
 		{"no brokers", strings.Replace(minimal, `["127.0.0.1:9092"]`, "[]", 1), "kafka.brokers"},
 		{"broker without port", strings.Replace(minimal, `127.0.0.1:9092`, "kafka", 1), "kafka.brokers[0]"},
 		{"start offset", minimal + "  start_offset: middle\n", ""},
@@ -209,7 +209,7 @@ func TestBadValues(t *testing.T) {
 		{"partition by", minimal + "    partitioning: {by: scd_seq}\n", "tables[0].partitioning.by"},
 		{"partition interval", minimal + "    partitioning: {interval: week}\n", "tables[0].partitioning.interval"},
 		{"partition ahead", minimal + "    partitioning: {ahead: -1}\n", "tables[0].partitioning.ahead"},
-		{"partition key", minimal + "    partitioning: {every: month}\n", "every"},
+		{"partition key", minimal + "    partitioning: {every: month}\n", "tables[0].partitioning.every"},
 		{"retention unit", minimal + "    retention: 400 days\n", "tables[0].retention"},
 		{"retention zero", minimal + "    retention: 0d\n", "tables[0].retention"},
 		{"retention huge", minimal + "    retention: 9999999d\n", "tables[0].retention"},

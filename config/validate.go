@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -49,15 +50,34 @@ func oneOf(key, value string, allowed ...string) error {
 	return errf(key, "%q is not one of %v", value, allowed)
 }
 
-// Validate checks every value and returns the first error, naming its key.
+// Validate checks every value and returns what is wrong, naming the keys:
+// the first mistake of each block (kafka, the services, each tables
+// entry), all at once (Errors), or nil.
 func (c *Config) Validate() error {
-	checks := []func() error{c.validateKafka, c.validateServices, c.validateTables}
-	for _, check := range checks {
-		if err := check(); err != nil {
-			return err
-		}
+	var out Errors
+	for _, check := range []func() error{c.validateKafka, c.validateServices, c.validateTables} {
+		out = appendErr(out, check())
 	}
-	return nil
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// appendErr adds err's mistakes to es.
+func appendErr(es Errors, err error) Errors {
+	var many Errors
+	var one *Error
+	switch {
+	case err == nil:
+	case errors.As(err, &many):
+		es = append(es, many...)
+	case errors.As(err, &one):
+		es = append(es, one)
+	default:
+		es = append(es, &Error{Msg: err.Error()})
+	}
+	return es
 }
 
 // instanceID is what Kafka accepts as a group.instance.id.
@@ -283,40 +303,45 @@ func (c *Config) validateTables() error {
 	}
 	topics, targets := map[string]int{}, map[string]int{}
 	views := map[string]string{}
+	var out Errors
 	for i, t := range c.Tables {
-		key := func(field string) string { return fmt.Sprintf("tables[%d].%s", i, field) }
-		if t.TopicPattern != "" {
-			if t.Topic != "" {
-				return errf(key("topic_pattern"), "and topic are both set: use one")
-			}
-			if err := validatePattern(key, t); err != nil {
-				return err
-			}
-			if err := c.validateTableSettings(i, key, t, views); err != nil {
-				return err
-			}
-			continue
-		}
-		if t.Topic == "" {
-			return errf(key("topic"), "is required (or topic_pattern)")
-		}
-		if j, dup := topics[t.Topic]; dup {
-			return errf(key("topic"), "%q is also tables[%d].topic", t.Topic, j)
-		}
-		topics[t.Topic] = i
-		if err := validName(key("target"), t.Target, MaxTargetBytes,
-			" (PostgreSQL's 63 bytes less the longest derived suffix, _scd_repairs; set a shorter target)"); err != nil {
-			return err
-		}
-		if j, dup := targets[t.Target]; dup {
-			return errf(key("target"), "%q is also tables[%d].target", t.Target, j)
-		}
-		targets[t.Target] = i
-		if err := c.validateTableSettings(i, key, t, views); err != nil {
-			return err
-		}
+		out = appendErr(out, c.validateTable(i, t, topics, targets, views))
 	}
-	return nil
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// validateTable checks tables entry i; topics and targets are those of
+// the entries before it.
+func (c *Config) validateTable(i int, t Table, topics, targets map[string]int, views map[string]string) error {
+	key := func(field string) string { return fmt.Sprintf("tables[%d].%s", i, field) }
+	if t.TopicPattern != "" {
+		if t.Topic != "" {
+			return errf(key("topic_pattern"), "and topic are both set: use one")
+		}
+		if err := validatePattern(key, t); err != nil {
+			return err
+		}
+		return c.validateTableSettings(i, key, t, views)
+	}
+	if t.Topic == "" {
+		return errf(key("topic"), "is required (or topic_pattern)")
+	}
+	if j, dup := topics[t.Topic]; dup {
+		return errf(key("topic"), "%q is also tables[%d].topic", t.Topic, j)
+	}
+	topics[t.Topic] = i
+	if err := validName(key("target"), t.Target, MaxTargetBytes,
+		" (PostgreSQL's 63 bytes less the longest derived suffix, _scd_repairs; set a shorter target)"); err != nil {
+		return err
+	}
+	if j, dup := targets[t.Target]; dup {
+		return errf(key("target"), "%q is also tables[%d].target", t.Target, j)
+	}
+	targets[t.Target] = i
+	return c.validateTableSettings(i, key, t, views)
 }
 
 // validateTableSettings checks the settings of a tables entry that do not
