@@ -435,7 +435,6 @@ func Parse(raw []byte, env func(string) (string, bool)) (*Config, error) {
 	return &c, nil
 }
 
-
 // readSecretFiles reads the *_file forms of secrets (Kubernetes and Docker
 // mount secrets as files). A secret given both inline and as a file is an
 // error; the environment still wins over both.
