@@ -70,7 +70,7 @@ func yamlErrors(err error, keys map[int]string, values map[int]string) error {
 			if block := parentKey(e.Key); block != "" {
 				e.Msg += " in " + block
 			}
-			if near := nearest(m[2], knownKeys(m[3])); near != "" {
+			if near := Nearest(m[2], knownKeys(m[3])); near != "" {
 				e.Msg += fmt.Sprintf("; did you mean %s?", near)
 			} else {
 				e.Msg += fmt.Sprintf("; the keys there are %s", strings.Join(knownKeys(m[3]), ", "))
@@ -183,9 +183,10 @@ func knownKeys(goType string) []string {
 	return keys
 }
 
-// nearest is the known key closest to name: within two edits, or one
-// that contains it or is contained in it; "" when none is.
-func nearest(name string, known []string) string {
+// Nearest is the known word (a key, a command) closest to name: within
+// two edits, or one that contains it or is contained in it; "" when none
+// is.
+func Nearest(name string, known []string) string {
 	best, bestD := "", 3
 	for _, k := range known {
 		d := distance(strings.ToLower(name), k)

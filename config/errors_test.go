@@ -62,8 +62,8 @@ tables:
 func TestNearestKey(t *testing.T) {
 	known := []string{"target", "topic", "track_history", "type1_scope", "ignore_columns"}
 	for in, want := range map[string]string{"targt": "target", "track_histroy": "track_history", "ignore": "ignore_columns", "colour": "", "TOPIC": "topic"} {
-		if got := nearest(in, known); got != want {
-			t.Errorf("nearest(%q) = %q, want %q", in, got, want)
+		if got := Nearest(in, known); got != want {
+			t.Errorf("Nearest(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

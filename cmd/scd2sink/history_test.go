@@ -117,7 +117,7 @@ func TestHelp(t *testing.T) {
 	for _, arg := range []string{"help", "-h", "--help"} {
 		t.Run(arg, func(t *testing.T) {
 			code, out, errOut := run(t, arg)
-			if code != 0 || !strings.Contains(out, "scd2sink history") || errOut != "" {
+			if code != 0 || !strings.Contains(out, "history              print a key's versions") || errOut != "" {
 				t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 			}
 		})

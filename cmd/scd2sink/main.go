@@ -1,16 +1,7 @@
 // Command scd2sink keeps SCD Type 2 history tables in PostgreSQL from
-// Debezium change events in Kafka. See README.md and DESIGN.md.
-//
-//	scd2sink run      --config FILE
-//	scd2sink verify   --config FILE
-//	scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
-//	scd2sink dead-letters list|replay --config FILE ...
-//	scd2sink reconcile --config FILE --table T --confirm
-//	scd2sink tables   --config FILE
-//	scd2sink erase    --config FILE --table T --key V[,V...] [--key ...] [--reason TEXT] [--lift]
-//	scd2sink init     --brokers B [--registry URL] [--topics RE] [--dsn DSN] > scd2sink.yaml
-//	scd2sink demo
-//	scd2sink version
+// Debezium change events in Kafka. `scd2sink help` lists its commands
+// (help.go holds what each command's --help says); README.md and docs/
+// are the manual.
 package main
 
 import (
@@ -39,53 +30,6 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-const usage = `usage:
-  scd2sink run      --config FILE [--leave-group]
-                                    consume continuously until SIGINT/SIGTERM; with
-                                    --leave-group a static member (kafka.instance_id) also
-                                    leaves the group when it stops (a scale-down)
-  scd2sink rebuild  --config FILE [--follow] [--from-scratch]
-                                    replay every topic from the earliest offset into fresh tables,
-                                    carry over the live versions whose events Kafka no longer
-                                    holds, swap them in when caught up; with --follow carry on
-                                    as run; with --from-scratch keep only what Kafka holds
-  scd2sink import   --config FILE --table T --from SCHEMA.TABLE
-                    [--layout dbt | --valid-from COL --valid-to COL] [--dry-run]
-                                    seed T's history from an SCD2 table kept elsewhere (a dbt
-                                    snapshot, a MERGE's table); refuses a table with overlapping
-                                    or inverted versions (listed); idempotent; may run beside run
-  scd2sink verify   --config FILE   check the history invariants; exit 1 on any violation
-  scd2sink history  --config FILE --table T --key V[,V...] [--at TIME]
-                                    print a key's versions (T: a target or topic; V: the key
-                                    values in key column order), or the version valid at TIME;
-                                    exit 1 when there is none
-  scd2sink dead-letters list   --config FILE [--table T] [--since TIME]
-                                    the dead letters not replayed: id, time, topic, partition,
-                                    offset, key, error
-  scd2sink dead-letters replay --config FILE (--id N[,N...] | --table T | --all)
-                                    apply dead letters again through the normal path, as late
-                                    events; prints what was applied and what failed again
-                                    (exit 1 if any did)
-  scd2sink reconcile --config FILE --table T --confirm
-                                    apply the snapshot reconciliation of T that the guard
-                                    (snapshot_deletes_max_fraction) held; without --confirm,
-                                    print it and exit 2
-  scd2sink tables   --config FILE   every matched topic -> target, keys, tracked columns,
-                                    versions, lag, complete_through; straight from Kafka and PostgreSQL
-  scd2sink erase    --config FILE --table T --key V[,V...] [--key ...] [--reason TEXT] [--lift]
-                                    (--key-json '["V, with comma", 7]' for values with commas)
-                                    remove every trace of the keys (versions, side rows, repair
-                                    audits, dead letters) and keep them from coming back; the
-                                    erasure is recorded as a keyed hash (erasure_key_file);
-                                    --lift allows the keys again
-  scd2sink init     --brokers B[,B...] [--registry URL] [--topics RE] [--dsn DSN] [--wait D]
-                                    write a first configuration for the cluster's Debezium topics
-                                    (one record of each read: format, connector, key, columns)
-  scd2sink demo                     play a scripted scenario in-process and print its history
-  scd2sink version                  the version, VCS revision and Go version (also --version)
-  scd2sink help                     this text (also -h, --help)
-(--config defaults to $SCD2SINK_CONFIG, then scd2sink.yaml)
-`
 
 func main() {
 	// The garbage collector's defaults, chosen by BenchmarkPipeline
@@ -106,27 +50,38 @@ func main() {
 
 func realMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		printUsage(stderr)
 		return 2
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "help", "-h", "--help", "-help":
+		if len(rest) > 0 && cmd == "help" {
+			return realMain(append(rest, "--help"), stdout, stderr) // help CMD: CMD --help
+		}
+		printUsage(stdout)
 		return 0
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, versionLine())
 		return 0
 	case "dead-letters":
 		if len(rest) == 0 || (rest[0] != "list" && rest[0] != "replay") {
-			fmt.Fprintf(stderr, "scd2sink dead-letters: list or replay?\n%s", usage)
+			fmt.Fprintln(stderr, "scd2sink dead-letters: say list or replay (see scd2sink dead-letters list --help)")
 			return 2
 		}
 		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
+	about, known := lookup(cmd)
+	if !known {
+		return unknownCommand(stderr, cmd)
+	}
 	fs := flag.NewFlagSet("scd2sink "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "configuration file")
+	fs.SetOutput(io.Discard) // errors are said in one line, help on request (help.go)
+	fs.Usage = func() {}
+	var cfgPath *string
+	if cmd != "init" && cmd != "demo" && cmd != "version" {
+		cfgPath = fs.String("config", "", "the configuration `FILE` (default $SCD2SINK_CONFIG, then scd2sink.yaml)")
+	}
 	follow, leave, confirm, scratch := false, false, false, false
 	if cmd == "run" {
 		fs.BoolVar(&leave, "leave-group", false, "a static member leaves the group when it stops")
@@ -138,50 +93,50 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var hq app.HistoryQuery
 	var keyList string
 	if cmd == "reconcile" {
-		fs.StringVar(&hq.Table, "table", "", "the target whose held reconciliation to apply")
+		fs.StringVar(&hq.Table, "table", "", "the target `T` whose held reconciliation to apply")
 		fs.BoolVar(&confirm, "confirm", false, "apply it")
 	}
 	var dq app.DeadLetterQuery
 	var idList string
 	if strings.HasPrefix(cmd, "dead-letters ") {
-		fs.StringVar(&dq.Table, "table", "", "only the dead letters of this target (or topic)")
+		fs.StringVar(&dq.Table, "table", "", "only the dead letters of target `T` (or of a topic)")
 	}
 	if cmd == "dead-letters list" {
-		fs.StringVar(&dq.Since, "since", "", "only those written at or after this time (RFC 3339 or YYYY-MM-DD)")
+		fs.StringVar(&dq.Since, "since", "", "only those written at or after this `TIME` (RFC 3339 or YYYY-MM-DD)")
 	}
 	if cmd == "dead-letters replay" {
-		fs.StringVar(&idList, "id", "", "the dead letters' ids, comma-separated")
+		fs.StringVar(&idList, "id", "", "the dead letters' ids `N[,N...]`")
 		fs.BoolVar(&dq.All, "all", false, "every dead letter not replayed")
 	}
 	if cmd == "history" {
-		fs.StringVar(&hq.Table, "table", "", "a configured target, or its topic")
-		fs.StringVar(&keyList, "key", "", "the key values, comma-separated, in key column order")
-		fs.StringVar(&hq.At, "at", "", "a time: print the version valid then")
+		fs.StringVar(&hq.Table, "table", "", "a configured target `T`, or its topic")
+		fs.StringVar(&keyList, "key", "", "the key's values `V[,V...]`, in key column order")
+		fs.StringVar(&hq.At, "at", "", "print the version valid at this `TIME` (RFC 3339 or YYYY-MM-DD)")
 	}
 	var er app.EraseRequest
 	if cmd == "erase" {
-		fs.StringVar(&er.Table, "table", "", "the target")
-		fs.Func("key", "a key's values, comma-separated, in key column order (repeat for more keys)", func(v string) error {
+		fs.StringVar(&er.Table, "table", "", "the target `T`")
+		fs.Func("key", "a key's values `V[,V...]`, in key column order (repeat for more keys)", func(v string) error {
 			er.Keys = append(er.Keys, strings.Split(v, ","))
 			return nil
 		})
-		fs.Func("key-json", `a key's values as a JSON array, for values holding commas: '["Smith, J", 7]' (repeatable)`, func(v string) error {
+		fs.Func("key-json", "a key's values as a `JSON` array, for values holding commas: '[\"Smith, J\", 7]' (repeatable)", func(v string) error {
 			key, err := jsonKey(v)
 			if err == nil {
 				er.Keys = append(er.Keys, key)
 			}
 			return err
 		})
-		fs.StringVar(&er.Reason, "reason", "", "why, recorded with the erasure (never put the key here)")
+		fs.StringVar(&er.Reason, "reason", "", "why: a `TEXT` recorded with the erasure (never put the key here)")
 		fs.BoolVar(&er.Lift, "lift", false, "allow the keys again instead of erasing them")
 	}
 	var iq app.ImportQuery
 	if cmd == "import" {
-		fs.StringVar(&iq.Table, "table", "", "the target whose history to seed (or its topic)")
-		fs.StringVar(&iq.From, "from", "", "SCHEMA.TABLE: the SCD2 table to import")
-		fs.StringVar(&iq.Layout, "layout", "", "dbt: a dbt snapshot (dbt_valid_from, dbt_valid_to, dbt_is_deleted)")
-		fs.StringVar(&iq.ValidFrom, "valid-from", "", "another layout: the column where a version starts")
-		fs.StringVar(&iq.ValidTo, "valid-to", "", "another layout: the column where a version ends (NULL while current)")
+		fs.StringVar(&iq.Table, "table", "", "the target `T` whose history to seed (or its topic)")
+		fs.StringVar(&iq.From, "from", "", "the SCD2 table to import (`SCHEMA.TABLE`)")
+		fs.StringVar(&iq.Layout, "layout", "", "`dbt`: a dbt snapshot (dbt_valid_from, dbt_valid_to, dbt_is_deleted)")
+		fs.StringVar(&iq.ValidFrom, "valid-from", "", "another layout: the column `COL` where a version starts")
+		fs.StringVar(&iq.ValidTo, "valid-to", "", "another layout: the column `COL` where a version ends (NULL while current)")
 		fs.BoolVar(&iq.DryRun, "dry-run", false, "print what would be written and every invalid version; write nothing")
 	}
 	asJSON := false
@@ -191,18 +146,30 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var initOpts app.InitOptions
 	var brokers, topics string
 	if cmd == "init" {
-		fs.StringVar(&brokers, "brokers", "", "Kafka bootstrap brokers, comma-separated")
-		fs.StringVar(&initOpts.Registry, "registry", "", "the schema registry's URL (for Avro topics)")
-		fs.StringVar(&topics, "topics", "", "a regular expression: only the topics it matches (whole names)")
-		fs.StringVar(&initOpts.DSN, "dsn", "", "the warehouse's DSN (default: a placeholder to edit)")
-		fs.DurationVar(&initOpts.Wait, "wait", 10*time.Second, "how long to wait for the topics' first records (and for the registry)")
+		fs.StringVar(&brokers, "brokers", "", "Kafka's bootstrap brokers `B[,B...]`")
+		fs.StringVar(&initOpts.Registry, "registry", "", "the schema registry's `URL` (for Avro topics)")
+		fs.StringVar(&topics, "topics", "", "only the topics this regular expression `RE` matches (whole names)")
+		fs.StringVar(&initOpts.DSN, "dsn", "", "the warehouse's `DSN` (default: a placeholder to edit; its password is never written)")
+		fs.DurationVar(&initOpts.Wait, "wait", 10*time.Second, "how long to wait for the topics' first records and the registry (a `DURATION` such as 10s)")
+	}
+	serve, once := false, false
+	if cmd == "demo" {
+		fs.BoolVar(&serve, "serve", false, "keep serving the status page after the story, even when the output is not a terminal")
+		fs.BoolVar(&once, "once", false, "exit after the story, even on a terminal")
 	}
 	if err := fs.Parse(rest); err != nil {
-		return 2
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(stdout, about, fs)
+			return 0
+		}
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag --" + name
+		}
+		return badUsage(stderr, cmd, msg)
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "scd2sink %s: unexpected argument %q\n%s", cmd, fs.Arg(0), usage)
-		return 2
+		return badUsage(stderr, cmd, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 	}
 	switch cmd {
 	case "demo":
@@ -212,8 +179,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return exitCode(stderr, runDemo(ctx, stdout))
 	case "init":
 		if brokers == "" {
-			fmt.Fprintf(stderr, "scd2sink init: --brokers is required\n%s", usage)
-			return 2
+			return badUsage(stderr, "init", "--brokers is required")
 		}
 		for _, b := range strings.Split(brokers, ",") {
 			initOpts.Brokers = append(initOpts.Brokers, strings.TrimSpace(b))
@@ -228,10 +194,6 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return exitCode(stderr, app.Init(ctx, initOpts, stdout))
-	case "run", "verify", "rebuild", "history", "tables", "status", "reconcile", "erase", "import", "dead-letters list", "dead-letters replay":
-	default:
-		fmt.Fprintf(stderr, "scd2sink: unknown command %q\n%s", cmd, usage)
-		return 2
 	}
 	cfg, err := config.Load(config.Path(*cfgPath))
 	if err != nil {
@@ -244,8 +206,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	defer func() { _ = log.Sync() }()
 	if cmd == "history" {
 		if hq.Table == "" || keyList == "" {
-			fmt.Fprintf(stderr, "scd2sink history: --table and --key are required\n%s", usage)
-			return 2
+			return badUsage(stderr, "history", "--table and --key are required")
 		}
 		hq.Key = strings.Split(keyList, ",")
 		err := app.History(context.Background(), cfg, hq, stdout)
@@ -278,22 +239,19 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if cmd == "reconcile" {
 		if hq.Table == "" {
-			fmt.Fprintf(stderr, "scd2sink reconcile: --table is required\n%s", usage)
-			return 2
+			return badUsage(stderr, "reconcile", "--table is required")
 		}
 		return exitCode(stderr, app.Reconcile(context.Background(), cfg, app.Options{Logger: log}, hq.Table, confirm, stdout))
 	}
 	if cmd == "erase" {
 		if er.Table == "" || len(er.Keys) == 0 {
-			fmt.Fprintf(stderr, "scd2sink erase: --table and --key are required\n%s", usage)
-			return 2
+			return badUsage(stderr, "erase", "--table and --key are required")
 		}
 		return exitCode(stderr, app.Erase(context.Background(), cfg, app.Options{Logger: log}, er, stdout))
 	}
 	if cmd == "import" {
 		if iq.Table == "" || iq.From == "" {
-			fmt.Fprintf(stderr, "scd2sink import: --table and --from are required\n%s", usage)
-			return 2
+			return badUsage(stderr, "import", "--table and --from are required")
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()

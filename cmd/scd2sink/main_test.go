@@ -30,7 +30,9 @@ func TestUsageAndVersion(t *testing.T) {
 		{nil, 2, "usage"},
 		{[]string{"bogus"}, 2, "unknown command"},
 		{[]string{"version"}, 0, "scd2sink dev"},
-		{[]string{"run", "--nope"}, 2, "flag provided but not defined"},
+		{[]string{"run", "--nope"}, 2, "scd2sink run: unknown flag --nope (see scd2sink run --help)"},
+		{[]string{"histroy"}, 2, "did you mean history?"},
+		{[]string{"--version"}, 0, "scd2sink dev"},
 		{[]string{"run", "--config", "/does/not/exist.yaml"}, 2, "cannot read"},
 	}
 	for _, tc := range tests {
@@ -38,6 +40,54 @@ func TestUsageAndVersion(t *testing.T) {
 			code, out, errOut := run(t, tc.args...)
 			if code != tc.code || !strings.Contains(out+errOut, tc.want) {
 				t.Fatalf("exit %d, out %q, err %q; want exit %d mentioning %q", code, out, errOut, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// TestCommandHelp: each command's --help (and help COMMAND) says what it does,
+// its flags, an example and its exit codes, on stdout, exit 0; a wrong or
+// missing flag is one line on stderr with where help is, exit 2.
+func TestCommandHelp(t *testing.T) {
+	t.Parallel()
+	for _, c := range commands {
+		for _, args := range [][]string{append(strings.Fields(c.name), "--help"), append([]string{"help"}, strings.Fields(c.name)...), append(strings.Fields(c.name), "-h")} {
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				code, out, errOut := run(t, args...)
+				if c.name == "version" || c.name == "help" {
+					return // version prints the version, help the list, whatever follows (TestHelp)
+				}
+				if code != 0 || errOut != "" {
+					t.Fatalf("exit %d, stderr %q", code, errOut)
+				}
+				for _, want := range []string{"usage: scd2sink " + c.name, "example:\n  scd2sink ", "exit codes:\n  0  "} {
+					if !strings.Contains(out, want) {
+						t.Errorf("help lacks %q:\n%s", want, out)
+					}
+				}
+				if strings.Contains(c.synopsis, "--config") && !strings.Contains(out, "flags:\n") {
+					t.Errorf("help lists no flags:\n%s", out)
+				}
+			})
+		}
+	}
+	f := filepath.Join(t.TempDir(), "scd2sink.yaml")
+	if err := os.WriteFile(f, []byte("kafka: {brokers: [\"127.0.0.1:9092\"]}\npostgres: {dsn: \"postgres://u@127.0.0.1:1/db\"}\ntables: [{topic: a.b.c}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"history", "--config", f, "--table", "c"}, "scd2sink history: --table and --key are required (see scd2sink history --help)\n"},
+		{[]string{"init"}, "scd2sink init: --brokers is required (see scd2sink init --help)\n"},
+		{[]string{"verify", "--config", f, "extra"}, "scd2sink verify: unexpected argument \"extra\" (see scd2sink verify --help)\n"},
+		{[]string{"dead-letters"}, "scd2sink dead-letters: say list or replay (see scd2sink dead-letters list --help)\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errOut := run(t, tc.args...)
+			if code != 2 || out != "" || errOut != tc.want {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 and stderr %q", code, out, errOut, tc.want)
 			}
 		})
 	}
