@@ -30,7 +30,6 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-
 func main() {
 	// The garbage collector's defaults, chosen by BenchmarkPipeline
 	// (docs/benchmarks.md): collect at 200% growth, but keep the heap under
