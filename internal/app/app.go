@@ -496,6 +496,13 @@ func Verify(ctx context.Context, cfg *config.Config, out io.Writer) (int, error)
 	}
 	n := 0
 	for _, t := range tables {
+		if ok, err := tableExists(ctx, pool, cfg.Postgres.Schema, t.Target); err != nil {
+			return n, err
+		} else if !ok {
+			fmt.Fprintf(out, "%s: no such table in schema %s (the service creates it at the table's first event; is postgres.schema right?)\n", t.Target, cfg.Postgres.Schema)
+			n++
+			continue
+		}
 		vs, err := s.Verify(ctx, t.Target)
 		if err != nil {
 			return n, err

@@ -100,6 +100,12 @@ func ListDeadLetters(ctx context.Context, cfg *config.Config, q DeadLetterQuery,
 		return err
 	}
 	defer pool.Close()
+	if ok, err := tableExists(ctx, pool, cfg.Postgres.Schema, cfg.Sink.DeadLetterTable); err != nil {
+		return err
+	} else if !ok {
+		fmt.Fprintf(out, "no dead letters: %s\n", notWrittenYet(cfg.Postgres.Schema))
+		return nil
+	}
 	list, err := selectDeadLetters(ctx, pool, cfg, q)
 	if err != nil {
 		return err
@@ -150,6 +156,12 @@ func ReplayDeadLetters(ctx context.Context, cfg *config.Config, opts Options, q 
 		return err
 	}
 	defer pool.Close()
+	if ok, err := tableExists(ctx, pool, cfg.Postgres.Schema, cfg.Sink.DeadLetterTable); err != nil {
+		return err
+	} else if !ok {
+		fmt.Fprintf(out, "nothing to replay: %s\n", notWrittenYet(cfg.Postgres.Schema))
+		return nil
+	}
 	dec, err := Decoder(cfg, log.Named("decoder"))
 	if err != nil {
 		return err

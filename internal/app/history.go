@@ -57,6 +57,11 @@ func History(ctx context.Context, cfg *config.Config, q HistoryQuery, out io.Wri
 	}
 	schema := cfg.Postgres.Schema
 	hist := pgx.Identifier{schema, target}.Sanitize()
+	if ok, err := tableExists(ctx, pool, schema, target); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("%s: no such table in schema %s yet: the service creates it at the table's first event (is postgres.schema right?)", target, schema)
+	}
 	keys, err := sink.KeyColumns(ctx, pool, schema, target)
 	if err != nil {
 		return err

@@ -38,6 +38,11 @@ func Reconcile(ctx context.Context, cfg *config.Config, opts Options, target str
 		return err
 	}
 	defer pool.Close()
+	if ok, err := tableExists(ctx, pool, cfg.Postgres.Schema, "scd2sink_snapshots"); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("%s: %w: %s", target, ErrNothingHeld, notWrittenYet(cfg.Postgres.Schema))
+	}
 	s, err := commandSink(ctx, cfg, pool, debezium.New(nil, nil, nil), log)
 	if err != nil {
 		return err

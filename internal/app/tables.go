@@ -30,6 +30,9 @@ func resolvedTables(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 	if !router.HasPatterns() {
 		return out, nil
 	}
+	if ok, err := tableExists(ctx, pool, cfg.Postgres.Schema, "scd2sink_offsets"); err != nil || !ok {
+		return out, err // nothing applied yet: no topic of a pattern resolved
+	}
 	rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT topic FROM %s.scd2sink_offsets WHERE consumer_group = $1 ORDER BY topic`,
 		pgx.Identifier{cfg.Postgres.Schema}.Sanitize()), cfg.Kafka.GroupID)
 	if err != nil {
