@@ -325,6 +325,7 @@ func New(cfg Config, s Sink, health *Health) (*Consumer, error) {
 		kgo.FetchMaxBytes(fetch.Budget), // bounds what franz-go buffers ahead of the sequencer
 		kgo.FetchMaxPartitionBytes(fetch.PartitionMax),
 		kgo.WithHooks(sizer),                      // and so does this, for compressed batches
+		kgo.WithHooks(health),                     // brokers reachable or not, for /readyz
 		kgo.WithPools(pool, &fetch.RecordsPool{}), // compressed batches' bytes, every batch's records; take recycles them
 		// A fetch per broker, up to four: a broker with nothing to send
 		// holds its fetch for FetchMaxWait, which must not hold back the

@@ -1,12 +1,17 @@
 package consumer
 
 import (
+	"errors"
+	"fmt"
 	"maps"
+	"net"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/scd2sink/scd2sink/sink"
@@ -197,6 +202,7 @@ type Health struct {
 	Joined   atomic.Bool
 	Postgres atomic.Bool
 	mu       sync.Mutex
+	kafkaErr atomic.Value       // string: why Kafka is unreachable
 	waits    map[string]string  // stage -> what it waits for
 	parked   map[string]Parking // target -> why it is parked
 }
@@ -258,6 +264,51 @@ func (h *Health) Waiting() string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "; ")
+}
+
+// NotReady says, in a line per side, what keeps the process from being
+// ready: Kafka, the group, PostgreSQL, and what waits on a retry.
+func (h *Health) NotReady() []string {
+	var out []string
+	if !h.Kafka.Load() {
+		why := "Kafka unreachable"
+		if e, ok := h.kafkaErr.Load().(string); ok && e != "" {
+			why += ": " + e
+		}
+		out = append(out, why)
+	}
+	if !h.Joined.Load() {
+		out = append(out, "consumer group not joined (no partitions assigned yet)")
+	}
+	if !h.Postgres.Load() {
+		out = append(out, "PostgreSQL unreachable or not prepared yet")
+	}
+	if why := h.Waiting(); why != "" {
+		out = append(out, "waiting: "+why)
+	}
+	return out
+}
+
+// OnBrokerConnect marks Kafka reachable when a broker connection opens
+// and unreachable, with why, when one cannot (a kgo hook): with every
+// broker down no fetch fails, since none is sent.
+func (h *Health) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		h.kafkaErr.Store(fmt.Sprintf("cannot connect to broker %s: %v", net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port)), unwrapDial(err)))
+		h.Kafka.Store(false)
+		return
+	}
+	h.kafkaErr.Store("")
+	h.Kafka.Store(true)
+}
+
+// unwrapDial is a dial error's cause (connection refused, no such host).
+func unwrapDial(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
 }
 
 // Ready reports whether Kafka and PostgreSQL are reachable, the group is

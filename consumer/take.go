@@ -42,7 +42,11 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	defer fetches.EachRecord(func(r *kgo.Record) { r.Recycle() })
 	received := time.Now().UnixNano() // before decoding: its time counts towards the window
 	fe := c.fetchErrors(fetches)
-	c.health.Kafka.Store(fe.kafkaOK)
+	if !fe.kafkaOK {
+		c.health.Kafka.Store(false)
+	} else if !fetches.Empty() {
+		c.health.Kafka.Store(true) // a broker answered
+	}
 	items, held := c.decodeAll(ctx, fetches)
 	c.holdBack(held, items)
 

@@ -360,19 +360,35 @@ func exitCode(stderr io.Writer, err error) int {
 	return 1
 }
 
+// newLogger is the service's logger on stderr: JSON (or console) lines
+// whose times are ISO 8601 in UTC with milliseconds ("ts":
+// "2026-12-07T10:54:44.908Z"), as log shippers and people read them.
 func newLogger(l config.Log) (*zap.Logger, error) {
+	return loggerTo(l, zapcore.Lock(os.Stderr))
+}
+
+func loggerTo(l config.Log, w zapcore.WriteSyncer) (*zap.Logger, error) {
 	level, err := zapcore.ParseLevel(l.Level)
 	if err != nil {
 		return nil, &config.Error{Key: "log.level", Msg: err.Error()}
 	}
-	zc := zap.NewProductionConfig()
+	ec := zap.NewProductionEncoderConfig()
+	opts := []zap.Option{zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(w)}
 	if l.Format == "console" {
-		zc = zap.NewDevelopmentConfig()
-		zc.DisableStacktrace = true
+		ec = zap.NewDevelopmentEncoderConfig()
+		opts = opts[:1]
 	}
-	zc.Level = zap.NewAtomicLevelAt(level)
-	zc.OutputPaths, zc.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	return zc.Build()
+	ec.EncodeTime = func(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
+		enc.AppendString(t.UTC().Format("2006-01-02T15:04:05.000Z"))
+	}
+	enc := zapcore.NewJSONEncoder(ec)
+	if l.Format == "console" {
+		enc = zapcore.NewConsoleEncoder(ec)
+	}
+	// As zap's production configuration: the first 100 lines of a kind
+	// each second, then every 100th.
+	core := zapcore.NewSamplerWithOptions(zapcore.NewCore(enc, w, zap.NewAtomicLevelAt(level)), time.Second, 100, 100)
+	return zap.New(core, opts...), nil
 }
 
 // jsonKey reads erase's --key-json: a JSON array of a key's values,

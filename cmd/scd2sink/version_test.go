@@ -2,9 +2,14 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/scd2sink/scd2sink/config"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // TestVersion: `version`, `--version` and `-version` print one line, the
@@ -24,6 +29,25 @@ func TestVersion(t *testing.T) {
 			}
 			if errOut.Len() > 0 {
 				t.Errorf("stderr %q, want nothing", errOut.String())
+			}
+		})
+	}
+}
+
+// TestLogTimes: log lines carry ISO 8601 times in UTC, not a float epoch.
+func TestLogTimes(t *testing.T) {
+	t.Parallel()
+	for _, format := range []string{"json", "console"} {
+		t.Run(format, func(t *testing.T) {
+			var buf bytes.Buffer
+			log, err := loggerTo(config.Log{Level: "info", Format: format}, zapcore.AddSync(&buf))
+			if err != nil {
+				t.Fatal(err)
+			}
+			log.Info("hello", zap.String("k", "v"))
+			line := buf.String()
+			if !regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z`).MatchString(line) || strings.Contains(line, `"ts":1`) {
+				t.Fatalf("log line %q: want an ISO 8601 time", line)
 			}
 		})
 	}

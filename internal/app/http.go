@@ -37,9 +37,9 @@ func newHTTP(addr string, reg *prometheus.Registry, health *consumer.Health, pag
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !health.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: kafka=%v group_joined=%v postgres=%v\n", health.Kafka.Load(), health.Joined.Load(), health.Postgres.Load())
-			if why := health.Waiting(); why != "" {
-				fmt.Fprintf(w, "waiting: %s\n", why)
+			fmt.Fprintln(w, "not ready:")
+			for _, why := range health.NotReady() {
+				fmt.Fprintf(w, "  %s\n", why)
 			}
 			return
 		}

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/scd2sink/scd2sink/internal/kafkaerr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -134,7 +136,7 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode Rebuild
 	}
 	groups, err := adm.DescribeGroups(ctx, cfg.Kafka.GroupID)
 	if err != nil {
-		return fmt.Errorf("describing group %s: %w", cfg.Kafka.GroupID, err)
+		return fmt.Errorf("describing group %s: %w", cfg.Kafka.GroupID, kafkaerr.Plain(err))
 	}
 	if g, ok := groups[cfg.Kafka.GroupID]; ok && len(g.Members) > 0 {
 		return fmt.Errorf("group %s has %d active members: stop `scd2sink run` before rebuilding", cfg.Kafka.GroupID, len(g.Members))
@@ -145,7 +147,7 @@ func Rebuild(ctx context.Context, cfg *config.Config, opts Options, mode Rebuild
 	}
 	ends, err := adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return fmt.Errorf("reading high watermarks: %w", err)
+		return fmt.Errorf("reading the topics' end offsets: %w", kafkaerr.Plain(err))
 	}
 	var total int64
 	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
@@ -259,7 +261,7 @@ func expandPatterns(ctx context.Context, cfg *config.Config, adm *kadm.Client) (
 	}
 	listed, err := adm.ListTopics(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("listing Kafka's topics for the topic patterns: %w", err)
+		return nil, fmt.Errorf("listing Kafka's topics for the topic patterns: %w", kafkaerr.Plain(err))
 	}
 	topics := listed.Names()
 	if err := router.Check(topics); err != nil {

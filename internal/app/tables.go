@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/scd2sink/scd2sink/internal/kafkaerr"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
@@ -70,7 +72,7 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 	defer cl.Close()
 	listed, err := adm.ListTopics(ctx)
 	if err != nil {
-		return fmt.Errorf("listing Kafka's topics: %w", err)
+		return fmt.Errorf("listing Kafka's topics: %w", kafkaerr.Plain(err))
 	}
 	router := config.NewRouter(cfg)
 	type line struct {
@@ -100,7 +102,7 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 	}
 	ends, err := adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return fmt.Errorf("listing the topics' end offsets: %w", err)
+		return fmt.Errorf("listing the topics' end offsets: %w", kafkaerr.Plain(err))
 	}
 	schema := pgx.Identifier{cfg.Postgres.Schema}.Sanitize()
 	applied := map[string]int64{}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/internal/kafkaerr"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -257,7 +258,7 @@ func (c *Collector) readOffsets(ctx context.Context, topics []string) (*kafkaSta
 	}{{c.kafka.ListEndOffsets, ks.ends, "end"}, {c.kafka.ListStartOffsets, ks.starts, "start"}} {
 		listed, err := l.list(ctx, topics...)
 		if err != nil {
-			return nil, fmt.Errorf("listing the topics' %s offsets: %w", l.what, kafkaErr(err))
+			return nil, fmt.Errorf("listing the topics' %s offsets: %w", l.what, kafkaerr.Plain(err))
 		}
 		listed.Each(func(o kadm.ListedOffset) {
 			if o.Err != nil {
@@ -283,7 +284,7 @@ func (c *Collector) readGroup(ctx context.Context) (Group, error) {
 		err = described.Error()
 	}
 	if err != nil {
-		return g, fmt.Errorf("describing consumer group %s: %w", g.GroupID, kafkaErr(err))
+		return g, fmt.Errorf("describing consumer group %s: %w", g.GroupID, kafkaerr.Plain(err))
 	}
 	d, ok := described[g.GroupID]
 	if !ok {
@@ -307,16 +308,6 @@ func (c *Collector) readGroup(ctx context.Context) (Group, error) {
 	}
 	sort.Slice(g.Members, func(i, j int) bool { return g.Members[i].ID < g.Members[j].ID })
 	return g, nil
-}
-
-// kafkaErr is err without franz-go's wording of its requests' shards:
-// the first of a sharded request's errors.
-func kafkaErr(err error) error {
-	var shards *kadm.ShardErrors
-	if errors.As(err, &shards) && len(shards.Errs) > 0 {
-		return shards.Errs[0].Err
-	}
-	return err
 }
 
 // quoteIdent is name as a PostgreSQL identifier.
