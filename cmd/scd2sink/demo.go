@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -30,11 +33,19 @@ type demoEvent struct {
 	note string
 }
 
-var demoScript = []demoEvent{
+// demoSnapshot, demoFix and demoScript are played in turn, each shown
+// with what it did to the history; demoLate comes last.
+var demoSnapshot = []demoEvent{
 	{100, "2026-01-01", "r", "C1001", []string{"Sara Meier", "basic", "Wien"}, "snapshot"},
 	{101, "2026-01-01", "r", "C1002", []string{"Marko Horvat", "basic", "Graz"}, "snapshot"},
 	{102, "2026-01-01", "r", "C1003", []string{"Anna Berger", "pro", "Salzburg"}, "snapshot"},
-	{200, "2026-02-01", "u", "C1001", []string{"Sarah Meier", "basic", "Wien"}, "typo in the name fixed (Type 1: no new version)"},
+}
+
+var demoFix = []demoEvent{
+	{200, "2026-02-01", "u", "C1001", []string{"Sarah Meier", "basic", "Wien"}, "typo in the name fixed: name is not tracked, so no new version (Type 1)"},
+}
+
+var demoScript = []demoEvent{
 	{300, "2026-03-01", "u", "C1001", []string{"Sarah Meier", "pro", "Wien"}, "Sarah upgrades to pro"},
 	{301, "2026-03-01", "u", "C1002", []string{"Marko Horvat", "pro", "Linz"}, "Marko moves to Linz"},
 	{302, "2026-03-01", "r", "C1003", []string{"Anna Berger", "pro", "Salzburg"}, "re-snapshot, unchanged"},
@@ -60,9 +71,34 @@ func (e demoEvent) record() *kgo.Record {
 	return &kgo.Record{Topic: demoTopic, Key: k, Value: v}
 }
 
+// demoConfig is the configuration the demo runs; %s are the brokers, the
+// DSN, the topic and the status page's address.
+const demoConfig = `kafka:
+  brokers: %s
+postgres:
+  dsn: %q
+sequencer:
+  reorder_window: 200ms
+sink:
+  batch_max_wait: 50ms
+http:
+  addr: %q
+tables:
+  - topic: %s
+    target: customers_history
+    keys: [customer_id]
+    # A change to plan or city closes the current version and opens a new
+    # one; a change to any other column (name) is corrected in place in
+    # the key's versions (Type 1): no new version.
+    track_history: [plan, city]
+`
+
 // runDemo plays the scripted scenario through the real run path, on an
-// in-process Kafka (kfake) and a throwaway PostgreSQL, and prints the history.
-func runDemo(ctx context.Context, out io.Writer) error {
+// in-process Kafka (kfake) and a throwaway PostgreSQL, and prints the
+// configuration, each step and the history. With serve it then keeps
+// the service running, its status page and /metrics on a loopback port,
+// until ctx ends.
+func runDemo(ctx context.Context, out io.Writer, serve bool) error {
 	fmt.Fprintln(out, "Starting a throwaway PostgreSQL and an in-process Kafka ...")
 	pg, err := pgtest.Start(ctx)
 	if err != nil {
@@ -81,30 +117,27 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	defer kafka.Close()
 
 	brokers, _ := json.Marshal(kafka.ListenAddrs())
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-kafka:
-  brokers: %s
-postgres:
-  dsn: %q
-sequencer:
-  reorder_window: 200ms
-sink:
-  batch_max_wait: 50ms
-http:
-  addr: ""
-tables:
-  - topic: %s
-    target: customers_history
-    keys: [customer_id]
-    track_history: [plan, city]
-`, brokers, dsn, demoTopic)), func(string) (string, bool) { return "", false })
+	addr, err := loopbackAddr()
 	if err != nil {
 		return err
 	}
+	text := fmt.Sprintf(demoConfig, brokers, dsn, addr, demoTopic)
+	cfg, err := config.Parse([]byte(text), func(string) (string, bool) { return "", false })
+	if err != nil {
+		return err
+	}
+	cfgFile, err := writeDemoConfig(text)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cfgFile)
+	fmt.Fprintf(out, "\nThe configuration (%s):\n%s", cfgFile, indent(text))
 	log := zap.New(zapcore.NewNopCore())
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- app.Run(runCtx, cfg, app.Options{Logger: log}) }()
+	go func() {
+		done <- app.Run(runCtx, cfg, app.Options{Logger: log, ConfigPath: cfgFile, Version: moduleVersion()})
+	}()
 
 	producer, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
 	if err != nil {
@@ -129,7 +162,7 @@ tables:
 		return nil
 	}
 	produced := int64(0)
-	for _, step := range [][]demoEvent{demoScript, {demoLate}} {
+	for i, step := range [][]demoEvent{demoSnapshot, demoFix, demoScript, {demoLate}} {
 		if err := send(step...); err != nil {
 			stop()
 			return err
@@ -139,12 +172,78 @@ tables:
 			stop()
 			return err
 		}
+		if i < 2 { // the snapshot, then the fix: C1001's one version, its name corrected in place
+			if err := printVersions(ctx, out, pool, "C1001"); err != nil {
+				stop()
+				return err
+			}
+		}
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := printHistory(ctx, out, pool); err != nil {
+		stop()
 		return err
 	}
-	return printHistory(ctx, out, pool)
+	if serve {
+		fmt.Fprintf(out, "\nThe service keeps running. Try:\n"+
+			"  the status page     http://%[1]s/\n"+
+			"  its metrics         http://%[1]s/metrics\n"+
+			"  the history         psql '%[2]s' -c 'SELECT * FROM customers_history'\n"+
+			"  one key             scd2sink history --config %[3]s --table customers_history --key C1002\n"+
+			"  what needs doing    scd2sink status --config %[3]s\n"+
+			"Ctrl-C stops it and removes the throwaway PostgreSQL.\n", addr, dsn, cfgFile)
+		<-ctx.Done()
+	}
+	stop()
+	return <-done
+}
+
+// loopbackAddr is a free port on the loopback interface.
+func loopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port for the status page: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// writeDemoConfig writes the demo's configuration to a file the other
+// commands can be pointed at while it runs.
+func writeDemoConfig(text string) (string, error) {
+	f, err := os.CreateTemp("", "scd2sink-demo-*.yaml")
+	if err != nil {
+		return "", fmt.Errorf("writing the demo's configuration: %w", err)
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return "", fmt.Errorf("writing the demo's configuration: %w", err)
+	}
+	return f.Name(), f.Close()
+}
+
+func indent(text string) string {
+	return "  " + strings.ReplaceAll(strings.TrimRight(text, "\n"), "\n", "\n  ") + "\n"
+}
+
+// printVersions prints a key's versions after a step.
+func printVersions(ctx context.Context, out io.Writer, pool *pgxpool.Pool, id string) error {
+	rows, err := pool.Query(ctx, `SELECT name, plan, city, to_char(valid_from AT TIME ZONE 'UTC', 'YYYY-MM-DD'), is_current
+		FROM customers_history WHERE customer_id = $1 ORDER BY scd_seq`, id)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var name, plan, city, from string
+		var cur bool
+		if err := rows.Scan(&name, &plan, &city, &from, &cur); err != nil {
+			return err
+		}
+		n++
+		fmt.Fprintf(out, "    -> %s version %d: name=%q plan=%s city=%s valid_from=%s is_current=%v\n", id, n, name, plan, city, from, cur)
+	}
+	return rows.Err()
 }
 
 func waitOffsets(ctx context.Context, pool *pgxpool.Pool, n int64) error {
@@ -183,8 +282,7 @@ func printHistory(ctx context.Context, out io.Writer, pool *pgxpool.Pool) error 
 		return err
 	}
 	tw.Flush()
-	const q = `SELECT plan FROM customers_history WHERE customer_id = 'C1001'
-  AND valid_from <= '2026-02-15' AND (valid_to IS NULL OR '2026-02-15' < valid_to)`
+	const q = `SELECT plan FROM customers_history_as_of('2026-02-15') WHERE customer_id = 'C1001'`
 	var plan string
 	if err := pool.QueryRow(ctx, q).Scan(&plan); err != nil {
 		return err

@@ -175,7 +175,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		// Interrupted, it still stops the PostgreSQL it started.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return exitCode(stderr, runDemo(ctx, stdout))
+		// On a terminal the demo keeps serving after its story; in a
+		// script (output not a terminal) it exits. --serve, --once force.
+		keep := serve || (!once && isTerminal(stdout))
+		return exitCode(stderr, runDemo(ctx, stdout, keep))
 	case "init":
 		if brokers == "" {
 			return badUsage(stderr, "init", "--brokers is required")
@@ -413,4 +416,14 @@ func jsonKey(v string) ([]string, error) {
 		}
 	}
 	return key, nil
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

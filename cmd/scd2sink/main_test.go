@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 )
@@ -123,7 +128,7 @@ func TestBadConfigExits2(t *testing.T) {
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	if err := runDemo(context.Background(), &out); err != nil {
+	if err := runDemo(context.Background(), &out, false); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	for _, line := range []string{
@@ -131,12 +136,76 @@ func TestDemo(t *testing.T) {
 		"C1002        Marko Horvat  pro    Graz      2026-02-10  2026-03-01  false",
 		"C1004        Liam Novak    team   Wien      2026-05-01              true",
 		"-> basic",
-		"PostgreSQL: ", // which one it used
+		"PostgreSQL: ",                // which one it used
+		"track_history: [plan, city]", // the configuration it runs
+		`C1001 version 1: name="Sara Meier" plan=basic`,                                  // before the Type 1 fix
+		`C1001 version 1: name="Sarah Meier" plan=basic city=Wien valid_from=2026-01-01`, // after it: the same version
+		"customers_history_as_of('2026-02-15')",
 	} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("demo output lacks %q:\n%s", line, out.String())
 		}
 	}
+}
+
+// TestDemoServes: with serve the demo keeps the service running after
+// its story, says where its status page is, serves it, and stops
+// cleanly when told to.
+func TestDemoServes(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- runDemo(ctx, &out, true) }()
+	addr := regexp.MustCompile(`the status page +http://([0-9.:]+)/`)
+	var m []string
+	for deadline := time.Now().Add(2 * time.Minute); m == nil; time.Sleep(100 * time.Millisecond) {
+		if m = addr.FindStringSubmatch(out.String()); m == nil && time.Now().After(deadline) {
+			t.Fatalf("the demo never said where its status page is:\n%s", out.String())
+		}
+	}
+	resp, err := http.Get("http://" + m[1] + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "customers_history") {
+		t.Fatalf("status page: %d\n%s", resp.StatusCode, page)
+	}
+	for _, want := range []string{"/metrics", "psql 'postgres://", "scd2sink history --config ", "Ctrl-C"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the demo's invitation lacks %q", want)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("demo: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the demo did not stop")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestEraseArguments: erase refuses, with exit 2 and the reason, what it
