@@ -1,9 +1,23 @@
 GO ?= go
 
-.PHONY: test lint bench build e2e e2e-bench only-go
+.PHONY: test lint bench build e2e e2e-bench only-go image push
 
 build:
 	$(GO) build -buildvcs=auto -o bin/scd2sink ./cmd/scd2sink
+
+# The container image: one name everywhere (docker-compose.yml, the
+# Kubernetes StatefulSet, docs/operations.md). `make image` builds it from
+# the Dockerfile, tagged with the version it prints; `make push` pushes it;
+# IMAGE=registry.example.com/team/scd2sink make image push for your own.
+IMAGE ?= ghcr.io/scd2sink/scd2sink
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
+
+push: image
+	docker push $(IMAGE):$(VERSION)
+	docker push $(IMAGE):latest
 
 # The packages whose tests take longest go first, three test binaries at a
 # time: their tests wait on PostgreSQL and on Kafka's timers as much as
