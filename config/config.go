@@ -356,14 +356,18 @@ func Load(path string) (*Config, error) {
 // first line.
 type fileKeys struct {
 	keys   map[int]string
-	values map[int]string
+	values map[int][]lineValue
 	lines  map[string]int
 }
+
+// lineValue is a scalar written on a line, and its key's path: a line
+// may hold several (a flow mapping, a configuration written as JSON).
+type lineValue struct{ path, value string }
 
 // keyLines reads raw's keys (kafka.brokers, tables[1].deletes ...), to
 // name keys and lines in errors.
 func keyLines(raw []byte) fileKeys {
-	fk := fileKeys{keys: map[int]string{}, values: map[int]string{}, lines: map[string]int{}}
+	fk := fileKeys{keys: map[int]string{}, values: map[int][]lineValue{}, lines: map[string]int{}}
 	var root yaml.Node
 	if yaml.Unmarshal(raw, &root) != nil {
 		return fk
@@ -391,7 +395,7 @@ func keyLines(raw []byte) fileKeys {
 				v := n.Content[i+1]
 				fk.keys[v.Line] = p
 				if v.Kind == yaml.ScalarNode {
-					fk.values[v.Line] = v.Value
+					fk.values[v.Line] = append(fk.values[v.Line], lineValue{path: p, value: v.Value})
 				}
 				walk(v, p)
 			}

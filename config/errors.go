@@ -48,7 +48,7 @@ var (
 // key's path, its line, and what was expected with an example; unknown
 // keys get the nearest known key as a suggestion. keys maps lines to key
 // paths, values lines to the values written there.
-func yamlErrors(err error, keys map[int]string, values map[int]string) error {
+func yamlErrors(err error, keys map[int]string, values map[int][]lineValue) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		msg := strings.TrimPrefix(err.Error(), "yaml: ")
@@ -80,12 +80,12 @@ func yamlErrors(err error, keys map[int]string, values map[int]string) error {
 		}
 		if m := yamlTypeMismatch.FindStringSubmatch(msg); m != nil {
 			line := atoi(m[1])
-			got := m[3]
-			if v, ok := values[line]; ok {
-				got = v // the decoder shortens long values
+			key, got := valueAt(keys, values, line, m[3])
+			e := &Error{Key: key, Line: line, Msg: fmt.Sprintf("want %s, got %q", expectation(m[4]), got)}
+			if secretKey(key) {
+				e.Msg = fmt.Sprintf("want %s (the value is a secret: not shown)", expectation(m[4]))
 			}
-			out = append(out, &Error{Key: keyAt(keys, line, ""), Line: line,
-				Msg: fmt.Sprintf("want %s, got %q", expectation(m[4]), got)})
+			out = append(out, e)
 			continue
 		}
 		if m := yamlAnyLine.FindStringSubmatch(msg); m != nil {
@@ -97,6 +97,33 @@ func yamlErrors(err error, keys map[int]string, values map[int]string) error {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Line < out[j].Line })
 	return out
+}
+
+// valueAt is the key and the full value of the scalar on line that the
+// decoder quoted as shown (it shortens long values): on a line with
+// several values, the one shown picks the key.
+func valueAt(keys map[int]string, values map[int][]lineValue, line int, shown string) (string, string) {
+	prefix := strings.TrimSuffix(shown, "...")
+	var match []lineValue
+	for _, v := range values[line] {
+		if v.value == shown || (prefix != shown && strings.HasPrefix(v.value, prefix)) {
+			match = append(match, v)
+		}
+	}
+	if len(match) == 1 {
+		return match[0].path, match[0].value
+	}
+	if len(values[line]) > 1 {
+		return "", shown // several keys on the line, none sure
+	}
+	return keyAt(keys, line, ""), shown
+}
+
+// secretKey reports whether key holds a secret, whose value an error
+// never repeats.
+func secretKey(key string) bool {
+	last := key[strings.LastIndex(key, ".")+1:]
+	return last == "dsn" || strings.Contains(last, "password") || strings.Contains(last, "secret") || strings.Contains(last, "token")
 }
 
 // keyAt is the path of the key on line, or name when none is known.

@@ -59,6 +59,25 @@ tables:
 	}
 }
 
+// TestErrorsOnOneLine: a configuration written as JSON on one line (as
+// Helm's toJson writes it) names the right key and value, and never
+// repeats a secret.
+func TestErrorsOnOneLine(t *testing.T) {
+	file := `{"kafka": {"brokers": ["127.0.0.1:9092"]}, "postgres": {"statement_timeout": "abc", "dsn": "postgres://u:s3cret@h/db"}, "tables": [{"topic": "a.b.c"}]}`
+	_, err := Parse([]byte(file), noEnv)
+	if err == nil || !strings.Contains(err.Error(), `postgres.statement_timeout (line 1): want a duration such as 45s, 10m or 1h30m, got "abc"`) {
+		t.Fatalf("got %v", err)
+	}
+	_, err = Parse([]byte(`{"kafka": {"brokers": ["127.0.0.1:9092"]}, "postgres": {"dsn": ["s3cret"]}, "tables": [{"topic": "a.b.c"}]}`), noEnv)
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("got %v", err)
+	}
+	_, err = Parse([]byte("kafka: {brokers: [\"127.0.0.1:9092\"]}\npostgres:\n  dsn: {a: 1}\n  password: 7\ntables: [{topic: a.b.c}]\n"), noEnv)
+	if err == nil || strings.Contains(err.Error(), "{a: 1}") {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestNearestKey(t *testing.T) {
 	known := []string{"target", "topic", "track_history", "type1_scope", "ignore_columns"}
 	for in, want := range map[string]string{"targt": "target", "track_histroy": "track_history", "ignore": "ignore_columns", "colour": "", "TOPIC": "topic"} {

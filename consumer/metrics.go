@@ -203,6 +203,7 @@ type Health struct {
 	Postgres atomic.Bool
 	mu       sync.Mutex
 	kafkaErr atomic.Value       // string: why Kafka is unreachable
+	lastRead atomic.Int64       // when a broker last answered (Unix ns)
 	waits    map[string]string  // stage -> what it waits for
 	parked   map[string]Parking // target -> why it is parked
 }
@@ -289,18 +290,38 @@ func (h *Health) NotReady() []string {
 	return out
 }
 
-// OnBrokerConnect marks Kafka reachable when a broker connection opens
-// and unreachable, with why, when one cannot (a kgo hook): with every
-// broker down no fetch fails, since none is sent.
+// OnBrokerConnect marks Kafka unreachable, with why, when a broker
+// connection cannot be opened and no broker has answered for
+// kafkaQuiet (a kgo hook): with every broker down no fetch fails, since
+// none is sent; with one broker of several away (a rolling restart) the
+// others still answer, and Kafka is reachable.
 func (h *Health) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
-	if err != nil {
-		h.kafkaErr.Store(fmt.Sprintf("cannot connect to broker %s: %v", net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port)), unwrapDial(err)))
+	if err == nil {
+		return // reachable once it answers (OnBrokerRead)
+	}
+	h.kafkaErr.Store(fmt.Sprintf("cannot connect to broker %s: %v", net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port)), unwrapDial(err)))
+	if time.Since(time.Unix(0, h.lastRead.Load())) > kafkaQuiet {
 		h.Kafka.Store(false)
+	}
+}
+
+// OnBrokerRead marks Kafka reachable whenever a broker answers a request
+// (a fetch, empty on an idle topic, a heartbeat: a kgo hook).
+func (h *Health) OnBrokerRead(_ kgo.BrokerMetadata, _ int16, _ int, _, _ time.Duration, err error) {
+	if err != nil {
 		return
 	}
-	h.kafkaErr.Store("")
-	h.Kafka.Store(true)
+	h.lastRead.Store(time.Now().UnixNano())
+	if !h.Kafka.Load() {
+		h.kafkaErr.Store("")
+		h.Kafka.Store(true)
+	}
 }
+
+// kafkaQuiet is how long no broker may answer before a failed connection
+// marks Kafka unreachable: longer than a fetch's wait and a heartbeat's
+// interval, so that a live cluster always answers within it.
+const kafkaQuiet = 5 * time.Second
 
 // unwrapDial is a dial error's cause (connection refused, no such host).
 func unwrapDial(err error) error {

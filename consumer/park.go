@@ -33,7 +33,7 @@ func (c *Consumer) parkTarget(target string, err error) {
 	c.m.Retries.WithLabelValues(state).Inc()
 	c.m.TargetBlocked.WithLabelValues(target).Set(1)
 	c.health.Park(target, sink.Summary(err), pk.Since)
-	c.health.Wait("target "+target, fmt.Sprintf("target %s parked (its partitions paused, the other targets go on), retrying in %s: %v", target, pk.Backoff, err))
+	c.health.Wait("target "+target, fmt.Sprintf("target %s parked (its partitions paused, the other targets go on), retrying in %s: %s", target, pk.Backoff, sink.Summary(err)))
 	if !pk.Log {
 		return
 	}

@@ -172,7 +172,7 @@ func (c *Consumer) retry(ctx context.Context, stage, what string, fn func() erro
 		OnRetry: func(attempt int, class retry.Class, err error, _ time.Duration) {
 			state := sink.SQLState(err)
 			c.m.Retries.WithLabelValues(state).Inc()
-			c.health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, class, err))
+			c.health.Wait(stage, fmt.Sprintf("%s: retrying: %s", what, sink.Summary(err))) // never a value: /readyz is read by many
 			if class == sink.Blocked {
 				if msg := err.Error(); msg != lastLogged || time.Since(loggedAt) > blockedLogEvery {
 					lastLogged, loggedAt = msg, time.Now()

@@ -43,9 +43,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	received := time.Now().UnixNano() // before decoding: its time counts towards the window
 	fe := c.fetchErrors(fetches)
 	if !fe.kafkaOK {
-		c.health.Kafka.Store(false)
-	} else if !fetches.Empty() {
-		c.health.Kafka.Store(true) // a broker answered
+		c.health.Kafka.Store(false) // a broker's answers say it is not well; OnBrokerRead says when one answers
 	}
 	items, held := c.decodeAll(ctx, fetches)
 	c.holdBack(held, items)

@@ -191,7 +191,12 @@ func runDemo(ctx context.Context, out io.Writer, serve bool) error {
 			"  one key             scd2sink history --config %[3]s --table customers_history --key C1002\n"+
 			"  what needs doing    scd2sink status --config %[3]s\n"+
 			"Ctrl-C stops it and removes the throwaway PostgreSQL.\n", addr, dsn, cfgFile)
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case err := <-done: // the service stopped by itself (its port taken since): say why
+			stop()
+			return fmt.Errorf("the demo's service stopped: %w", err)
+		}
 	}
 	stop()
 	return <-done
@@ -246,6 +251,8 @@ func printVersions(ctx context.Context, out io.Writer, pool *pgxpool.Pool, id st
 	return rows.Err()
 }
 
+// waitOffsets waits until n records are applied, a minute at most, or
+// until ctx ends (Ctrl-C).
 func waitOffsets(ctx context.Context, pool *pgxpool.Pool, n int64) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -254,7 +261,11 @@ func waitOffsets(ctx context.Context, pool *pgxpool.Pool, n int64) error {
 		if err == nil && got >= n {
 			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	return fmt.Errorf("demo: events were not applied within a minute")
 }

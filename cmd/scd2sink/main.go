@@ -172,9 +172,22 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	switch cmd {
 	case "demo":
-		// Interrupted, it still stops the PostgreSQL it started.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		// Interrupted, it still stops the PostgreSQL it started; a second
+		// Ctrl-C exits at once.
+		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(sigs)
+		go func() {
+			if _, ok := <-sigs; !ok {
+				return
+			}
+			stop()
+			if _, ok := <-sigs; ok {
+				os.Exit(1)
+			}
+		}()
 		// On a terminal the demo keeps serving after its story; in a
 		// script (output not a terminal) it exits. --serve, --once force.
 		keep := serve || (!once && isTerminal(stdout))

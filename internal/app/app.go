@@ -234,6 +234,30 @@ func registryClient(cfg *config.Config) (debezium.Registry, error) {
 
 // Pool opens a PostgreSQL pool. Errors never quote the DSN.
 func Pool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	pc, err := poolConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// statusPool is the status page's own pool: two connections, statements
+// of at most 5 s, so that a page never takes the writer's connections
+// nor runs long.
+func statusPool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	pc, err := poolConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns, pc.MinConns = 2, 0
+	pc.ConnConfig.RuntimeParams["statement_timeout"] = fmt.Sprint(min(cfg.Postgres.StatementTimeout, 5*time.Second).Milliseconds())
+	pc.ConnConfig.RuntimeParams["application_name"] += " status"
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// poolConfig is the pool's configuration from cfg: the DSN and the
+// session settings every connection of the service has.
+func poolConfig(cfg *config.Config) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(cfg.Postgres.DSN)
 	if err != nil {
 		return nil, &config.Error{Key: "postgres.dsn", Msg: "is not a valid PostgreSQL connection string"}
@@ -258,7 +282,7 @@ func Pool(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	if _, ok := pc.ConnConfig.RuntimeParams["jit"]; !ok {
 		pc.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	return pgxpool.NewWithConfig(ctx, pc)
+	return pc, nil
 }
 
 // Run runs the pipeline until ctx ends, then drains within the configured
@@ -312,7 +336,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return
 		}
 		metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
-		health.Wait(stage, fmt.Sprintf("%s: %s error, retrying: %v", what, sink.Classify(err), err))
+		health.Wait(stage, fmt.Sprintf("%s: retrying: %s", what, sink.Summary(err)))
 	}
 	s, err := sink.New(sc, pool)
 	if err != nil {
@@ -326,7 +350,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		defer cl.Close()
-		coll := status.New(cfg, status.Options{ConfigPath: opts.ConfigPath, Rebuilding: cfg.Rebuilding, SampleEvery: opts.statusEvery}, pool, adm, health)
+		spool, err := statusPool(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer spool.Close()
+		coll := status.New(cfg, statusOptions(cfg, opts), spool, adm, health)
 		srv, err := newHTTP(addr, reg, health, status.NewServer(coll, opts.Version))
 		if err != nil {
 			return err
@@ -382,7 +411,7 @@ func initSink(ctx context.Context, s *sink.Sink, log *zap.Logger, health *consum
 		},
 		OnRetry: func(attempt int, class retry.Class, err error, _ time.Duration) {
 			metrics.Retries.WithLabelValues(sink.SQLState(err)).Inc()
-			health.Wait("init", fmt.Sprintf("preparing PostgreSQL: %s error, retrying: %v", class, err))
+			health.Wait("init", fmt.Sprintf("preparing PostgreSQL: retrying: %s", sink.Summary(err)))
 			if class == sink.Blocked {
 				if msg := err.Error(); msg != lastBlocked {
 					lastBlocked = msg

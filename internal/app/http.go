@@ -58,7 +58,9 @@ func (h *httpServer) run(ctx context.Context) error {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := h.srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := h.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
+			_ = h.srv.Close() // a request still reading (a status page): cut it, a clean stop all the same
+		} else if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil

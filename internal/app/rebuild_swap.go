@@ -38,6 +38,18 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 		if err := exec(`SET LOCAL statement_timeout = 0`); err != nil {
 			return err
 		}
+		// The dead letters' reason goes with them where the live table has
+		// the column (a live table of an older release gains it at the
+		// next start).
+		var reasonCol bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'reason' AND NOT attisdropped)`,
+			id(cfg.Sink.DeadLetterTable)).Scan(&reasonCol); err != nil {
+			return fmt.Errorf("swap: looking up the dead letters' columns: %w", err)
+		}
+		reasonIn, reasonOut := "", ""
+		if reasonCol {
+			reasonIn, reasonOut = ", reason", ", d.reason"
+		}
 		// Surrogate keys first, for every table, before any live table is
 		// locked: readers wait only for the renames.
 		for i, t := range cfg.Tables {
@@ -162,10 +174,10 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 			// waiting there for the same record is not repeated): a dead
 			// letter replayed into the old table is pending again.
 			dl, rdl := id(cfg.Sink.DeadLetterTable), id(rc.Sink.DeadLetterTable)
-			if err := exec(fmt.Sprintf(`INSERT INTO %[1]s (topic, partition, "offset", target, key, value, error, created_at, headers, decoded)
-				SELECT d.topic, d.partition, d."offset", $1, d.key, d.value, d.error, d.created_at, d.headers, d.decoded FROM %[2]s d
+			if err := exec(fmt.Sprintf(`INSERT INTO %[1]s (topic, partition, "offset", target, key, value, error, created_at, headers, decoded%[3]s)
+				SELECT d.topic, d.partition, d."offset", $1, d.key, d.value, d.error, d.created_at, d.headers, d.decoded%[4]s FROM %[2]s d
 				WHERE d.target = $2 AND NOT EXISTS (SELECT 1 FROM %[1]s l WHERE l.topic = d.topic AND l.partition = d.partition
-					AND l."offset" = d."offset" AND l.replayed_at IS NULL)`, dl, rdl), live, rb); err != nil {
+					AND l."offset" = d."offset" AND l.replayed_at IS NULL)`, dl, rdl, reasonIn, reasonOut), live, rb); err != nil {
 				return err
 			}
 			if err := exec(fmt.Sprintf(`DELETE FROM %s WHERE target = $1`, rdl), rb); err != nil {

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -36,14 +38,13 @@ func Status(ctx context.Context, cfg *config.Config, opts Options, asJSON bool, 
 			return false, kerr
 		}
 		defer cl.Close()
-		rep = status.New(cfg, status.Options{ConfigPath: opts.ConfigPath}, pool, adm, nil).Collect(ctx)
+		o := statusOptions(cfg, opts)
+		o.Rebuilding = false
+		rep = status.New(cfg, o, pool, adm, nil).Collect(ctx)
 		rep.Note = fmt.Sprintf("no running instance answered at %s (%v): %s", statusURL(cfg), err, rep.Note)
 		from = "Kafka and PostgreSQL"
 	}
-	trouble := false
-	for _, t := range rep.Targets {
-		trouble = trouble || t.Trouble()
-	}
+	trouble := rep.NeedsAttention()
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -51,6 +52,12 @@ func Status(ctx context.Context, cfg *config.Config, opts Options, asJSON bool, 
 	}
 	printStatus(out, rep, from)
 	return trouble, nil
+}
+
+// statusOptions are the status report's options of cfg.
+func statusOptions(cfg *config.Config, opts Options) status.Options {
+	return status.Options{ConfigPath: opts.ConfigPath, Rebuilding: cfg.Rebuilding, RebuildGroup: cfg.Kafka.GroupID + RebuildSuffix,
+		SampleEvery: opts.statusEvery}
 }
 
 // statusURL is where a running instance of cfg serves its report: its
@@ -67,13 +74,14 @@ func statusURL(cfg *config.Config) string {
 	return "http://" + net.JoinHostPort(host, port) + "/status.json"
 }
 
-// fromInstance reads a running instance's report, within 3 s.
+// fromInstance reads a running instance's report, within 15 s (its own
+// reads take at most 10).
 func fromInstance(ctx context.Context, cfg *config.Config) (status.Report, string, error) {
 	var rep status.Report
 	if cfg.HTTPAddr() == "" {
 		return rep, "", fmt.Errorf("http.addr is empty")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	url := statusURL(cfg)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -81,8 +89,13 @@ func fromInstance(ctx context.Context, cfg *config.Config) (status.Report, strin
 		return rep, "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
 		return rep, "", fmt.Errorf("nothing listens")
+	case errors.Is(err, context.DeadlineExceeded):
+		return rep, "", fmt.Errorf("no answer within 15 s")
+	case err != nil:
+		return rep, "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -103,9 +116,6 @@ func printStatus(out io.Writer, rep status.Report, from string) {
 	fmt.Fprintf(out, "group %s, read %s from %s\n", rep.Group.GroupID, rep.GeneratedAt.Format(time.RFC3339), from)
 	if rep.Note != "" {
 		fmt.Fprintf(out, "note: %s\n", rep.Note)
-	}
-	for _, e := range rep.Errors {
-		fmt.Fprintf(out, "cannot read %s\n", e)
 	}
 	fmt.Fprintln(out)
 	if len(rep.Targets) == 0 {
@@ -139,6 +149,19 @@ func printStatus(out io.Writer, rep status.Report, from string) {
 			first = false
 		}
 		fmt.Fprintf(out, "  "+format+"\n", args...)
+	}
+	for _, e := range rep.Errors {
+		todo("cannot read %s", e)
+	}
+	for _, target := range slices.Sorted(maps.Keys(rep.OtherDeadLetters)) {
+		var n int64
+		for _, c := range rep.OtherDeadLetters[target] {
+			n += c
+		}
+		if target == "" {
+			target = "(no target)"
+		}
+		todo("%d dead letters of %s, a table not listed here: %s", n, target, rep.OtherReplayCommand)
 	}
 	for _, t := range rep.Targets {
 		if t.State == status.StateParked {

@@ -160,7 +160,7 @@ func (r *statusRig) check(rep status.Report, text string) {
 			r.t.Fatal(err)
 		}
 		if got := target(rep, name).Versions; got == nil || *got != n {
-			r.t.Errorf("%s: versions %v, PostgreSQL has %d", name, got, n)
+			r.t.Errorf("%s: versions %v, PostgreSQL has %d (errors %v)", name, got, n, rep.Errors)
 		}
 	}
 	var dead int64
@@ -255,6 +255,27 @@ func TestStatus(t *testing.T) {
 		r.check(off, out.String())
 		if s := target(off, "orders_history").State; s == status.StateParked {
 			t.Errorf("without an instance orders_history cannot be known parked, got %q", s)
+		}
+	})
+	t.Run("PostgreSQL away", func(t *testing.T) {
+		// Nothing is known to be fine when PostgreSQL cannot be read: each
+		// table is unknown, the command exits 1, the password never shows.
+		cfg := *r.cfg
+		dead := freeAddr(t)
+		cfg.HTTP.Addr = &dead
+		cfg.Postgres.DSN = "postgres://scd:hunter2@" + freeAddr(t) + "/db?sslmode=disable&connect_timeout=2"
+		var out bytes.Buffer
+		trouble, err := Status(context.Background(), &cfg, Options{}, false, &out)
+		if err != nil || !trouble {
+			t.Fatalf("Status: trouble %v, %v\n%s", trouble, err, out.String())
+		}
+		for _, want := range []string{"orders_history     unknown", "cannot read PostgreSQL"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("status lacks %q:\n%s", want, out.String())
+			}
+		}
+		if strings.Contains(out.String(), "hunter2") || strings.Contains(out.String(), "no table needs attention") {
+			t.Errorf("status:\n%s", out.String())
 		}
 	})
 	t.Run("browser", func(t *testing.T) { browseStatus(t, "http://"+r.addr+"/") })

@@ -38,6 +38,9 @@ type Options struct {
 	ConfigPath string
 	// Rebuilding: the process is a rebuild (its targets are rebuilding).
 	Rebuilding bool
+	// RebuildGroup is the consumer group of a rebuild of these targets:
+	// while it has members, they are rebuilding.
+	RebuildGroup string
 	// Timeout bounds one report's reads (default 10 s).
 	Timeout time.Duration
 	// SampleEvery is how often Run samples for the charts (default
@@ -48,7 +51,8 @@ type Options struct {
 	ExactBelow int64
 }
 
-// Collector reads reports. Live may be nil (outside a running process).
+// Collector reads reports (on its own small pool: a page never takes the
+// writer's connections). Live may be nil (outside a running process).
 // Its methods are safe for concurrent use.
 type Collector struct {
 	cfg    *config.Config
@@ -78,16 +82,17 @@ func New(cfg *config.Config, opts Options, pool *pgxpool.Pool, kafka Kafka, live
 
 // Collect reads a report. It never fails: what cannot be read (Kafka or
 // PostgreSQL down, a statement timed out) is named in Report.Errors and
-// its figures are null.
+// its figures are null. PostgreSQL and Kafka have half of
+// Options.Timeout each: one side away does not eat the other's time.
 func (c *Collector) Collect(ctx context.Context) Report {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
-	r := Report{GeneratedAt: time.Now().UTC(), Source: "running instance", Group: Group{GroupID: c.cfg.Kafka.GroupID}}
+	r := Report{GeneratedAt: time.Now().UTC(), Source: "running instance", Group: Group{GroupID: c.cfg.Kafka.GroupID, Members: []Member{}}}
 	if c.live == nil {
 		r.Source = "kafka and postgresql"
 		r.Note = "read from Kafka and PostgreSQL, not from a running instance: whether a table is parked is known only to the instance applying it"
 	}
-	pg, err := c.readPostgres(ctx, false)
+	pctx, cancel := context.WithTimeout(ctx, c.opts.Timeout/2)
+	pg, err := c.readPostgres(pctx, false)
+	cancel()
 	if err != nil {
 		r.Errors = append(r.Errors, "PostgreSQL: "+err.Error())
 	}
@@ -99,21 +104,32 @@ func (c *Collector) Collect(ctx context.Context) Report {
 	for _, t := range targets {
 		topics = append(topics, t.Topics...)
 	}
-	ks, err := c.readOffsets(ctx, topics)
+	kctx, cancel := context.WithTimeout(ctx, c.opts.Timeout/2)
+	ks, err := c.readOffsets(kctx, topics)
 	if err != nil {
 		r.Errors = append(r.Errors, "Kafka: "+err.Error())
 	}
-	r.Group, err = c.readGroup(ctx)
+	var rebuilding bool
+	r.Group, rebuilding, err = c.readGroup(kctx)
+	cancel()
 	if err != nil {
 		r.Errors = append(r.Errors, "Kafka: "+err.Error())
 	}
 	var parked map[string]consumer.Parking
 	if c.live != nil {
 		parked = c.live.Parked()
+		if len(r.Group.Members) > 1 {
+			r.Note = "parked states are this instance's; another member's tables are parked or not on its own page"
+		}
 	}
+	listed := map[string]bool{}
 	for i := range targets {
 		t := &targets[i]
+		listed[t.Target] = true
 		c.fill(t, pg, ks, r.GeneratedAt)
+		if rebuilding && t.State != StateUnknown {
+			t.State = StateRebuilding
+		}
 		if p, ok := parked[t.Target]; ok {
 			t.State, t.Reason = StateParked, p.Reason
 			since := p.Since.UTC()
@@ -124,6 +140,17 @@ func (c *Collector) Collect(ctx context.Context) Report {
 			t.chart = s.chart()
 		}
 		c.mu.Unlock()
+	}
+	for target, byReason := range pg.dead {
+		if !listed[target] {
+			if r.OtherDeadLetters == nil {
+				r.OtherDeadLetters = map[string]map[string]int64{}
+			}
+			r.OtherDeadLetters[target] = byReason
+		}
+	}
+	if len(r.OtherDeadLetters) > 0 {
+		r.OtherReplayCommand = c.command("dead-letters list")
 	}
 	r.Targets = targets
 	return r
@@ -205,6 +232,8 @@ func (c *Collector) fill(t *Target, pg pgState, ks *kafkaState, now time.Time) {
 		}
 	}
 	switch {
+	case !pg.ok:
+		t.State = StateUnknown // PostgreSQL could not be read: nothing is known to be fine
 	case c.opts.Rebuilding:
 		t.State = StateRebuilding
 	case t.Versions == nil && (t.LagEvents == nil || *t.LagEvents == 0) && len(t.DeadLetters) == 0:
@@ -273,22 +302,28 @@ func (c *Collector) readOffsets(ctx context.Context, topics []string) (*kafkaSta
 	return ks, nil
 }
 
-// readGroup describes the consumer group: its members and partitions.
-func (c *Collector) readGroup(ctx context.Context) (Group, error) {
+// readGroup describes the consumer group: its members and partitions;
+// and whether a rebuild's group (RebuildGroup) has members.
+func (c *Collector) readGroup(ctx context.Context) (Group, bool, error) {
 	g := Group{GroupID: c.cfg.Kafka.GroupID, Members: []Member{}}
 	if c.kafka == nil {
-		return g, errors.New("no client")
+		return g, false, errors.New("no client")
 	}
-	described, err := c.kafka.DescribeGroups(ctx, g.GroupID)
-	if err == nil {
-		err = described.Error()
+	groups := []string{g.GroupID}
+	if c.opts.RebuildGroup != "" {
+		groups = append(groups, c.opts.RebuildGroup)
+	}
+	described, err := c.kafka.DescribeGroups(ctx, groups...)
+	if d, ok := described[g.GroupID]; err == nil && ok && d.Err != nil {
+		err = d.Err // the rebuild's group, mostly absent, may fail alone
 	}
 	if err != nil {
-		return g, fmt.Errorf("describing consumer group %s: %w", g.GroupID, kafkaerr.Plain(err))
+		return g, false, fmt.Errorf("describing consumer group %s: %w", g.GroupID, kafkaerr.Plain(err))
 	}
+	rebuilding := c.opts.RebuildGroup != "" && len(described[c.opts.RebuildGroup].Members) > 0
 	d, ok := described[g.GroupID]
 	if !ok {
-		return g, nil
+		return g, rebuilding, nil
 	}
 	g.State = d.State
 	for _, m := range d.Members {
@@ -307,7 +342,7 @@ func (c *Collector) readGroup(ctx context.Context) (Group, error) {
 		g.Members = append(g.Members, mm)
 	}
 	sort.Slice(g.Members, func(i, j int) bool { return g.Members[i].ID < g.Members[j].ID })
-	return g, nil
+	return g, rebuilding, nil
 }
 
 // quoteIdent is name as a PostgreSQL identifier.

@@ -54,14 +54,20 @@ func (s *Server) Register(mux *http.ServeMux) {
 }
 
 // report is a fresh report, or the last one when it is younger than half
-// a refresh: many open pages cost one read.
+// a refresh (a second when it could not read everything): many open pages
+// cost one read. The read outlives a client that goes away (its own
+// deadlines bound it), so that its errors are never "context canceled".
 func (s *Server) report(ctx context.Context) Report {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if time.Since(s.lastAt) < Refresh*time.Second/2 {
+	keep := Refresh * time.Second / 2
+	if len(s.last.Errors) > 0 {
+		keep = time.Second
+	}
+	if time.Since(s.lastAt) < keep {
 		return s.last
 	}
-	s.last, s.lastAt = s.c.Collect(ctx), time.Now()
+	s.last, s.lastAt = s.c.Collect(context.WithoutCancel(ctx)), time.Now()
 	return s.last
 }
 
@@ -93,6 +99,7 @@ type pageView struct {
 	Rows           []rowView
 	Trouble        int
 	TroubleTargets []string
+	Attention      bool
 	Generated      string
 	Refresh        int
 	Style          template.CSS
@@ -108,7 +115,8 @@ type rowView struct {
 }
 
 func view(rep Report, version string) pageView {
-	v := pageView{Report: rep, Generated: rep.GeneratedAt.Format("2006-01-02 15:04:05Z07:00"), Refresh: Refresh, Style: style, Version: version}
+	v := pageView{Report: rep, Generated: rep.GeneratedAt.Format("2006-01-02 15:04:05Z07:00"), Refresh: Refresh, Style: style, Version: version,
+		Attention: rep.NeedsAttention()}
 	for _, t := range rep.Targets {
 		row := rowView{Target: t,
 			Rate: svg("applied", "events/s", t.chart.at, t.chart.rate, rep.GeneratedAt),

@@ -151,32 +151,43 @@ func (c *Collector) existing(ctx context.Context, schema string, tables ...strin
 	return out, nil
 }
 
+// exactBytes is the size on disk above which a table's versions are
+// estimated, whatever its statistics say.
+const exactBytes = 64 << 20
+
 // countVersions counts each history table's rows: exactly below
-// ExactBelow rows (PostgreSQL's estimate), else the estimate.
+// ExactBelow rows (by PostgreSQL's statistics) and exactBytes on disk,
+// else the statistics' estimate.
 func (c *Collector) countVersions(ctx context.Context, st *pgState) error {
 	names := make([]string, 0, len(c.cfg.Tables))
 	for _, t := range c.targets(st.appliedTopics) {
 		names = append(names, t.Target)
 	}
-	est := map[string]float64{}
+	type size struct{ est, live, bytes float64 }
+	sizes := map[string]size{}
 	err := c.each(ctx, func(r pgx.Rows) error {
 		var name string
-		var n float64
-		if err := r.Scan(&name, &n); err != nil {
+		var z size
+		if err := r.Scan(&name, &z.est, &z.live, &z.bytes); err != nil {
 			return err
 		}
-		est[name] = n
+		sizes[name] = z
 		return nil
-	}, `SELECT t, coalesce((SELECT sum(greatest(c.reltuples, 0)) FROM pg_class c
-			WHERE c.oid = to_regclass(format('%I.%I', $1::text, t))
-			   OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(format('%I.%I', $1::text, t)))), -1)
-		FROM unnest($2::text[]) t WHERE to_regclass(format('%I.%I', $1::text, t)) IS NOT NULL`, c.cfg.Postgres.Schema, names)
+	}, `SELECT t, coalesce(sum(greatest(c.reltuples, 0)), 0), coalesce(sum(s.n_live_tup), 0), coalesce(sum(pg_relation_size(c.oid)), 0)
+		FROM unnest($2::text[]) t
+		JOIN pg_class c ON c.oid = to_regclass(format('%I.%I', $1::text, t))
+			OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass(format('%I.%I', $1::text, t)))) -- a partitioned table's partitions
+		LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+		WHERE to_regclass(format('%I.%I', $1::text, t)) IS NOT NULL
+		GROUP BY t`, c.cfg.Postgres.Schema, names)
 	if err != nil {
 		return fmt.Errorf("reading the history tables' sizes: %w", err)
 	}
-	for name, n := range est {
-		if n >= float64(c.opts.ExactBelow) {
-			st.versions[name], st.estimated[name] = int64(n), true
+	for name, z := range sizes {
+		// Statistics lag (a table never analysed after an import reads
+		// as empty): its size on disk decides too.
+		if z.est >= float64(c.opts.ExactBelow) || z.live >= float64(c.opts.ExactBelow) || z.bytes >= exactBytes {
+			st.versions[name], st.estimated[name] = int64(max(z.est, z.live)), true
 			continue
 		}
 		var count int64

@@ -24,11 +24,12 @@ import (
 
 // The states of a target.
 const (
-	StateApplying   = "applying"   // events wait to be applied
-	StateCaughtUp   = "caught_up"  // everything in its topics is applied
-	StateParked     = "parked"     // its writes fail; the other targets go on
-	StateRebuilding = "rebuilding" // a rebuild fills fresh tables from its topics
-	StateNothingYet = "nothing_yet"
+	StateApplying   = "applying"    // events wait to be applied
+	StateCaughtUp   = "caught_up"   // everything in its topics is applied
+	StateParked     = "parked"      // its writes fail; the other targets go on
+	StateRebuilding = "rebuilding"  // a rebuild fills fresh tables from its topics
+	StateNothingYet = "nothing_yet" // no history table and nothing to apply yet
+	StateUnknown    = "unknown"     // PostgreSQL could not be read
 )
 
 // Report is the status of the service, in the shape of /status.json.
@@ -45,6 +46,22 @@ type Report struct {
 	// Errors are what could not be read (a side down): the figures that
 	// depend on it are null.
 	Errors []string `json:"errors,omitempty"`
+	// OtherDeadLetters counts, by target and reason, the dead letters not
+	// replayed of targets the report does not list (no target, a table
+	// no longer configured); OtherReplayCommand lists them.
+	OtherDeadLetters   map[string]map[string]int64 `json:"other_dead_letters,omitempty"`
+	OtherReplayCommand string                      `json:"other_command,omitempty"`
+}
+
+// NeedsAttention reports whether an operator is needed: a target in
+// trouble, dead letters of other targets, or a side that cannot be read.
+func (r Report) NeedsAttention() bool {
+	for _, t := range r.Targets {
+		if t.Trouble() {
+			return true
+		}
+	}
+	return len(r.OtherDeadLetters) > 0 || len(r.Errors) > 0
 }
 
 // Target is one history table's status.
@@ -81,7 +98,7 @@ type Target struct {
 // Trouble reports whether the target needs an operator: parked, dead
 // letters pending or a reconciliation held.
 func (t Target) Trouble() bool {
-	return t.State == StateParked || t.Pending() > 0 || t.HeldReconciliations > 0
+	return t.State == StateParked || t.State == StateUnknown || t.Pending() > 0 || t.HeldReconciliations > 0
 }
 
 // Pending is the number of its dead letters not replayed.
