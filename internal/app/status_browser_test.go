@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,7 +37,8 @@ func chromium(t *testing.T) string {
 // browseStatus opens the status page at url in headless Chromium and
 // checks what a person sees there: the parked row with its reason, the
 // dead-letter count and the command that replays them. A screenshot is
-// kept in $SCD2SINK_TEST_OUTPUT (default: the system's temp directory).
+// kept in $SCD2SINK_TEST_OUTPUT (default: scd2sink-test-output-<uid> in
+// the system's temp directory).
 func browseStatus(t *testing.T, url string) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)), chromedp.NoSandbox,
 		chromedp.WindowSize(1400, 900), chromedp.Flag("disable-dev-shm-usage", true))
@@ -71,7 +73,11 @@ func browseStatus(t *testing.T, url string) {
 	}
 	dir := os.Getenv("SCD2SINK_TEST_OUTPUT")
 	if dir == "" {
-		dir = os.TempDir()
+		// Per user: a run as another user (.ci/only-go) cannot overwrite it.
+		dir = filepath.Join(os.TempDir(), fmt.Sprintf("scd2sink-test-output-%d", os.Getuid()))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Errorf("keeping the screenshot: %v", err)
 	}
 	path := filepath.Join(dir, "scd2sink-status-page.png")
 	if err := os.WriteFile(path, shot, 0o644); err != nil {

@@ -68,7 +68,8 @@ func TestEmbedded(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('data_directory'), pg_catalog.pg_backend_pid()").Scan(&data, &backend); err != nil {
 		t.Fatal(err)
 	}
-	conn.Close(ctx)
+	// The backend exits with its connection: closed after its uids are read.
+	defer conn.Close(ctx)
 	if uid := ownerOf(t, data); uid != wantUID {
 		t.Errorf("data directory %s belongs to uid %d, want %d", data, uid, wantUID)
 	}
