@@ -180,7 +180,9 @@ func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data
 		quoted[i] = fmt.Sprintf("%q", br)
 	}
 	fmt.Fprintf(&b, "# Written by `scd2sink init` from %s: %d Debezium topics.\n", strings.Join(o.Brokers, ","), len(data))
-	b.WriteString("# Every key: docs/configuration.md. Check it with `scd2sink run --config FILE` (exits 2 naming a bad key).\n")
+	b.WriteString("# Every key: docs/configuration.md. Check it with `scd2sink tables --config FILE`: it writes\n" +
+		"# nothing, and lists each topic it matches in Kafka with its target, keys and tracked columns\n" +
+		"# (a bad key exits 2, naming it). Then start it with `scd2sink run --config FILE`.\n")
 	for _, s := range skipped {
 		fmt.Fprintf(&b, "# Left out: %s\n", s)
 	}
@@ -193,6 +195,7 @@ func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data
 		note = "   # its password is left out: set SCD2SINK_POSTGRES_DSN to the whole DSN, or replace dsn with dsn_file: FILE (or use PGPASSWORD, ~/.pgpass)"
 	}
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q%s\n", dsn, note)
+	b.WriteString("  # schema: history   # the schema of the least-privilege role (deploy/least-privilege.sql); default public\n")
 	avro := false
 	for _, t := range data {
 		avro = avro || t.Format == debezium.FormatAvro
