@@ -65,6 +65,10 @@ func Tables(ctx context.Context, cfg *config.Config, opts Options, out io.Writer
 		return err
 	}
 	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		// Else every figure from PostgreSQL would just read "-".
+		return fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
 	adm, cl, err := opts.kafkaAdmin(cfg)
 	if err != nil {
 		return err
