@@ -188,6 +188,9 @@ type TableDefaults struct {
 	ValidFrom  string `yaml:"valid_from"`
 	Deletes    string `yaml:"deletes"`
 	Type1Scope string `yaml:"type1_scope"`
+	// HistoryConstraint is none (default) or no_overlap: PostgreSQL
+	// enforces that no two versions of a key overlap.
+	HistoryConstraint string `yaml:"history_constraint"`
 }
 
 // Table is one tables: entry.
@@ -217,6 +220,8 @@ type Table struct {
 	// SchemaChanges is evolve (default) or fail: what a changed source
 	// schema does to the history table (DESIGN.md section 11).
 	SchemaChanges string `yaml:"schema_changes"`
+	// HistoryConstraint is none or no_overlap (default: defaults').
+	HistoryConstraint string `yaml:"history_constraint"`
 	// Retention removes versions closed longer ago than it ("400d",
 	// "36h"; empty keeps everything), DESIGN.md section 12.
 	Retention string `yaml:"retention"`

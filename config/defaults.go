@@ -80,6 +80,7 @@ func (c *Config) applyDefaults() {
 	or(&d.ValidFrom, "source.ts_ms")
 	or(&d.Deletes, "close")
 	or(&d.Type1Scope, "all_versions")
+	or(&d.HistoryConstraint, "none")
 	for i := range c.Tables {
 		t := &c.Tables[i]
 		or(&t.Format, d.Format)
@@ -87,6 +88,7 @@ func (c *Config) applyDefaults() {
 		or(&t.ValidFrom, d.ValidFrom)
 		or(&t.Deletes, d.Deletes)
 		or(&t.Type1Scope, d.Type1Scope)
+		or(&t.HistoryConstraint, d.HistoryConstraint)
 		if t.Target == "" && t.Topic != "" {
 			parts := strings.Split(t.Topic, ".")
 			t.Target = parts[len(parts)-1] + "_history"

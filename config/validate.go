@@ -289,6 +289,7 @@ func (c *Config) validateServices() error {
 		oneOf("defaults.connector", d.Connector, Connectors...),
 		oneOf("defaults.deletes", d.Deletes, "close", "ignore", "new_record"),
 		oneOf("defaults.type1_scope", d.Type1Scope, "all_versions", "current_version"),
+		oneOf("defaults.history_constraint", d.HistoryConstraint, "none", "no_overlap"),
 	} {
 		if chk != nil {
 			return chk
@@ -372,6 +373,12 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 		}
 		if err := oneOf(key("type1_scope"), t.Type1Scope, "all_versions", "current_version"); err != nil {
 			return err
+		}
+		if err := oneOf(key("history_constraint"), t.HistoryConstraint, "none", "no_overlap"); err != nil {
+			return err
+		}
+		if t.HistoryConstraint == "no_overlap" && t.Partitioning != nil {
+			return errf(key("history_constraint"), "no_overlap cannot be enforced on a partitioned table (PostgreSQL's exclusion constraints do not span partitions): drop one of history_constraint and partitioning")
 		}
 		if err := oneOf(key("deletes"), t.Deletes, "close", "ignore", "new_record"); err != nil {
 			return err

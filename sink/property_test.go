@@ -118,6 +118,28 @@ func TestFoldPropertyParallel(t *testing.T) {
 	}
 }
 
+// TestFoldPropertyNoOverlap is TestFoldProperty with history_constraint:
+// no_overlap on every table: PostgreSQL checks at each commit that no two
+// versions of a key overlap, and no repair, late delete, re-create, tie,
+// truncate or reconciliation ever trips it; the history is the fold's.
+func TestFoldPropertyNoOverlap(t *testing.T) {
+	t.Parallel()
+	pool := sharedPool(t)
+	if _, err := pool.Exec(context.Background(), "CREATE EXTENSION IF NOT EXISTS btree_gist"); err != nil {
+		t.Fatalf("btree_gist (PostgreSQL's contrib): %v", err)
+	}
+	for seed := uint64(1); seed <= uint64(max(1, propertySeeds(t)/4)); seed++ {
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			runScenario(t, pool, seed, scenarioOpts{noOverlap: true})
+			var n int
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_constraint c JOIN pg_namespace s ON s.oid = c.connamespace
+				WHERE s.nspname = $1 AND c.contype = 'x' AND c.condeferred`, fmt.Sprintf("excl%d", seed)).Scan(&n); err != nil || n == 0 {
+				t.Fatalf("no deferred exclusion constraint in the scenario's tables (%d, %v)", n, err)
+			}
+		})
+	}
+}
+
 // TestRejectedValuesProperty is TestFoldProperty with values PostgreSQL
 // rejects: acct_history is pre-created with city varchar(6) and some
 // events carry a longer city. Those events, and only those, become dead
@@ -159,11 +181,12 @@ const badCity = "Innsbruck"
 // partitioned by interval ("" for plain ones); each sink tuned by tune;
 // sinks that keep no state between batches (uncached).
 type scenarioOpts struct {
-	rejects  bool
-	uncached bool
-	parts    int
-	interval string
-	tune     func(*sink.Tuning)
+	rejects   bool
+	noOverlap bool // history_constraint: no_overlap on every table
+	uncached  bool
+	parts     int
+	interval  string
+	tune      func(*sink.Tuning)
 }
 
 // runScenario runs seed's scenario and returns how many batches its
@@ -184,12 +207,16 @@ func runScenario(t *testing.T, pool *pgxpool.Pool, seed uint64, o scenarioOpts) 
 	if interval != "" {
 		schema = fmt.Sprintf("part%d", seed)
 	}
+	if o.noOverlap {
+		schema = fmt.Sprintf("excl%d", seed)
+	}
 	if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	sc := scdtest.GenScenario(rng, schema)
 	for i := range sc.Specs {
 		sc.Specs[i].Partitioning = sink.Partitioning{Interval: interval, Ahead: 1}
+		sc.Specs[i].NoOverlap = o.noOverlap
 	}
 	batches := deliver(rng, sc.Events)
 	snapBatch := -1

@@ -99,6 +99,10 @@ func Classify(err error) Class {
 	if errors.As(err, &drift) {
 		return Blocked
 	}
+	var constraint *catalog.ConstraintError
+	if errors.As(err, &constraint) {
+		return Blocked // btree_gist missing, versions overlapping: waits for a fix
+	}
 	if catalog.NoPartition(err) {
 		return Transient // a partition dropped since it was cached (partition.go)
 	}
@@ -110,6 +114,12 @@ func Classify(err error) Class {
 		return Transient
 	}
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23P01" && strings.HasSuffix(pgErr.ConstraintName, catalog.ExclusionSuffix) {
+		// The no-overlap constraint refused what a batch made: never an
+		// event's fault (no event is dead-lettered for it): the table
+		// waits, loudly.
+		return Blocked
+	}
 	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
 		switch code := pgErr.Code; {
 		case code == "55P03", code == "57014", code == "25006", code == "25P03", code == "57P05",
@@ -153,6 +163,13 @@ func Hint(err error) string {
 	var drift *DriftError
 	if errors.As(err, &drift) {
 		return "the history table is not as scd2sink keeps it: put back what was changed by hand (verify lists it)"
+	}
+	var constraint *catalog.ConstraintError
+	if errors.As(err, &constraint) {
+		return "create btree_gist as an administrator, or mend the overlapping versions verify lists; the table is picked up again by itself"
+	}
+	if SQLState(err) == "23P01" {
+		return "the no-overlap constraint refused versions that overlap: run scd2sink verify and report it; the table waits"
 	}
 	switch code := SQLState(err); {
 	case code == "42703":

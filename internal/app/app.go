@@ -87,7 +87,8 @@ func tableSpec(cfg *config.Config, t config.Table) sink.TableSpec {
 		TrackHistory: t.TrackHistory, IgnoreColumns: t.IgnoreColumns,
 		Type1Scope: sink.Type1Scope(t.Type1Scope), Deletes: sink.DeletesMode(t.Deletes), Views: viewSpecs(t.Views),
 		SnapshotDeletes: t.SnapshotDeletes == "close", MaxCloseFraction: fraction(t.SnapshotDeletesMaxFraction),
-		FailOnSchemaChange: t.SchemaChanges == "fail", Retention: t.RetentionPeriod, Partitioning: partitioning(t.Partitioning)}
+		FailOnSchemaChange: t.SchemaChanges == "fail", Retention: t.RetentionPeriod, Partitioning: partitioning(t.Partitioning),
+		NoOverlap: t.HistoryConstraint == "no_overlap"}
 }
 
 func partitioning(p *config.Partitioning) sink.Partitioning {

@@ -93,6 +93,8 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				}
 				qs := append(renames,
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.IDIndex), bare(O.IDIndex)),
+					// The no-overlap constraint goes with its index's name.
+					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.Exclusion), bare(O.Exclusion)),
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(L.Current)),
 					catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
@@ -118,6 +120,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 			}
 			for _, q := range append(renames,
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.IDIndex), bare(L.IDIndex)),
+				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.Exclusion), bare(L.Exclusion)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(rb), bare(live)),
 				fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(R.Side), bare(L.Side)),
 				fmt.Sprintf("ALTER TABLE IF EXISTS %s RENAME TO %s", id(R.Dir), bare(L.Dir)),

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
@@ -30,6 +31,7 @@ func TestRebuild(t *testing.T) {
 		{"exact", "topic: src.item, target: item_history"},
 		{"pattern", `topic_pattern: 'src\.i[a-z]+'`},
 		{"partitioned", "topic: src.item, target: item_history, partitioning: {interval: day}"},
+		{"no overlap", "topic: src.item, target: item_history, history_constraint: no_overlap"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testRebuild(t, tc.item) })
 	}
@@ -75,6 +77,12 @@ func testRebuild(t *testing.T, itemEntry string) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	noOverlap := strings.Contains(itemEntry, "no_overlap")
+	if noOverlap {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION btree_gist"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	brokers, _ := json.Marshal(kafka.ListenAddrs())
 	a, i := specs["acct_history"], specs["item_history"]
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
@@ -255,5 +263,19 @@ tables:
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("run after the rebuild: %v", err)
+	}
+	if noOverlap {
+		// The rebuilt table's constraint took the live name (run added
+		// no second one), the replaced table kept its own under its name.
+		rows, err := pool.Query(ctx, `SELECT c.relname || ':' || x.conname FROM pg_constraint x JOIN pg_class c ON c.oid = x.conrelid
+			WHERE x.contype = 'x' ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(got) != 2 || got[0] != "item_history:item_history_scd_excl" || !strings.HasSuffix(got[1], "_scd_excl") ||
+			!strings.HasPrefix(got[1], "item_history__replaced_") {
+			t.Errorf("exclusion constraints after the swap: %v (%v)", got, err)
+		}
 	}
 }

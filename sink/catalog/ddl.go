@@ -130,6 +130,8 @@ type ObjectNames struct {
 	// Dir and DirKey are a partitioned table's key directory and its
 	// primary key.
 	Dir, DirKey string
+	// Exclusion is the no-overlap constraint and its index (overlap.go).
+	Exclusion string
 }
 
 // Index name suffixes (see objectNames).
@@ -145,7 +147,7 @@ func NamesOf(target string) ObjectNames {
 	return ObjectNames{Hist: target, Side: target + "_scd_events", Repairs: target + "_scd_repairs",
 		Current: target + "_current", AsOf: target + "_as_of",
 		KeyIndex: target + KeyIndexSuffix, SideIndex: target + SideIndexSuffix, OldSideIndex: target + OldSideIndexSuffix,
-		IDIndex: target + IDIndexSuffix, Dir: target + DirSuffix, DirKey: target + DirKeySuffix}
+		IDIndex: target + IDIndexSuffix, Dir: target + DirSuffix, DirKey: target + DirKeySuffix, Exclusion: target + ExclusionSuffix}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
@@ -320,6 +322,11 @@ func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []cha
 	}
 	if err := t.loadPartitions(ctx, pool, cat.Has(n.Hist)); err != nil {
 		return nil, err
+	}
+	if spec.NoOverlap {
+		if err := ensureNoOverlap(ctx, pool, t); err != nil {
+			return nil, err
+		}
 	}
 	views, err := t.ViewStatements(ctx, pool)
 	if err != nil {

@@ -55,6 +55,9 @@ type TableSpec struct {
 	// at any change of the source schema but an added column: a dropped
 	// column, or a changed type (DESIGN.md section 11).
 	FailOnSchemaChange bool
+	// NoOverlap (history_constraint: no_overlap) has PostgreSQL enforce
+	// that no two versions of a key overlap (overlap.go).
+	NoOverlap bool
 	// Views are presentations of the history in other conventions,
 	// created and replaced with the table.
 	Views []ViewSpec

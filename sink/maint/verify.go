@@ -39,7 +39,7 @@ func (m *Maint) Verify(ctx context.Context, target string) ([]Violation, error) 
 	n := catalog.NamesOf(spec.Target)
 	var cat *catalog.Catalog
 	_, err := m.cfg.Retry(ctx, "verify", "reading the catalog of "+hist, func(ctx context.Context) (err error) {
-		cat, err = catalog.ReadCatalog(ctx, m.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex, n.Hist + catalog.DirSuffix},
+		cat, err = catalog.ReadCatalog(ctx, m.pool, spec.Schema, []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.OldSideIndex, n.Hist + catalog.DirSuffix, n.Exclusion},
 			n.AsOf, n.Hist)
 		return err
 	})
@@ -181,6 +181,10 @@ func structure(hist string, spec catalog.TableSpec, cat *catalog.Catalog) (out [
 	}
 	if !cat.Has(n.Repairs) {
 		missing("repair audit " + n.Repairs)
+	}
+	if spec.NoOverlap && !cat.Has(n.Exclusion) {
+		out = append(out, Violation{Table: hist, Check: "missing no-overlap constraint " + n.Exclusion, Key: "-",
+			Info: "history_constraint: no_overlap: scd2sink run adds it once btree_gist exists and no versions overlap"})
 	}
 	if !cat.Has(n.Current) {
 		missing("view " + n.Current)
