@@ -264,6 +264,7 @@ func (c *Config) specDefaults(t *TableSpec) error {
 		if t.Schema == "" {
 			t.Schema = c.Schema
 		}
+		t.ServiceSchema = c.Schema
 		if t.Type1Scope == "" {
 			t.Type1Scope = AllVersions
 		}

@@ -27,7 +27,7 @@ const sizeVersionsPerKey = 10
 
 // BenchmarkSize measures the cost of a history table that already holds
 // many versions (issue 31, item 5): for each layout (plain, partitioned by
-// month) and each size in BENCH_SIZES (default 1,000,000 and 10,000,000
+// month, plain with history_constraint: no_overlap) and each size in BENCH_SIZES (default 1,000,000 and 10,000,000
 // versions; 0, the empty table, always runs first), it preloads the table,
 // then applies the workload of BenchmarkApply ("mixed": 200,000 events on
 // 50,000 keys, 10% Type 1 changes) through a fresh sink, as a restarted
@@ -71,13 +71,19 @@ func BenchmarkSize(b *testing.B) {
 		}
 	}
 	pool := benchPool(b)
-	for _, layout := range []struct{ name, interval string }{{"plain", ""}, {"partitioned", "month"}} {
+	if _, err := pool.Exec(context.Background(), "CREATE EXTENSION IF NOT EXISTS btree_gist"); err != nil {
+		b.Fatal(err)
+	}
+	for _, layout := range []struct {
+		name, interval string
+		noOverlap      bool
+	}{{"plain", "", false}, {"partitioned", "month", false}, {"no_overlap", "", true}} {
 		b.Run(layout.name, func(b *testing.B) {
 			var empty, smallest sizeResult
 			for _, size := range sizes {
 				b.Run(fmt.Sprintf("versions=%d", size), func(b *testing.B) {
 					for iter := 0; iter < b.N; iter++ {
-						r := benchSize(b, pool, layout.interval, size, fmt.Sprintf("size_%s_%d_%d", layout.name, size, iter))
+						r := benchSize(b, pool, layout.interval, layout.noOverlap, size, fmt.Sprintf("size_%s_%d_%d", layout.name, size, iter))
 						if size == 0 {
 							empty = r
 						} else if empty.newEPS > 0 {
@@ -115,11 +121,12 @@ type sizeResult struct {
 
 // benchSize preloads a table of size versions in schema, applies the
 // workloads and measures.
-func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, size int, schema string) sizeResult {
+func benchSize(b *testing.B, pool *pgxpool.Pool, interval string, noOverlap bool, size int, schema string) sizeResult {
 	ctx := context.Background()
 	b.StopTimer()
 	spec := benchSpec(schema)
 	spec.Partitioning = sink.Partitioning{Interval: interval}
+	spec.NoOverlap = noOverlap // history_constraint: no_overlap
 	hist := pgx.Identifier{schema, spec.Target}.Sanitize()
 	b.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")

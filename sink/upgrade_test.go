@@ -21,7 +21,7 @@ func TestUpgradeKeepsWhatRowsKnow(t *testing.T) {
 	spec.TrackHistory = nil // every column tracked: an added one too
 	s := newSink(t, pool, "upgrade", spec)
 	apply(t, s, cust(change.OpCreate, 1, date(1, 1), "K", "name", "a", "plan", "p", "city", "x", "visits", 1))
-	if _, err := pool.Exec(ctx, `DROP VIEW upgrade.customers_history_current;
+	if _, err := pool.Exec(ctx, `DROP VIEW upgrade.customers_history_current, upgrade.customers_history_consistent;
 		ALTER TABLE upgrade.customers_history DROP COLUMN scd_absent, DROP COLUMN scd_raw_t, DROP COLUMN scd_attnum;
 		ALTER TABLE upgrade.customers_history_scd_events DROP COLUMN scd_absent, DROP COLUMN scd_raw_t, DROP COLUMN scd_attnum;
 		CREATE VIEW upgrade.customers_history_current AS SELECT * FROM upgrade.customers_history WHERE is_current`); err != nil {

@@ -178,6 +178,13 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		if err != nil {
 			b.Fatal(err)
 		}
+		if strings.Contains(os.Getenv("BENCH_CONFIG"), "no_overlap") {
+			// BENCH_CONFIG='defaults: {history_constraint: no_overlap}':
+			// what the constraint costs (docs/benchmarks.md).
+			if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist"); err != nil {
+				b.Fatal(err)
+			}
+		}
 		httpAddr := freeAddr(b)
 		cfgFile := filepath.Join(b.TempDir(), "scd2sink.yaml")
 		if err := os.WriteFile(cfgFile, []byte(benchConfig(kafka.ListenAddrs(), dsn, format, registry, httpAddr, os.Getenv("BENCH_CONFIG")+"\n")), 0o600); err != nil { // BENCH_CONFIG: YAML appended to the binary's config

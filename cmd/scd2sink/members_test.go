@@ -257,12 +257,13 @@ tables:
 	<-done
 	done = stream(append(snapRecs[len(snapRecs)-1:], recs[b:]...))
 	waitFor(t, pool, `SELECT count(*) > 0 FROM scd2sink_dead_letters`, 30*time.Second)
-	if _, err := pool.Exec(ctx, `DO $$ DECLARE d text := pg_get_viewdef('acct_history_current');
+	if _, err := pool.Exec(ctx, `DO $$ DECLARE d text := pg_get_viewdef('acct_history_current'); dc text := pg_get_viewdef('acct_history_consistent');
 		c text := obj_description('acct_history_current'::regclass);
 		BEGIN
-			DROP VIEW acct_history_current;
+			DROP VIEW acct_history_current, acct_history_consistent;
 			ALTER TABLE acct_history ALTER COLUMN plan TYPE text;
 			EXECUTE 'CREATE VIEW acct_history_current AS ' || d;
+			EXECUTE 'CREATE VIEW acct_history_consistent AS ' || dc;
 			EXECUTE format('COMMENT ON VIEW acct_history_current IS %L', c);
 		END $$`); err != nil {
 		t.Fatal(err)

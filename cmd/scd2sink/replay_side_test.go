@@ -97,12 +97,13 @@ tables:
 		t.Fatalf("side table's note is %q (%v), want the history table's character varying(6)", sideType, err)
 	}
 	// The operator widens the history column, as README says.
-	if _, err := pool.Exec(ctx, `DO $$ DECLARE d text := pg_get_viewdef('customers_history_current');
+	if _, err := pool.Exec(ctx, `DO $$ DECLARE d text := pg_get_viewdef('customers_history_current'); dc text := pg_get_viewdef('customers_history_consistent');
 		c text := obj_description('customers_history_current'::regclass);
 		BEGIN
-			DROP VIEW customers_history_current;
+			DROP VIEW customers_history_current, customers_history_consistent;
 			ALTER TABLE customers_history ALTER COLUMN note TYPE varchar(40);
 			EXECUTE 'CREATE VIEW customers_history_current AS ' || d;
+			EXECUTE 'CREATE VIEW customers_history_consistent AS ' || dc;
 			EXECUTE format('COMMENT ON VIEW customers_history_current IS %L', c);
 		END $$`); err != nil {
 		t.Fatal(err)

@@ -86,12 +86,13 @@ tables:
 	// and created again around the change, as an operator would.
 	alterPlan := func(typ string) {
 		t.Helper()
-		if _, err := pool.Exec(ctx, fmt.Sprintf(`DO $$ DECLARE d text := pg_get_viewdef('customers_history_current');
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`DO $$ DECLARE d text := pg_get_viewdef('customers_history_current'); dc text := pg_get_viewdef('customers_history_consistent');
 			c text := obj_description('customers_history_current'::regclass);
 			BEGIN
-				DROP VIEW customers_history_current;
+				DROP VIEW customers_history_current, customers_history_consistent;
 				ALTER TABLE customers_history ALTER COLUMN plan TYPE %s;
 				EXECUTE 'CREATE VIEW customers_history_current AS ' || d;
+			EXECUTE 'CREATE VIEW customers_history_consistent AS ' || dc;
 				EXECUTE format('COMMENT ON VIEW customers_history_current IS %%L', c);
 			END $$`, typ)); err != nil {
 			t.Fatal(err)

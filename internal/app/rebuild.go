@@ -294,6 +294,7 @@ func resetRebuild(ctx context.Context, pool *pgxpool.Pool, adm *kadm.Client, cfg
 		in := func(name string) string { return pgx.Identifier{cfg.Postgres.Schema, name}.Sanitize() }
 		stmts = append(stmts,
 			fmt.Sprintf("DROP VIEW IF EXISTS %s", in(n.Current)),
+			fmt.Sprintf("DROP VIEW IF EXISTS %s", in(n.Consistent)),
 			catalog.DropAsOfFunction(cfg.Postgres.Schema, t.Target),
 			fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s", in(n.Hist), in(n.Side), in(n.Repairs), in(n.Dir)))
 	}

@@ -96,6 +96,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 					// The no-overlap constraint goes with its index's name.
 					fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(L.Exclusion), bare(O.Exclusion)),
 					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(L.Current)),
+					fmt.Sprintf("DROP VIEW IF EXISTS %s", id(L.Consistent)),
 					catalog.DropAsOfFunction(cfg.Postgres.Schema, live),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(live), bare(old)),
 					fmt.Sprintf("ALTER TABLE %s RENAME TO %s", id(L.Side), bare(O.Side)),
@@ -128,6 +129,7 @@ func swap(ctx context.Context, pool *pgxpool.Pool, cfg, rc *config.Config, log *
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.KeyIndex), bare(L.KeyIndex)),
 				fmt.Sprintf("ALTER INDEX IF EXISTS %s RENAME TO %s", id(R.SideIndex), bare(L.SideIndex)),
 				fmt.Sprintf("ALTER VIEW %s RENAME TO %s", id(R.Current), bare(L.Current)),
+				fmt.Sprintf("ALTER VIEW IF EXISTS %s RENAME TO %s", id(R.Consistent), bare(L.Consistent)),
 				catalog.DropAsOfFunction(cfg.Postgres.Schema, rb),
 				// The live audit of repairs stays; the replay's own is dropped.
 				fmt.Sprintf("DROP TABLE IF EXISTS %s", id(R.Repairs)),

@@ -113,12 +113,14 @@ tables:
 	// an int8 column: 22P03). That is retried on fresh connections, never
 	// taken for a value PostgreSQL rejects.
 	if _, err := pool.Exec(ctx, `DO $$ DECLARE d text := pg_get_viewdef('accounts_history_current'); v text := pg_get_viewdef('dim_account');
+			dc text := pg_get_viewdef('accounts_history_consistent');
 		BEGIN
-			DROP VIEW accounts_history_current, dim_account;
+			DROP VIEW accounts_history_current, dim_account, accounts_history_consistent;
 			ALTER TABLE accounts_history ALTER COLUMN visits TYPE bigint;
 			ALTER TABLE accounts_history_scd_events ALTER COLUMN visits TYPE bigint;
 			EXECUTE 'CREATE VIEW accounts_history_current AS ' || d;
 			EXECUTE 'CREATE VIEW dim_account AS ' || v;
+			EXECUTE 'CREATE VIEW accounts_history_consistent AS ' || dc;
 		END $$`); err != nil {
 		t.Fatal(err)
 	}

@@ -132,6 +132,9 @@ type ObjectNames struct {
 	Dir, DirKey string
 	// Exclusion is the no-overlap constraint and its index (overlap.go).
 	Exclusion string
+	// Consistent is the view of the versions as of the instant every
+	// target is complete through (consistent.go).
+	Consistent string
 }
 
 // Index name suffixes (see objectNames).
@@ -147,7 +150,8 @@ func NamesOf(target string) ObjectNames {
 	return ObjectNames{Hist: target, Side: target + "_scd_events", Repairs: target + "_scd_repairs",
 		Current: target + "_current", AsOf: target + "_as_of",
 		KeyIndex: target + KeyIndexSuffix, SideIndex: target + SideIndexSuffix, OldSideIndex: target + OldSideIndexSuffix,
-		IDIndex: target + IDIndexSuffix, Dir: target + DirSuffix, DirKey: target + DirKeySuffix, Exclusion: target + ExclusionSuffix}
+		IDIndex: target + IDIndexSuffix, Dir: target + DirSuffix, DirKey: target + DirKeySuffix, Exclusion: target + ExclusionSuffix,
+		Consistent: target + "_consistent"}
 }
 
 // viewTag is the comment the sink puts on a view it created: a digest of
@@ -175,7 +179,7 @@ func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []cha
 	for _, c := range spec.IgnoreColumns {
 		t.Ignore[c] = true
 	}
-	lookFor := []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex}
+	lookFor := []string{n.Hist, n.Side, n.Repairs, n.Current, n.KeyIndex, n.SideIndex, n.Consistent}
 	if len(n.OldSideIndex) <= 63 {
 		lookFor = append(lookFor, n.OldSideIndex)
 	}
@@ -308,6 +312,10 @@ func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []cha
 	}
 	if !slices.Equal(cat.Cols[n.Current], histCols) {
 		stmts = append(stmts, currentView("CREATE OR REPLACE", t.View, t.Hist, slices.Contains(histCols, "scd_deleted")))
+	}
+	if !slices.Equal(cat.Cols[n.Consistent], histCols) {
+		t.DeletedCol = slices.Contains(histCols, "scd_deleted") // as load will read it
+		stmts = append(stmts, t.consistentView("CREATE OR REPLACE"))
 	}
 	if deleted := slices.Contains(histCols, "scd_deleted"); !cat.AsOf || deleted != strings.Contains(cat.asOfSrc, "scd_deleted") {
 		stmts = append(stmts, asOfFunction(spec.Schema, spec.Target, "CREATE OR REPLACE", deleted))

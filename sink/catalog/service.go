@@ -128,6 +128,11 @@ func EnsureService(ctx context.Context, pool *pgxpool.Pool, svc Service) error {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS headers jsonb`, s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
 	}
 	stmts = append(stmts, watermarkDDL(cat, svc)...)
+	if fresh, err := needsConsistentFunction(ctx, pool, svc.Schema); err != nil {
+		return err
+	} else if fresh {
+		stmts = append(stmts, consistentFunction(svc.Schema)) // after the watermark view it reads
+	}
 	stmts = append(stmts, claimsDDL(cat, svc)...)
 	stmts = append(stmts, replayDDL(cat, svc)...)
 	stmts = append(stmts, erasureDDL(cat, svc)...)
@@ -219,4 +224,15 @@ func watermarkDDL(cat *Catalog, svc Service) []string {
 				WHERE p.consumer_group NOT LIKE %[4]s) AS q
 			GROUP BY target`, s, WatermarkView, lit(fmt.Sprintf("%d microseconds", svc.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`), ProgressTable),
 		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, WatermarkView, lit(note)))
+}
+
+// needsConsistentFunction reports whether schema lacks the function
+// scd2sink_consistent_through (consistent.go).
+func needsConsistentFunction(ctx context.Context, pool *pgxpool.Pool, schema string) (bool, error) {
+	var has bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname = $2)`, schema, ConsistentFunction).Scan(&has); err != nil {
+		return false, fmt.Errorf("reading the functions of schema %s: %w", schema, err)
+	}
+	return !has, nil
 }

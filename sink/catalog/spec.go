@@ -21,6 +21,10 @@ type TableSpec struct {
 	// Target is the history table's name; Schema its schema (default Config.Schema).
 	Target string
 	Schema string
+	// ServiceSchema is the schema of the service's own tables (the
+	// sink's Config.Schema), where the _consistent view finds
+	// scd2sink_consistent_through.
+	ServiceSchema string
 	// Topic is the topic of an exact tables: entry ("" for a pattern's:
 	// scd2sink_targets records those); erase and retention wait for its
 	// writers.

@@ -132,7 +132,7 @@ func Widen(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *Table, t
 		alters = append(alters, fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgx.Identifier{n}.Sanitize(), CanonicalType(to[n])))
 	}
 	spec := t.Spec
-	drops := []string{t.View.Sanitize()}
+	drops := []string{t.View.Sanitize(), t.consistentID().Sanitize()}
 	for _, v := range spec.Views {
 		drops = append(drops, pgx.Identifier{spec.Schema, v.Name}.Sanitize())
 	}
@@ -153,7 +153,7 @@ func Widen(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, t *Table, t
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE IF EXISTS %s %s", t.Parts.Dir().Sanitize(), strings.Join(keyAlters, ", ")))
 		}
 	}
-	stmts = append(stmts, currentView("CREATE", t.View, t.Hist, t.DeletedCol))
+	stmts = append(stmts, currentView("CREATE", t.View, t.Hist, t.DeletedCol), t.consistentView("CREATE"))
 	views, err := t.ViewStatements(ctx, pool) // read before they are dropped
 	if err != nil {
 		return nil, err
