@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/sink/apply"
+	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/history"
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/plan"
@@ -167,6 +168,12 @@ func (b *batchTx) tables(ctx context.Context, tx pgx.Tx) error {
 		r, d, err := s.applier.WithKeyChanges(ctx, tx, tp, b.ops, fold)
 		if err == nil && r.VersionsOpened > 0 && s.reg.snapshotDeletes(name) {
 			err = s.recon.noteLate(ctx, tx, tp)
+		}
+		if err == nil && tp.Table.Spec.NoOverlap {
+			// The no-overlap constraint is deferred (a repair writes in any
+			// order); checked here, a refusal is this target's, which is
+			// parked, not the whole batch's at COMMIT.
+			err = catalog.CheckNoOverlap(ctx, tx, tp.Table.Table)
 		}
 		if err != nil {
 			return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}

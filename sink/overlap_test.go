@@ -89,3 +89,47 @@ func TestNoOverlapConstraint(t *testing.T) {
 	}
 	verifyClean(t, s, "acct_history")
 }
+
+// TestOverlapRefusedParksOneTable: when what the service writes overlaps
+// a version another tool wrote behind its back (the state it remembers
+// is stale), the constraint refuses it within the batch: the failure is
+// that table's, one the consumer parks (blocked, never a dead letter),
+// not the whole batch's at COMMIT.
+func TestOverlapRefusedParksOneTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION btree_gist"); err != nil {
+		t.Fatal(err)
+	}
+	cols := []catalog.Column{{Name: "id", Type: "bigint"}, {Name: "plan", Type: "text"}}
+	guarded := sink.TableSpec{Target: "acct_history", Keys: []string{"id"}, NoOverlap: true, Columns: cols}
+	plain := sink.TableSpec{Target: "other_history", Keys: []string{"id"}, Columns: cols}
+	s := newSink(t, pool, "public", guarded, plain)
+	day := func(d int) time.Time { return time.Date(2026, 1, d, 0, 0, 0, 0, time.UTC) }
+	ev := func(table string, seq, d int, op change.Op, plan string) *change.Event {
+		return &change.Event{Table: table, Op: op, Key: []any{int64(9)}, KeyNames: []string{"id"},
+			After: map[string]any{"id": int64(9), "plan": plan}, ValidFrom: day(d), Seq: change.MustSeq(seq)}
+	}
+	apply(t, s, ev("acct_history", 10, 1, change.OpCreate, "a"), ev("other_history", 10, 1, change.OpCreate, "a"))
+	// Another tool closes the version and opens its own, behind the
+	// service's back: no overlap, so PostgreSQL lets it.
+	if _, err := pool.Exec(ctx, `WITH closed AS (UPDATE acct_history SET valid_to = $1, is_current = false WHERE id = 9 RETURNING scd_seq, scd_hash)
+		INSERT INTO acct_history (id, plan, valid_from, is_current, scd_seq, scd_op, scd_hash)
+		SELECT 9, 'foreign', $1, true, scd_seq || '\x01'::bytea, 'u', scd_hash FROM closed`, day(5)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{ev("acct_history", 20, 10, change.OpUpdate, "b"), ev("other_history", 20, 10, change.OpUpdate, "b")}})
+	target, park := sink.ParkTarget(err)
+	if !park || target != "acct_history" || sink.Classify(err) != sink.Blocked {
+		t.Fatalf("Apply: %v (park %v %q, %v), want acct_history parked as blocked", err, park, target, sink.Classify(err))
+	}
+	if strings.Contains(sink.Summary(err), "foreign") || !strings.Contains(sink.Summary(err), "23P01") {
+		t.Errorf("summary %q", sink.Summary(err))
+	}
+	var dead int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM scd2sink_dead_letters`).Scan(&dead)
+	if dead != 0 {
+		t.Errorf("%d dead letters: the refusal is no event's fault", dead)
+	}
+}

@@ -114,7 +114,7 @@ func Classify(err error) Class {
 		return Transient
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23P01" && strings.HasSuffix(pgErr.ConstraintName, catalog.ExclusionSuffix) {
+	if catalog.OverlapRefused(err) {
 		// The no-overlap constraint refused what a batch made: never an
 		// event's fault (no event is dead-lettered for it): the table
 		// waits, loudly.
@@ -197,6 +197,10 @@ func SQLState(err error) string {
 	if errors.As(err, &drift) {
 		return "drift"
 	}
+	var constraint *catalog.ConstraintError
+	if errors.As(err, &constraint) {
+		return "constraint"
+	}
 	return "network"
 }
 
@@ -261,7 +265,8 @@ func Summary(err error) string {
 		"57014": "statement timeout", "25006": "PostgreSQL is read-only (a standby, or after a failover)",
 		"42501": "permission denied", "53100": "disk full", "40P01": "deadlock", "40001": "serialization failure",
 		"42P01": "a table scd2sink writes is missing", "42703": "a column scd2sink writes is missing",
-		"drift": "the history table is not as scd2sink keeps it", "network": "PostgreSQL unreachable"}[code]
+		"drift": "the history table is not as scd2sink keeps it", "network": "PostgreSQL unreachable",
+		"constraint": "history_constraint cannot be added yet", "23P01": "the no-overlap constraint refused versions that overlap"}[code]
 	if what == "" {
 		what = Classify(err).String() + " error"
 	}
@@ -269,7 +274,7 @@ func Summary(err error) string {
 	if errors.As(err, &pgErr) && len(code) == 5 && code[:2] != "22" && code[:2] != "23" {
 		return fmt.Sprintf("%s (SQLSTATE %s: %s)", what, code, pgErr.Message)
 	}
-	if code == "network" || code == "drift" {
+	if code == "network" || code == "drift" || code == "constraint" {
 		return what
 	}
 	return fmt.Sprintf("%s (SQLSTATE %s)", what, code)

@@ -17,7 +17,7 @@ import (
 // 22 (data exception) or 23 (integrity constraint violation).
 func IsDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !history.StaleStatement(err) && !catalog.NoPartition(err) {
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && !history.StaleStatement(err) && !catalog.NoPartition(err) && !catalog.OverlapRefused(err) {
 		return pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23"
 	}
 	return false

@@ -19,6 +19,10 @@ import (
 // ConsistentFunction is the function's name, in the service's schema.
 const ConsistentFunction = "scd2sink_consistent_through"
 
+// consistentNote marks the function's definition: it is replaced when the
+// definition changes, never at a plain restart.
+const consistentNote = "scd2sink consistent_through v1"
+
 // consistentFunction renders the function's DDL in schema, reading the
 // watermark view there.
 func consistentFunction(schema string) string {
@@ -26,8 +30,11 @@ func consistentFunction(schema string) string {
 	body := fmt.Sprintf(` SELECT CASE WHEN count(*) = 0 OR bool_or(w.complete_through IS NULL)
 			OR count(*) < coalesce(cardinality(targets), 0) THEN NULL ELSE min(w.complete_through) END
 		FROM %s.%s w WHERE targets IS NULL OR w.target = ANY(targets)`, s, WatermarkView)
-	return fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s.%s(targets text[] DEFAULT NULL) RETURNS timestamptz LANGUAGE sql STABLE AS %s`,
-		s, ConsistentFunction, dollarQuote(body))
+	// PARALLEL SAFE: a query over the _consistent views keeps its
+	// parallel plans.
+	return fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s.%s(targets text[] DEFAULT NULL) RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS %s;
+		COMMENT ON FUNCTION %s.%s(text[]) IS %s`,
+		s, ConsistentFunction, dollarQuote(body), s, ConsistentFunction, QuoteLiteral(consistentNote))
 }
 
 // consistentView renders the DDL of a target's _consistent view over

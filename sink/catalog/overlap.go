@@ -40,6 +40,14 @@ func (e *ConstraintError) Error() string {
 	return fmt.Sprintf("history_constraint: no_overlap on %s: %s", e.Table, e.Msg)
 }
 
+// AutoAddBelow is the size (PostgreSQL's estimate of its rows) under
+// which the service adds the constraint to a table that exists by itself:
+// ALTER TABLE … ADD CONSTRAINT holds an ACCESS EXCLUSIVE lock while it
+// builds the GiST index, a few seconds per hundred thousand versions, and
+// readers wait that long. A bigger table waits for an operator to add it
+// in a quiet hour (the error gives the statement) or for a rebuild.
+const AutoAddBelow = 1_000_000
+
 // ensureNoOverlap adds the constraint to t's history table when it is
 // missing: after checking that btree_gist is there and that no versions
 // overlap already (listing the first ones found).
@@ -47,12 +55,17 @@ func ensureNoOverlap(ctx context.Context, pool *pgxpool.Pool, t *Table) error {
 	name := NamesOf(t.Spec.Target).Exclusion
 	hist := t.Hist.Sanitize()
 	var has, gist bool
+	var rows float64
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2 AND contype = 'x'),
-		EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'btree_gist')`, hist, name).Scan(&has, &gist); err != nil {
+		EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'),
+		coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)`, hist, name).Scan(&has, &gist, &rows); err != nil {
 		return fmt.Errorf("reading the constraints of %s: %w", hist, err)
 	}
 	if has {
 		return nil
+	}
+	if t.Parts != nil {
+		return &ConstraintError{Table: hist, Msg: "the table is partitioned, and PostgreSQL's exclusion constraints do not span partitions: drop history_constraint, or rebuild it unpartitioned"}
 	}
 	if !gist {
 		return &ConstraintError{Table: hist, Msg: "it needs the btree_gist extension: an administrator runs CREATE EXTENSION btree_gist; in this database " +
@@ -72,11 +85,17 @@ func ensureNoOverlap(ctx context.Context, pool *pgxpool.Pool, t *Table) error {
 		excl = append(excl, pgx.Identifier{k}.Sanitize()+" WITH =")
 	}
 	excl = append(excl, "tstzrange(valid_from, valid_to, '[)') WITH &&")
-	err = InDDLTx(ctx, pool, "scd2sink table "+hist, []string{fmt.Sprintf(
-		`ALTER TABLE %s ADD CONSTRAINT %s EXCLUDE USING gist (%s) DEFERRABLE INITIALLY DEFERRED`,
-		hist, pgx.Identifier{name}.Sanitize(), strings.Join(excl, ", "))})
+	add := fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s EXCLUDE USING gist (%s) DEFERRABLE INITIALLY DEFERRED`,
+		hist, pgx.Identifier{name}.Sanitize(), strings.Join(excl, ", "))
+	if rows >= AutoAddBelow {
+		return &ConstraintError{Table: hist, Msg: fmt.Sprintf("the table holds about %.0f versions: adding the constraint locks it while its index "+
+			"is built, so it is not done by itself; run in a quiet hour, as the service's role: %s", rows, add)}
+	}
+	err = InDDLTx(ctx, pool, "scd2sink table "+hist, []string{add})
 	var pgErr *pgconn.PgError
 	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P07" || pgErr.Code == "42710"):
+		return nil // another instance added it meanwhile
 	case errors.As(err, &pgErr) && pgErr.Code == "42704":
 		// A key column's type has no GiST operator class (jsonb, arrays).
 		return &ConstraintError{Table: hist, Msg: "a key column's type cannot be compared by GiST: " + pgErr.Message}
@@ -95,7 +114,11 @@ func findOverlaps(ctx context.Context, pool *pgxpool.Pool, hist, keys string, li
 		        lead(scd_id) OVER w AS next_id, lead(valid_from) OVER w AS next_from
 		      FROM %s WHERE valid_to IS NULL OR valid_to > valid_from
 		      WINDOW w AS (PARTITION BY %s ORDER BY valid_from, scd_seq)) v
-		WHERE next_id IS NOT NULL AND (valid_to IS NULL OR valid_to > next_from) LIMIT %d`, keys, hist, keys, limit))
+		WHERE next_id IS NOT NULL AND (valid_to IS NULL OR valid_to > next_from)
+		UNION ALL
+		SELECT format('key %%s: scd_id %%s ends before it starts [%%s, %%s)', json_build_array(%s)::text, scd_id, valid_from, valid_to)
+		FROM %s WHERE valid_to < valid_from OR valid_from IS NULL
+		LIMIT %d`, keys, hist, keys, keys, hist, limit))
 	if err != nil {
 		return nil, fmt.Errorf("looking for overlapping versions in %s: %w", hist, err)
 	}
@@ -104,4 +127,26 @@ func findOverlaps(ctx context.Context, pool *pgxpool.Pool, hist, keys string, li
 		return nil, fmt.Errorf("looking for overlapping versions in %s: %w", hist, err)
 	}
 	return out, nil
+}
+
+// CheckNoOverlap checks t's deferred no-overlap constraint now, within
+// tx: a refusal is then the statement's, the table's alone, instead of
+// the whole batch's at COMMIT. The constraint stays immediate for the
+// rest of tx (the table is not written again in it).
+func CheckNoOverlap(ctx context.Context, tx pgx.Tx, t *Table) error {
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS "+pgx.Identifier{t.Spec.Schema, NamesOf(t.Spec.Target).Exclusion}.Sanitize()+" IMMEDIATE"); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
+			return nil // not there (yet): nothing to check
+		}
+		return fmt.Errorf("checking that no versions overlap: %w", err)
+	}
+	return nil
+}
+
+// OverlapRefused reports whether err is the no-overlap constraint
+// refusing versions: never an event's fault, so never a dead letter.
+func OverlapRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23P01" && strings.HasSuffix(pgErr.ConstraintName, ExclusionSuffix)
 }

@@ -227,11 +227,11 @@ func watermarkDDL(cat *Catalog, svc Service) []string {
 }
 
 // needsConsistentFunction reports whether schema lacks the function
-// scd2sink_consistent_through (consistent.go).
+// scd2sink_consistent_through as this release defines it (consistent.go).
 func needsConsistentFunction(ctx context.Context, pool *pgxpool.Pool, schema string) (bool, error) {
 	var has bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = $1 AND p.proname = $2)`, schema, ConsistentFunction).Scan(&has); err != nil {
+		WHERE n.nspname = $1 AND p.proname = $2 AND obj_description(p.oid, 'pg_proc') = $3)`, schema, ConsistentFunction, consistentNote).Scan(&has); err != nil {
 		return false, fmt.Errorf("reading the functions of schema %s: %w", schema, err)
 	}
 	return !has, nil
