@@ -191,6 +191,11 @@ type TableDefaults struct {
 	// HistoryConstraint is none (default) or no_overlap: PostgreSQL
 	// enforces that no two versions of a key overlap.
 	HistoryConstraint string `yaml:"history_constraint"`
+	// TransactionTopic is Debezium's transaction metadata topic
+	// (<topic.prefix>.transaction, written with
+	// provide.transaction.metadata=true): with it, complete_through is
+	// exact (DESIGN.md section 14). Empty: the heuristic of section 4.
+	TransactionTopic string `yaml:"transaction_topic"`
 }
 
 // Table is one tables: entry.
@@ -222,6 +227,10 @@ type Table struct {
 	SchemaChanges string `yaml:"schema_changes"`
 	// HistoryConstraint is none or no_overlap (default: defaults').
 	HistoryConstraint string `yaml:"history_constraint"`
+	// TransactionTopic is the transaction metadata topic of the
+	// connector writing this table's topic (default: defaults'; "none"
+	// turns a default off for this entry).
+	TransactionTopic string `yaml:"transaction_topic"`
 	// Retention removes versions closed longer ago than it ("400d",
 	// "36h"; empty keeps everything), DESIGN.md section 12.
 	Retention string `yaml:"retention"`

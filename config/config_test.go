@@ -212,6 +212,8 @@ func TestBadValues(t *testing.T) {
 		{"history constraint", minimal + "    history_constraint: unique\n", "tables[0].history_constraint"},
 		{"no overlap partitioned", minimal + "    history_constraint: no_overlap\n    partitioning: {interval: month}\n", "tables[0].history_constraint"},
 		{"defaults history constraint", minimal + "defaults:\n  history_constraint: strict\n", "defaults.history_constraint"},
+		{"transaction topic name", minimal + "    transaction_topic: dbz transaction\n", "tables[0].transaction_topic"},
+		{"defaults transaction topic", minimal + "defaults:\n  transaction_topic: a/b\n", "defaults.transaction_topic"},
 		{"partition key", minimal + "    partitioning: {every: month}\n", "tables[0].partitioning.every"},
 		{"retention unit", minimal + "    retention: 400 days\n", "tables[0].retention"},
 		{"retention zero", minimal + "    retention: 0d\n", "tables[0].retention"},

@@ -89,6 +89,10 @@ func (c *Config) applyDefaults() {
 		or(&t.Deletes, d.Deletes)
 		or(&t.Type1Scope, d.Type1Scope)
 		or(&t.HistoryConstraint, d.HistoryConstraint)
+		or(&t.TransactionTopic, d.TransactionTopic)
+		if t.TransactionTopic == "none" {
+			t.TransactionTopic = ""
+		}
 		if t.Target == "" && t.Topic != "" {
 			parts := strings.Split(t.Topic, ".")
 			t.Target = parts[len(parts)-1] + "_history"

@@ -290,6 +290,7 @@ func (c *Config) validateServices() error {
 		oneOf("defaults.deletes", d.Deletes, "close", "ignore", "new_record"),
 		oneOf("defaults.type1_scope", d.Type1Scope, "all_versions", "current_version"),
 		oneOf("defaults.history_constraint", d.HistoryConstraint, "none", "no_overlap"),
+		transactionTopic("defaults.transaction_topic", d.TransactionTopic, ""),
 	} {
 		if chk != nil {
 			return chk
@@ -375,6 +376,9 @@ func (c *Config) validateTableSettings(i int, key func(string) string, t Table, 
 			return err
 		}
 		if err := oneOf(key("history_constraint"), t.HistoryConstraint, "none", "no_overlap"); err != nil {
+			return err
+		}
+		if err := transactionTopic(key("transaction_topic"), t.TransactionTopic, t.Topic); err != nil {
 			return err
 		}
 		if t.HistoryConstraint == "no_overlap" && t.Partitioning != nil {
@@ -554,6 +558,23 @@ func validatePattern(key func(string) string, t Table) error {
 	}
 	if len(t.Views) > 0 {
 		return errf(key("views"), "need an exact topic: a topic_pattern entry has many targets")
+	}
+	return nil
+}
+
+// kafkaTopic is what Kafka accepts as a topic name.
+var kafkaTopic = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// transactionTopic checks a transaction_topic: empty or none (not
+// tracked), else a Kafka topic name other than the table's own topic.
+func transactionTopic(key, v, topic string) error {
+	switch {
+	case v == "" || v == "none":
+		return nil
+	case !kafkaTopic.MatchString(v):
+		return errf(key, "%q is not a Kafka topic name (letters, digits, '.', '_' and '-')", v)
+	case v == topic:
+		return errf(key, "names the table's own topic; it is Debezium's transaction metadata topic, <topic.prefix>.transaction")
 	}
 	return nil
 }

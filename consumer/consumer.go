@@ -105,6 +105,9 @@ type Decoder interface {
 	Decode(ctx context.Context, o change.Origin, key, value []byte, headers ...debezium.Header) (*change.Event, error)
 	// Target names the table a topic's events belong to ("" if none).
 	Target(topic string) string
+	// TransactionTopic names the transaction metadata topic of a topic's
+	// table ("" if none).
+	TransactionTopic(topic string) string
 }
 
 // Config configures a Consumer.

@@ -51,6 +51,9 @@ type Metrics struct {
 	// WatermarkLag is, per target, how far its completeness watermark
 	// trails the clock.
 	WatermarkLag *prometheus.GaugeVec
+	// TransactionsGivenUp counts, per transaction topic, the source
+	// transactions given up while still missing events (consumer/txlog).
+	TransactionsGivenUp *prometheus.CounterVec
 	// TopicsSkipped counts topics matched by a subscription that cannot be
 	// applied (two patterns, a target taken), by topic.
 	TopicsSkipped *prometheus.CounterVec
@@ -127,6 +130,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "High watermark minus the committed offset, per partition."}, []string{"topic", "partition"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_retries_total",
 			Help: "PostgreSQL errors retried (an outage, a lock timeout, a full disk, a failover, a missing privilege), by SQLSTATE."}, []string{"sqlstate"}),
+		TransactionsGivenUp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_transactions_given_up_total",
+			Help: "Source transactions given up while still missing events, by transaction topic."}, []string{"topic"}),
 		WatermarkLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "scd2sink_watermark_lag_seconds",
 			Help: "How far the target's completeness watermark (scd2sink_watermarks) trails the clock."}, []string{"target"}),
 		TopicsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "scd2sink_topics_skipped_total",
@@ -164,7 +169,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.FetchMaxBytes,
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.TransactionsGivenUp, m.FetchMaxBytes,
 			m.Disagreements, m.Streams, m.ErasedDropped, m.RetentionRemoved, m.RetentionHorizon, m.RetentionFailures, m.Expired)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}

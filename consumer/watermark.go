@@ -138,7 +138,7 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client, before map[
 		}
 		if target := c.target(e.Topic); target != "" {
 			looks[change.Partition{Topic: e.Topic, Partition: e.Partition}] = sink.Look{Target: target, Start: st.Offset, End: e.Offset, At: when,
-				TopicID: ids[e.Topic], Connector: conns[e.Topic]}
+				TopicID: ids[e.Topic], Connector: conns[e.Topic], TransactionTopic: c.dec.TransactionTopic(e.Topic)}
 		}
 	})
 	if err := c.marks.Watermark(lctx, looks); err != nil {

@@ -308,6 +308,9 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		db, _ := v.(string)
 		return sourceKey(name, db)
 	})
+	if r.TransactionTopic != "" {
+		ev.Txn = avroTxnMark(s.root, rec)
+	}
 	if s.row != nil {
 		ev.Row = s.row
 	}

@@ -25,6 +25,10 @@ type Rule struct {
 	// Connector is the source connector (config's connector); "mongodb"
 	// reads flattened records as documents (flat.go).
 	Connector string
+	// TransactionTopic, when set, is the topic of the connector's
+	// transaction metadata: each event's transaction block is read into
+	// Event.Txn (txmeta.go).
+	TransactionTopic string
 }
 
 // rule is a Rule with its paths split.
@@ -215,6 +219,15 @@ func (d *Decoder) ruleList() []Rule {
 func (d *Decoder) Target(topic string) string {
 	if r := d.rule(topic); r != nil {
 		return r.Target
+	}
+	return ""
+}
+
+// TransactionTopic returns the transaction metadata topic of topic's
+// table ("" none).
+func (d *Decoder) TransactionTopic(topic string) string {
+	if r := d.rule(topic); r != nil {
+		return r.TransactionTopic
 	}
 	return ""
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/sink/apply"
 	"github.com/scd2sink/scd2sink/sink/plan"
+	"github.com/scd2sink/scd2sink/sink/txns"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/scd2sink/scd2sink/internal/change"
@@ -46,12 +47,21 @@ type Prepared struct {
 	outside     bool                      // Batch.Outside
 	// mismatches counts the dead letters whose value did not fit its column.
 	mismatches int
+	// marks place the batch's events in their source transactions, by
+	// partition (recorded with the offsets; sink/txns).
+	marks []partMark
 	// parts are the batch's parts applied side by side (nil: applied
 	// whole), cut once (cut); committed marks a part that committed
 	// (parallel.go).
 	cut       bool
 	parts     []*Prepared
 	committed bool
+}
+
+// partMark is an event's transaction mark and the partition it came from.
+type partMark struct {
+	part change.Partition
+	txns.Mark
 }
 
 // Prepare does the CPU-bound half of applying a batch: it creates tables and
@@ -89,6 +99,12 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 		snapshots: b.Snapshots, lock: b.Lock, lockTargets: b.LockTargets, replay: b.Replay, outside: b.Outside,
 		dead: append(append([]plan.DeadLetter(nil), b.DeadLetters...), dead...)}
 	s.reg.noteLetterKeys(ctx, p.dead)
+	for _, ev := range b.Events {
+		if ev.Txn != nil {
+			p.marks = append(p.marks, partMark{part: ev.Origin.Partition,
+				Mark: txns.Mark{ID: ev.Txn.ID, Collection: ev.Txn.Collection, Order: ev.Txn.Order, At: ev.ValidFrom}})
+		}
+	}
 	for name := range plans {
 		p.targets = append(p.targets, name)
 	}

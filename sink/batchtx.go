@@ -12,6 +12,7 @@ import (
 	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/plan"
 	"github.com/scd2sink/scd2sink/sink/statecache"
+	"github.com/scd2sink/scd2sink/sink/txns"
 	"go.uber.org/zap"
 )
 
@@ -207,6 +208,15 @@ func (b *batchTx) after(ctx context.Context, tx pgx.Tx) error {
 			reason = plan.ReasonDecode
 		}
 		b.res.Dead[i] = apply.DeadNote{Origin: d.Origin, Table: d.Table, Reason: reason, Err: d.Err}
+	}
+	if len(p.marks) > 0 {
+		marks := make([]txns.Mark, len(p.marks))
+		for i, m := range p.marks {
+			marks[i] = m.Mark
+		}
+		if err := txns.Applied(ctx, tx, s.cfg.Schema, s.cfg.ConsumerGroup, marks); err != nil {
+			return err
+		}
 	}
 	if err := s.writeOffsets(ctx, tx, p.positions); err != nil {
 		return err

@@ -75,6 +75,10 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 		g := out[by(p.deadTarget(d), d.Origin.Partition)]
 		g.dead = append(g.dead, d)
 	}
+	for _, m := range p.marks {
+		g := out[by(p.topicTargets[m.part.Topic], m.part)]
+		g.marks = append(g.marks, m)
+	}
 	for _, sn := range p.snapshots {
 		g := out[by(sn.Target, change.Partition{})]
 		g.snapshots = append(g.snapshots, sn)
@@ -98,7 +102,7 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 // empty reports whether p has nothing to apply, record or lock.
 func (p *Prepared) empty() bool {
 	return len(p.plans) == 0 && len(p.positions) == 0 && len(p.dead) == 0 && len(p.snapshots) == 0 &&
-		len(p.early) == 0 && len(p.lock) == 0 && len(p.lockTargets) == 0 && len(p.replay) == 0
+		len(p.early) == 0 && len(p.lock) == 0 && len(p.lockTargets) == 0 && len(p.replay) == 0 && len(p.marks) == 0
 }
 
 // shell is a copy of p's batch-wide fields with nothing to apply.

@@ -38,6 +38,10 @@ type Look struct {
 	// Connector names the connector that writes the topic ("" unknown),
 	// kept so that a restart knows it before reading anything.
 	Connector string
+	// TransactionTopic is the transaction metadata topic of the topic's
+	// table ("" none): the target's watermark goes no further than its
+	// horizon (catalog/transactions.go).
+	TransactionTopic string
 }
 
 // Watermark records looks at the logs' ends in scd2sink_progress: a
@@ -63,26 +67,28 @@ func (l *Ledger) Watermark(ctx context.Context, looks map[change.Partition]Look)
 	var parts []int32
 	var start, end []int64
 	var at []*time.Time
-	var ids, conns []string
+	var ids, conns, txns []string
 	for _, p := range keys {
 		l := looks[p]
 		topics, parts, targets = append(topics, p.Topic), append(parts, p.Partition), append(targets, l.Target)
 		start, end, at = append(start, l.Start), append(end, l.End), append(at, l.At)
-		ids, conns = append(ids, l.TopicID), append(conns, l.Connector)
+		ids, conns, txns = append(ids, l.TopicID), append(conns, l.Connector), append(txns, l.TransactionTopic)
 	}
-	_, err := l.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at, connector)
+	_, err := l.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s AS g (consumer_group, topic, partition, target, caught_up_at, connector, transaction_topic)
 		SELECT $1, x.t, x.p, x.g, CASE WHEN coalesce(o.next_offset >= x.e AND (o.topic_id IS NULL OR x.id = '' OR o.topic_id = x.id), x.s >= x.e) THEN x.a END,
-			nullif(x.c, '')
-		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[], $8::text[], $9::text[])
-			WITH ORDINALITY AS x(t, p, g, s, e, a, id, c, i)
+			nullif(x.c, ''), nullif(x.x, '')
+		FROM unnest($2::text[], $3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::timestamptz[], $8::text[], $9::text[], $10::text[])
+			WITH ORDINALITY AS x(t, p, g, s, e, a, id, c, x, i)
 		LEFT JOIN %[1]s.scd2sink_offsets AS o ON o.consumer_group = $1 AND o.topic = x.t AND o.partition = x.p
 		ORDER BY x.i
 		ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET target = excluded.target,
-			caught_up_at = greatest(g.caught_up_at, excluded.caught_up_at), connector = coalesce(excluded.connector, g.connector)
+			caught_up_at = greatest(g.caught_up_at, excluded.caught_up_at), connector = coalesce(excluded.connector, g.connector),
+			transaction_topic = excluded.transaction_topic
 		WHERE g.target IS DISTINCT FROM excluded.target OR excluded.caught_up_at > g.caught_up_at
 			OR (g.caught_up_at IS NULL AND excluded.caught_up_at IS NOT NULL)
-			OR (excluded.connector IS NOT NULL AND g.connector IS DISTINCT FROM excluded.connector)`,
-		pgx.Identifier{l.schema}.Sanitize(), catalog.ProgressTable), l.group, topics, parts, targets, start, end, at, ids, conns)
+			OR (excluded.connector IS NOT NULL AND g.connector IS DISTINCT FROM excluded.connector)
+			OR g.transaction_topic IS DISTINCT FROM excluded.transaction_topic`,
+		pgx.Identifier{l.schema}.Sanitize(), catalog.ProgressTable), l.group, topics, parts, targets, start, end, at, ids, conns, txns)
 	if err != nil {
 		return fmt.Errorf("recording the watermark: %w", err)
 	}

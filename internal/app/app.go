@@ -9,10 +9,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	saslaws "github.com/twmb/franz-go/pkg/sasl/aws"
-	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"io"
 	"net/http"
 	"net/url"
@@ -22,16 +18,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	saslaws "github.com/twmb/franz-go/pkg/sasl/aws"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/scd2sink/scd2sink/config"
 	"github.com/scd2sink/scd2sink/consumer"
+	"github.com/scd2sink/scd2sink/consumer/txlog"
 	"github.com/scd2sink/scd2sink/debezium"
 	"github.com/scd2sink/scd2sink/internal/apicurio"
 	"github.com/scd2sink/scd2sink/internal/retry"
 	"github.com/scd2sink/scd2sink/internal/status"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/scd2sink/scd2sink/sink/txns"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -108,7 +111,8 @@ func fraction(f *float64) float64 {
 // rule is the decoder's rule of one resolved tables entry.
 func rule(t config.Table) debezium.Rule {
 	return debezium.Rule{Topic: t.Topic, Target: t.Target, Keys: t.Keys,
-		SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format, Connector: t.Connector}
+		SequenceBy: t.SequenceBy, ValidFrom: t.ValidFrom, Format: t.Format, Connector: t.Connector,
+		TransactionTopic: t.TransactionTopic}
 }
 
 // Route gives the decoder and the sink what a topic_pattern entry resolves
@@ -372,6 +376,17 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		}
 		health.Postgres.Store(true)
+		if topics := transactionTopics(cfg); len(topics) > 0 && !cfg.Rebuilding {
+			tr := txlog.New(txlog.Config{Topics: topics, Logger: log.Named("transactions"),
+				Awaited: txlog.AwaitedBy(func(topic string) (string, bool) {
+					t, err := router.Resolve(topic)
+					return t.TransactionTopic, err == nil
+				}),
+				Client:    func(extra ...kgo.Opt) (*kgo.Client, error) { return opts.kafkaClient(cfg, extra...) },
+				OnGivenUp: func(topic string, _ txns.GivenUp) { metrics.TransactionsGivenUp.WithLabelValues(topic).Inc() },
+			}, txns.NewReads(pool, cfg.Postgres.Schema, cfg.Kafka.GroupID), dec)
+			g.Go(func() error { return tr.Run(gctx) })
+		}
 		if !cfg.Rebuilding {
 			r := &retainer{s: s, log: log.Named("retention"), metrics: metrics, health: health, now: time.Now, first: opts.retentionFirst, every: opts.retentionEvery}
 			g.Go(func() error { return r.Run(gctx) })
@@ -396,6 +411,19 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		return nil
 	}
 	return err
+}
+
+// transactionTopics are the transaction topics the tables name, each once.
+func transactionTopics(cfg *config.Config) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range cfg.Tables {
+		if t.TransactionTopic != "" && !seen[t.TransactionTopic] {
+			seen[t.TransactionTopic] = true
+			out = append(out, t.TransactionTopic)
+		}
+	}
+	return out
 }
 
 // initSink creates the tables, retrying with capped backoff while

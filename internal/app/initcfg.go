@@ -116,7 +116,13 @@ func Init(ctx context.Context, o InitOptions, out io.Writer) error {
 	if len(data) == 0 {
 		return fmt.Errorf("no Debezium data topic found (%s)", strings.Join(skipped, "; "))
 	}
-	text := renderInit(o, hadPassword, cfg.SchemaRegistry, data, skipped)
+	var txnTopics []string // Debezium's transaction metadata, named by the entries of its connector
+	for _, name := range names {
+		if strings.HasSuffix(name, ".transaction") {
+			txnTopics = append(txnTopics, name)
+		}
+	}
+	text := renderInit(o, hadPassword, cfg.SchemaRegistry, data, skipped, txnTopics)
 	parsed, err := config.Parse([]byte(text), func(string) (string, bool) { return "", false })
 	if err == nil {
 		err = config.NewRouter(parsed).Check(names) // what run checks at start
@@ -173,7 +179,7 @@ func quoteAll(names []string) string {
 }
 
 // renderInit writes the configuration.
-func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data []initTopic, skipped []string) string {
+func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data []initTopic, skipped, txnTopics []string) string {
 	var b strings.Builder
 	quoted := make([]string, len(o.Brokers))
 	for i, br := range o.Brokers {
@@ -243,10 +249,25 @@ func renderInit(o InitOptions, hadPassword bool, reg config.SchemaRegistry, data
 			b.WriteString("    format: debezium-avro\n")
 		}
 		fmt.Fprintf(&b, "    connector: %s\n", connector)
+		if txn := transactionTopicOf(t.name, txnTopics); txn != "" {
+			fmt.Fprintf(&b, "    transaction_topic: %q   # the connector's transaction metadata: complete_through is exact (docs/history-tables.md)\n", txn)
+		}
 		fmt.Fprintf(&b, "    sequence_by: [%s]   # connector %s's default (docs/sources.md)\n",
 			strings.Join(config.DefaultSequenceBy[connector], ", "), connector)
 	}
 	return b.String()
+}
+
+// transactionTopicOf returns the transaction topic (<topic.prefix>.transaction)
+// whose prefix is the longest that prefixes topic ("" none).
+func transactionTopicOf(topic string, txnTopics []string) string {
+	best := ""
+	for _, t := range txnTopics {
+		if prefix := strings.TrimSuffix(t, "transaction"); strings.HasPrefix(topic, prefix) && len(t) > len(best) {
+			best = t
+		}
+	}
+	return best
 }
 
 // groupTopics groups the topics of one prefix (the name up to its last

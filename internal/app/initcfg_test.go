@@ -92,7 +92,7 @@ func TestInit(t *testing.T) {
 		"sequence_by: [source.gtid, source.file, source.pos, source.row]", `- topic: "cat.public.items"`, "format: debezium-avro",
 		`- topic: "old.public.customers"`, `target: "old_public_customers_history"`,
 		"kind: confluent", `track_history: ["plan", "qty"]`, `keys: ["id"]`,
-		"Left out: shop.transaction: transaction", "Left out: inv: schema-change", "Left out: empty.topic: no record"} {
+		"Left out: shop.transaction: transaction", `transaction_topic: "shop.transaction"`, "Left out: inv: schema-change", "Left out: empty.topic: no record"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the configuration lacks %q:\n%s", want, text)
 		}

@@ -75,6 +75,9 @@ func rebuildConfig(cfg *config.Config) *config.Config {
 		// The replay starts from the oldest schema: every change since
 		// is one to follow, not to stop at.
 		rc.Tables[i].SchemaChanges = "evolve"
+		// Completeness is the live group's: a rebuild keeps no
+		// transaction marks.
+		rc.Tables[i].TransactionTopic = ""
 	}
 	rc.Kafka.GroupID = cfg.Kafka.GroupID + RebuildSuffix
 	rc.Kafka.StartOffset = "earliest"

@@ -57,6 +57,16 @@ type Origin struct {
 	Offset int64
 }
 
+// TxnMark places an event in its source transaction: the transaction's
+// id (as its BEGIN and END records name it), the data collection the
+// event belongs to (as the END record's data_collections name it) and
+// its total_order in the transaction (unique within it, from 1).
+type TxnMark struct {
+	ID         string
+	Collection string
+	Order      int64
+}
+
 // Unavailable is Debezium's placeholder for a value it did not capture
 // (an unchanged TOASTed column); it means "unchanged since the previous event".
 const Unavailable = "__debezium_unavailable_value"
@@ -101,6 +111,10 @@ type Event struct {
 	// source.name, its topic.prefix, and source.db: "name/db"; "" if the
 	// envelope has no name).
 	Source string
+	// Txn is the event's place in its source transaction (Debezium's
+	// transaction block), read only for a table with transaction_topic;
+	// nil otherwise or when the event has none (a snapshot read).
+	Txn *TxnMark
 
 	keyID string
 	// keyRoom holds a one-column Key in the event itself (KeyRoom); a

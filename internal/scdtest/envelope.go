@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -89,6 +90,47 @@ type Change struct {
 	TxID     int64
 	Commit   time.Time // source.ts_ms and friends
 	Snapshot string    // default "false"
+	// Txn, when set, is the event's transaction block
+	// (provide.transaction.metadata=true); nil writes null.
+	Txn *TxnBlock
+}
+
+// TxnBlock is a data event's transaction block.
+type TxnBlock struct {
+	ID                  string // "<txId>:<lsn>", as PostgreSQL's connector names it
+	TotalOrder          int64  // the event's place in the transaction, from 1
+	DataCollectionOrder int64  // its place among the transaction's events of its table
+}
+
+// transactionValueSchema is the schema of a transaction metadata record.
+const transactionValueSchema = `{"type":"struct","fields":[{"type":"string","optional":false,"field":"status"},{"type":"string","optional":false,"field":"id"},{"type":"int64","optional":true,"field":"event_count"},{"type":"array","items":{"type":"struct","fields":[{"type":"string","optional":false,"field":"data_collection"},{"type":"int64","optional":false,"field":"event_count"}],"optional":false},"optional":true,"field":"data_collections"},{"type":"int64","optional":false,"field":"ts_ms"}],"optional":false,"name":"io.debezium.connector.common.TransactionMetadataValue","version":1}`
+
+// TransactionRecord renders a BEGIN (counts nil) or END record of the
+// transaction topic <server>.transaction, as the JsonConverter writes it
+// with schemas: counts are the END's events per data collection
+// ("schema.table").
+func TransactionRecord(id string, commit time.Time, counts map[string]int64) (key, value []byte) {
+	key = []byte(fmt.Sprintf(`{"schema":{"type":"struct","fields":[{"type":"string","optional":false,"field":"id"}],"optional":false,"name":"io.debezium.connector.common.TransactionMetadataKey","version":1},"payload":{"id":%q}}`, id))
+	if counts == nil {
+		return key, []byte(fmt.Sprintf(`{"schema":%s,"payload":{"status":"BEGIN","id":%q,"event_count":null,"data_collections":null,"ts_ms":%d}}`,
+			transactionValueSchema, id, commit.UnixMilli()))
+	}
+	names := make([]string, 0, len(counts))
+	var total int64
+	for n, c := range counts {
+		names = append(names, n)
+		total += c
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"data_collection":%q,"event_count":%d}`, n, counts[n])
+	}
+	return key, []byte(fmt.Sprintf(`{"schema":%s,"payload":{"status":"END","id":%q,"event_count":%d,"data_collections":[%s],"ts_ms":%d}}`,
+		transactionValueSchema, id, total, b.String(), commit.UnixMilli()))
 }
 
 func (s *Source) row(r Row) string {
@@ -136,10 +178,14 @@ func (s *Source) Envelope(c Change) (key, value []byte) {
 	seq, _ := json.Marshal(fmt.Sprintf("[%s,%q]", prev, strconv.FormatInt(c.LSN, 10)))
 	commit := c.Commit.UTC()
 	seen := commit.Add(37 * time.Millisecond)
+	txn := "null"
+	if c.Txn != nil {
+		txn = fmt.Sprintf(`{"id":%q,"total_order":%d,"data_collection_order":%d}`, c.Txn.ID, c.Txn.TotalOrder, c.Txn.DataCollectionOrder)
+	}
 	var vb bytes.Buffer
-	fmt.Fprintf(&vb, `{"schema":%s,"payload":{"before":%s,"after":%s,"source":{"version":"3.6.1.Final","connector":"postgresql","name":%q,"ts_ms":%d,"snapshot":%q,"db":%q,"sequence":%s,"ts_us":%d,"ts_ns":%d,"schema":%q,"table":%q,"txId":%d,"lsn":%d,"xmin":null,"origin":null,"origin_lsn":null},"transaction":null,"op":%q,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}}`,
+	fmt.Fprintf(&vb, `{"schema":%s,"payload":{"before":%s,"after":%s,"source":{"version":"3.6.1.Final","connector":"postgresql","name":%q,"ts_ms":%d,"snapshot":%q,"db":%q,"sequence":%s,"ts_us":%d,"ts_ns":%d,"schema":%q,"table":%q,"txId":%d,"lsn":%d,"xmin":null,"origin":null,"origin_lsn":null},"transaction":%s,"op":%q,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}}`,
 		s.ValueSchema(), s.row(c.Before), s.row(c.After), s.Server, commit.UnixMilli(), snap, s.DB, seq,
-		commit.UnixMicro(), commit.UnixNano(), s.Schema, s.Table, c.TxID, c.LSN, c.Op,
+		commit.UnixMicro(), commit.UnixNano(), s.Schema, s.Table, c.TxID, c.LSN, txn, c.Op,
 		seen.UnixMilli(), seen.UnixMicro(), seen.UnixNano())
 	return []byte(kb.String()), vb.Bytes()
 }

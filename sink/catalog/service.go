@@ -51,7 +51,8 @@ type Service struct {
 func EnsureService(ctx context.Context, pool *pgxpool.Pool, svc Service) error {
 	s := pgx.Identifier{svc.Schema}.Sanitize()
 	cat, err := ReadCatalog(ctx, pool, svc.Schema,
-		[]string{OffsetsTable, TruncatesTable, SnapshotsTable, svc.DeadLetterTable, WatermarkView, ProgressTable, ClaimsTable, OutsideWritesTable, TopicsTable, LateTable, ErasuresTable}, "", "")
+		[]string{OffsetsTable, TruncatesTable, SnapshotsTable, svc.DeadLetterTable, WatermarkView, ProgressTable, ClaimsTable, OutsideWritesTable, TopicsTable, LateTable, ErasuresTable,
+			TransactionsTable, TransactionEventsTable, TransactionReadsTable, TransactionHorizonView}, "", "")
 	if err != nil {
 		return err
 	}
@@ -127,6 +128,7 @@ func EnsureService(ctx context.Context, pool *pgxpool.Pool, svc Service) error {
 		// dead letter's bare Avro could never be decoded again.
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS headers jsonb`, s, pgx.Identifier{svc.DeadLetterTable}.Sanitize()))
 	}
+	stmts = append(stmts, transactionsDDL(cat, svc)...) // before the watermark view, which reads the horizon
 	stmts = append(stmts, watermarkDDL(cat, svc)...)
 	if fresh, err := needsConsistentFunction(ctx, pool, svc.Schema); err != nil {
 		return err
@@ -191,7 +193,7 @@ func replayDDL(cat *Catalog, svc Service) []string {
 // watermarkNote marks the view's definition: it is replaced only when the
 // window changes, so that a restart runs no DDL.
 func WatermarkNote(window time.Duration) string {
-	return fmt.Sprintf("scd2sink watermarks v3: window %s", window)
+	return fmt.Sprintf("scd2sink watermarks v4: window %s", window)
 }
 
 // watermarkDDL creates scd2sink_progress, and creates or replaces the view
@@ -206,9 +208,13 @@ func watermarkDDL(cat *Catalog, svc Service) []string {
 	if !cat.Has(ProgressTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.%s (
 			consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, target text NOT NULL,
-			caught_up_at timestamptz, connector text, PRIMARY KEY (consumer_group, topic, partition))`, s, ProgressTable))
-	} else if !cat.HasCol(ProgressTable, "connector") {
-		out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS connector text`, s, ProgressTable))
+			caught_up_at timestamptz, connector text, transaction_topic text, PRIMARY KEY (consumer_group, topic, partition))`, s, ProgressTable))
+	} else {
+		for _, col := range []string{"connector", "transaction_topic"} {
+			if !cat.HasCol(ProgressTable, col) {
+				out = append(out, fmt.Sprintf(`ALTER TABLE %s.%s ADD COLUMN IF NOT EXISTS %s text`, s, ProgressTable, col))
+			}
+		}
 	}
 	note := WatermarkNote(svc.ReorderWindow)
 	if cat.Has(WatermarkView) && cat.Notes[WatermarkView] == note {
@@ -216,13 +222,19 @@ func watermarkDDL(cat *Catalog, svc Service) []string {
 	}
 	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
 	return append(out,
+		// A partition whose topic names a transaction topic is complete no
+		// further than its horizon (transactions.go), and not known
+		// complete while there is none.
 		fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
 			SELECT target, CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END AS complete_through
-			FROM (SELECT p.target, greatest(o.last_valid_from, p.caught_up_at) - interval %[3]s AS w
+			FROM (SELECT p.target, CASE WHEN p.transaction_topic IS NULL THEN q.w WHEN h.horizon IS NULL OR q.w IS NULL THEN NULL
+					ELSE least(q.w, h.horizon) END AS w
 				FROM %[1]s.%[5]s AS p LEFT JOIN %[1]s.scd2sink_offsets AS o
 					ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
+				CROSS JOIN LATERAL (SELECT greatest(o.last_valid_from, p.caught_up_at) - interval %[3]s AS w) AS q
+				LEFT JOIN %[1]s.%[6]s AS h ON h.consumer_group = p.consumer_group AND h.topic = p.transaction_topic
 				WHERE p.consumer_group NOT LIKE %[4]s) AS q
-			GROUP BY target`, s, WatermarkView, lit(fmt.Sprintf("%d microseconds", svc.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`), ProgressTable),
+			GROUP BY target`, s, WatermarkView, lit(fmt.Sprintf("%d microseconds", svc.ReorderWindow.Microseconds())), lit(`%\_\_rebuild`), ProgressTable, TransactionHorizonView),
 		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, WatermarkView, lit(note)))
 }
 

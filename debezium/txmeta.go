@@ -1,0 +1,182 @@
+package debezium
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/tidwall/gjson"
+)
+
+// Debezium's transaction metadata (provide.transaction.metadata=true).
+//
+// The connector writes a BEGIN and an END record per source transaction
+// on <topic.prefix>.transaction, in commit order; the END counts the
+// transaction's events per data collection. Each data event carries a
+// transaction block: the transaction's id, its total_order in it and its
+// data_collection_order. The events of one transaction spread over every
+// table's topic and partition, and only the END's counts say when all
+// have arrived: TxnMark (read from a data event) and TxRecord (a BEGIN or
+// END) are what consumer/txlog and the sink count them with.
+
+// Collection names a data event's data collection as the END record's
+// data_collections do (Debezium's TableId identifier: catalog, schema and
+// table, each when the connector has it): schema.table for PostgreSQL,
+// db.table for MySQL and MariaDB and MongoDB (its collection),
+// db.schema.table for SQL Server, Oracle and Db2.
+func Collection(connector, db, schema, table string) string {
+	switch connector {
+	case "postgresql":
+		db = ""
+	case "mysql", "mariadb", "mongodb":
+		schema = ""
+	}
+	var parts []string
+	for _, p := range []string{db, schema, table} {
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+var (
+	txnID    = []string{"transaction", "id"}
+	txnOrder = []string{"transaction", "total_order"}
+	srcConn  = []string{"source", "connector"}
+	srcDB    = []string{"source", "db"}
+	srcSch   = []string{"source", "schema"}
+	srcTable = []string{"source", "table"}
+	srcColl  = []string{"source", "collection"}
+)
+
+// txnMarkJSON reads a JSON data event's transaction block (nil: none).
+func (e *jsonEnvelope) txnMark() *change.TxnMark {
+	id := e.get(txnID)
+	if id.Type != gjson.String || id.Str == "" {
+		return nil
+	}
+	table := e.get(srcTable).Str
+	if table == "" {
+		table = e.get(srcColl).Str
+	}
+	return &change.TxnMark{ID: strings.Clone(id.Str), Order: e.get(txnOrder).Int(),
+		Collection: Collection(e.get(srcConn).Str, e.get(srcDB).Str, e.get(srcSch).Str, table)}
+}
+
+// avroTxnMark reads an Avro data event's transaction block (nil: none).
+func avroTxnMark(s *Schema, rec map[string]any) *change.TxnMark {
+	str := func(path []string) string {
+		v, _ := avroPath(s, rec, path)
+		out, _ := v.(string)
+		return out
+	}
+	id := str(txnID)
+	if id == "" {
+		return nil
+	}
+	var order int64
+	switch v, _ := avroPath(s, rec, txnOrder); n := v.(type) {
+	case int64:
+		order = n
+	case int32:
+		order = int64(n)
+	}
+	table := str(srcTable)
+	if table == "" {
+		table = str(srcColl)
+	}
+	return &change.TxnMark{ID: id, Order: order, Collection: Collection(str(srcConn), str(srcDB), str(srcSch), table)}
+}
+
+// TxRecord is one record of a transaction metadata topic.
+type TxRecord struct {
+	// Status is BEGIN or END.
+	Status string
+	ID     string
+	// Commit is the record's ts_ms: the transaction's time at the source
+	// (zero when the record has none).
+	Commit time.Time
+	// Counts are the END's events per data collection.
+	Counts map[string]int64
+}
+
+// TransactionRecord decodes a record of a transaction metadata topic,
+// JSON (with or without the JsonConverter's schema) or Avro (through the
+// Decoder's registry). A tombstone is ErrSkip.
+func (d *Decoder) TransactionRecord(ctx context.Context, value []byte, headers ...Header) (TxRecord, error) {
+	var out TxRecord
+	v := trimSpace(bytesString(value))
+	if v == "" || v == "null" {
+		return out, ErrSkip
+	}
+	if v[0] == '{' {
+		if !gjson.Valid(v) {
+			return out, errors.New("transaction record is not JSON")
+		}
+		p := gjson.Parse(v)
+		if pl := p.Get("payload"); p.Get("schema").Exists() && pl.Exists() {
+			p = pl
+		}
+		out.Status, out.ID = p.Get("status").Str, p.Get("id").Str
+		if ts := p.Get("ts_ms"); ts.Exists() {
+			out.Commit = time.UnixMilli(ts.Int()).UTC()
+		}
+		if out.Status == "END" {
+			out.Counts = map[string]int64{}
+			p.Get("data_collections").ForEach(func(_, c gjson.Result) bool {
+				out.Counts[c.Get("data_collection").Str] += c.Get("event_count").Int()
+				return true
+			})
+		}
+		return out, out.check()
+	}
+	s, rec, _, _, err := d.decodeRecord(ctx, value, headers, false, true)
+	if err != nil {
+		return out, fmt.Errorf("transaction record: %w", err)
+	}
+	str := func(name string) string {
+		v, _ := avroPath(s.root, rec, []string{name})
+		out, _ := v.(string)
+		return out
+	}
+	out.Status, out.ID = str("status"), str("id")
+	if v, _ := avroPath(s.root, rec, []string{"ts_ms"}); v != nil {
+		if n, ok := v.(int64); ok {
+			out.Commit = time.UnixMilli(n).UTC()
+		}
+	}
+	if out.Status == "END" {
+		out.Counts = map[string]int64{}
+		v, _ := avroPath(s.root, rec, []string{"data_collections"})
+		if m, ok := v.(map[string]any); ok && len(m) == 1 { // a union's wrapper
+			for _, inner := range m {
+				v = inner
+			}
+		}
+		list, _ := v.([]any)
+		for _, item := range list {
+			c, _ := item.(map[string]any)
+			name, _ := c["data_collection"].(string)
+			n, _ := c["event_count"].(int64)
+			out.Counts[name] += n
+		}
+	}
+	return out, out.check()
+}
+
+// check says what a decoded record lacks.
+func (r TxRecord) check() error {
+	switch {
+	case r.Status != "BEGIN" && r.Status != "END":
+		return fmt.Errorf("transaction record has status %q, not BEGIN or END", r.Status)
+	case r.ID == "":
+		return errors.New("transaction record has no id")
+	case r.Status == "END" && r.Commit.IsZero():
+		return errors.New("transaction END record has no ts_ms")
+	}
+	return nil
+}
