@@ -309,7 +309,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 		return sourceKey(name, db)
 	})
 	if r.TransactionTopic != "" {
-		ev.Txn = avroTxnMark(s.root, rec)
+		ev.Txn = avroTxnMark(r, s.root, rec)
 	}
 	if s.row != nil {
 		ev.Row = s.row

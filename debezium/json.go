@@ -383,7 +383,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	ev := &change.Event{Table: r.Target, Op: opv, Origin: o}
 	ev.Source = r.connector(func() string { return sourceKey(env.get(sourceName).Str, env.get(sourceDB).Str) })
 	if r.TransactionTopic != "" {
-		ev.Txn = env.txnMark()
+		ev.Txn = env.txnMark(r)
 	}
 	var seqBuf [64]byte
 	seq := seqBuf[:0]

@@ -43,6 +43,20 @@ func Collection(connector, db, schema, table string) string {
 	return strings.Join(parts, ".")
 }
 
+// TransactionID is the part of a transaction id that names the
+// transaction in its END record and in every one of its events alike.
+// PostgreSQL's connector writes "<txId>:<lsn>", the LSN being each
+// record's own (the END's is not its events'): the txId alone is kept
+// (unique among the transactions in flight; pruning keeps no old ones).
+func TransactionID(connector, id string) string {
+	if connector == "postgresql" {
+		if i := strings.IndexByte(id, ':'); i > 0 {
+			return id[:i]
+		}
+	}
+	return id
+}
+
 var (
 	txnID    = []string{"transaction", "id"}
 	txnOrder = []string{"transaction", "total_order"}
@@ -53,8 +67,9 @@ var (
 	srcColl  = []string{"source", "collection"}
 )
 
-// txnMarkJSON reads a JSON data event's transaction block (nil: none).
-func (e *jsonEnvelope) txnMark() *change.TxnMark {
+// txnMark reads a JSON data event's transaction block (nil: none); the
+// connector is the record's, else the rule's.
+func (e *jsonEnvelope) txnMark(r *rule) *change.TxnMark {
 	id := e.get(txnID)
 	if id.Type != gjson.String || id.Str == "" {
 		return nil
@@ -63,12 +78,16 @@ func (e *jsonEnvelope) txnMark() *change.TxnMark {
 	if table == "" {
 		table = e.get(srcColl).Str
 	}
-	return &change.TxnMark{ID: strings.Clone(id.Str), Order: e.get(txnOrder).Int(),
-		Collection: Collection(e.get(srcConn).Str, e.get(srcDB).Str, e.get(srcSch).Str, table)}
+	conn := e.get(srcConn).Str
+	if conn == "" {
+		conn = r.Connector
+	}
+	return &change.TxnMark{Topic: r.TransactionTopic, ID: strings.Clone(TransactionID(conn, id.Str)), Order: e.get(txnOrder).Int(),
+		Collection: Collection(conn, e.get(srcDB).Str, e.get(srcSch).Str, table)}
 }
 
 // avroTxnMark reads an Avro data event's transaction block (nil: none).
-func avroTxnMark(s *Schema, rec map[string]any) *change.TxnMark {
+func avroTxnMark(r *rule, s *Schema, rec map[string]any) *change.TxnMark {
 	str := func(path []string) string {
 		v, _ := avroPath(s, rec, path)
 		out, _ := v.(string)
@@ -89,7 +108,12 @@ func avroTxnMark(s *Schema, rec map[string]any) *change.TxnMark {
 	if table == "" {
 		table = str(srcColl)
 	}
-	return &change.TxnMark{ID: id, Order: order, Collection: Collection(str(srcConn), str(srcDB), str(srcSch), table)}
+	conn := str(srcConn)
+	if conn == "" {
+		conn = r.Connector
+	}
+	return &change.TxnMark{Topic: r.TransactionTopic, ID: TransactionID(conn, id), Order: order,
+		Collection: Collection(conn, str(srcDB), str(srcSch), table)}
 }
 
 // TxRecord is one record of a transaction metadata topic.

@@ -58,9 +58,11 @@ type Prepared struct {
 	committed bool
 }
 
-// partMark is an event's transaction mark and the partition it came from.
+// partMark is an event's transaction mark, the partition it came from and
+// the target it writes (a batch is cut by both).
 type partMark struct {
-	part change.Partition
+	part   change.Partition
+	target string
 	txns.Mark
 }
 
@@ -101,8 +103,8 @@ func (s *Sink) Prepare(ctx context.Context, b Batch) (*Prepared, error) {
 	s.reg.noteLetterKeys(ctx, p.dead)
 	for _, ev := range b.Events {
 		if ev.Txn != nil {
-			p.marks = append(p.marks, partMark{part: ev.Origin.Partition,
-				Mark: txns.Mark{ID: ev.Txn.ID, Collection: ev.Txn.Collection, Order: ev.Txn.Order, At: ev.ValidFrom}})
+			p.marks = append(p.marks, partMark{part: ev.Origin.Partition, target: ev.Table,
+				Mark: txns.Mark{Topic: ev.Txn.Topic, ID: ev.Txn.ID, Collection: ev.Txn.Collection, Order: ev.Txn.Order, At: ev.ValidFrom}})
 		}
 	}
 	for name := range plans {

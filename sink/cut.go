@@ -76,7 +76,7 @@ func (p *Prepared) group(n int, by grouping) []*Prepared {
 		g.dead = append(g.dead, d)
 	}
 	for _, m := range p.marks {
-		g := out[by(p.topicTargets[m.part.Topic], m.part)]
+		g := out[by(m.target, m.part)]
 		g.marks = append(g.marks, m)
 	}
 	for _, sn := range p.snapshots {

@@ -11,10 +11,11 @@
 //     exactly there; ENDs recorded twice (two members reading the same
 //     topic) are skipped by Store.Record.
 //   - A transaction topic met for the first time is read from its start
-//     when the group has applied nothing yet (a new deployment reads the
-//     data topics from their start too), else from its end: transactions
-//     applied before had no marks, and waiting for them would hold the
-//     watermark for nothing.
+//     when the group had applied nothing yet when the service started
+//     (a new deployment reads the data topics from their start too; the
+//     answer is recorded before anything is applied, txns.Reads.Begin),
+//     else from its end: transactions applied before had no marks, and
+//     waiting for them would hold the watermark for nothing.
 //   - What it read and could not record yet (PostgreSQL away, another
 //     member holding the topic's lock) is kept and recorded again; while
 //     too much waits it reads no further.
@@ -40,14 +41,18 @@ import (
 // Store records what is read; sink/txns.Reads is the one. Its methods
 // may be called from one goroutine at a time per topic.
 type Store interface {
-	// Positions gives each recorded partition's next offset, and
+	// Positions gives each recorded partition's next offset (partition
+	// -1: where the others start, txns.FromStart or txns.FromEnd), and
 	// whether the group has applied anything yet.
 	Positions(ctx context.Context, topic string) (map[int32]int64, bool, error)
 	// Record writes ENDs and next offsets in one transaction
 	// (txns.ErrBusy: another member holds the topic now).
 	Record(ctx context.Context, topic string, ends []txns.End, next map[int32]int64) error
-	// Maintain gives up what waited too long and prunes what is done.
-	Maintain(ctx context.Context, topic string) ([]txns.GivenUp, error)
+	// Started records the partitions read and where from.
+	Started(ctx context.Context, topic string, next map[int32]int64) error
+	// Maintain gives up what waited too long and prunes what is done
+	// (sweep: marks no END names too).
+	Maintain(ctx context.Context, topic string, sweep bool) ([]txns.GivenUp, error)
 }
 
 // Decoder decodes a transaction metadata record.
@@ -64,6 +69,9 @@ type Config struct {
 	Awaited func(topic, collection string) bool
 	// Client makes a Kafka client of the cluster with the options given.
 	Client func(opts ...kgo.Opt) (*kgo.Client, error)
+	// ID gives the id of a transaction as its events name it
+	// (debezium.TransactionID for the topic's connector); nil keeps it.
+	ID func(topic, id string) string
 	// Every is how often what was read is recorded and the transactions
 	// maintained (default one second).
 	Every time.Duration
@@ -88,6 +96,7 @@ type Reader struct {
 	pending map[string][]txns.End
 	next    map[string]map[int32]int64
 	warned  map[string]time.Time
+	swept   map[string]time.Time // per topic, the last sweep of marks no END names
 }
 
 // New returns a Reader.
@@ -99,7 +108,7 @@ func New(cfg Config, store Store, dec Decoder) *Reader {
 		cfg.Logger = zap.NewNop()
 	}
 	return &Reader{cfg: cfg, store: store, dec: dec, log: cfg.Logger, pending: map[string][]txns.End{},
-		next: map[string]map[int32]int64{}, warned: map[string]time.Time{}}
+		next: map[string]map[int32]int64{}, warned: map[string]time.Time{}, swept: map[string]time.Time{}}
 }
 
 // AwaitedBy returns the Awaited of a configuration: an END's collection is
@@ -113,8 +122,16 @@ func AwaitedBy(resolve func(topic string) (string, bool)) func(topic, collection
 		if i < 0 {
 			return false
 		}
-		txn, ok := resolve(topic[:i] + "." + collection)
-		return ok && txn == topic
+		if txn, ok := resolve(topic[:i] + "." + collection); ok && txn == topic {
+			return true
+		}
+		// Oracle's and Db2's topics leave out the catalog the collection
+		// names first.
+		if _, rest, ok := strings.Cut(collection, "."); ok && strings.Contains(rest, ".") {
+			txn, ok := resolve(topic[:i] + "." + rest)
+			return ok && txn == topic
+		}
+		return false
 	}
 }
 
@@ -127,38 +144,45 @@ func (r *Reader) warn(kind, msg string, fields ...zap.Field) {
 	r.log.Warn(msg, fields...)
 }
 
-// Run reads until ctx ends.
+// Run reads until ctx ends. A topic that cannot be started yet (missing,
+// PostgreSQL away) is tried again, with backoff, while the others are read.
 func (r *Reader) Run(ctx context.Context) error {
 	if len(r.cfg.Topics) == 0 {
 		return nil
 	}
-	cl, err := r.cfg.Client()
+	cl, err := r.cfg.Client(kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return fmt.Errorf("the transaction topics' client: %w", err)
 	}
 	defer cl.Close()
-	if !r.start(ctx, cl) {
-		return nil
-	}
+	adm := kadm.NewClient(cl)
 	tick := time.NewTicker(r.cfg.Every)
 	defer tick.Stop()
+	todo := append([]string(nil), r.cfg.Topics...)
+	var retryAt time.Time
+	backoff := time.Second
 	for ctx.Err() == nil {
-		if r.waiting() < maxPending {
+		if len(todo) > 0 && !time.Now().Before(retryAt) {
+			if todo = r.start(ctx, cl, adm, todo); len(todo) > 0 {
+				retryAt = time.Now().Add(backoff)
+				backoff = min(2*backoff, 5*time.Second)
+			}
+		}
+		if len(todo) < len(r.cfg.Topics) && r.waiting() < maxPending {
 			r.poll(ctx, cl)
+			select {
+			case <-tick.C:
+			default:
+				continue
+			}
 		} else {
 			select {
 			case <-ctx.Done():
+				return nil
 			case <-tick.C:
 			}
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-tick.C:
-			r.flush(ctx)
-		default:
-		}
+		r.flush(ctx)
 	}
 	return nil
 }
@@ -171,43 +195,25 @@ func (r *Reader) waiting() int {
 	return n
 }
 
-// start sets where each topic's partitions are read from, waiting (and
-// retrying) for PostgreSQL and for the topics to exist. It reports false
-// when ctx ended first.
-func (r *Reader) start(ctx context.Context, cl *kgo.Client) bool {
-	adm := kadm.NewClient(cl)
-	todo := append([]string(nil), r.cfg.Topics...)
-	backoff := time.Second
-	for len(todo) > 0 {
-		var left []string
-		add := map[string]map[int32]kgo.Offset{}
-		for _, topic := range todo {
-			offsets, err := r.offsets(ctx, adm, topic)
-			if err != nil {
+// start starts reading the topics it can and returns the others.
+func (r *Reader) start(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topics []string) []string {
+	var left []string
+	for _, topic := range topics {
+		offsets, err := r.offsets(ctx, adm, topic)
+		if err != nil {
+			if ctx.Err() == nil {
 				r.warn("start "+topic, "cannot start reading a transaction topic yet; its tables have no complete_through meanwhile",
 					zap.String("topic", topic), zap.Error(err))
-				left = append(left, topic)
-				continue
 			}
-			add[topic] = offsets
+			left = append(left, topic)
+			continue
 		}
-		if len(add) > 0 {
-			cl.AddConsumePartitions(add)
-		}
-		if todo = left; len(todo) == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 30*time.Second)
+		cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets})
 	}
-	return ctx.Err() == nil
+	return left
 }
 
-// offsets returns where topic's partitions are read from.
+// offsets returns where topic's partitions are read from, recorded.
 func (r *Reader) offsets(ctx context.Context, adm *kadm.Client, topic string) (map[int32]kgo.Offset, error) {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -215,31 +221,62 @@ func (r *Reader) offsets(ctx context.Context, adm *kadm.Client, topic string) (m
 	if err != nil {
 		return nil, err
 	}
-	details, err := adm.ListTopics(lctx, topic)
+	starts, err := adm.ListStartOffsets(lctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	d, ok := details[topic]
-	if !ok || d.Err != nil || len(d.Partitions) == 0 {
-		if ok && d.Err != nil {
-			return nil, fmt.Errorf("topic %s: %w", topic, d.Err)
-		}
+	ends, err := adm.ListEndOffsets(lctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if len(ends[topic]) == 0 {
 		return nil, fmt.Errorf("topic %s does not exist (is provide.transaction.metadata=true set on the connector?)", topic)
 	}
-	out := map[int32]kgo.Offset{}
-	for p := range d.Partitions {
-		switch n, ok := stored[p]; {
-		case ok:
-			out[p] = kgo.NewOffset().At(n)
-		case applied:
-			out[p] = kgo.NewOffset().AtEnd()
+	// A partition not recorded yet is read from where Begin said (from
+	// the end, without its answer, when the group applied something).
+	fromEnd := applied
+	if mode, ok := stored[-1]; ok {
+		fromEnd = mode == txns.FromEnd
+	}
+	next := map[int32]int64{}
+	var failed error
+	ends.Each(func(e kadm.ListedOffset) {
+		st, ok := starts.Lookup(e.Topic, e.Partition)
+		switch {
+		case e.Err != nil || !ok || st.Err != nil:
+			failed = fmt.Errorf("listing the offsets of %s/%d: %v %v", e.Topic, e.Partition, e.Err, st.Err)
+		case hasKey(stored, e.Partition):
+			n := stored[e.Partition]
+			if n < st.Offset {
+				r.log.Warn("the transaction topic's retention deleted ENDs not read yet: their transactions are not waited for",
+					zap.String("topic", topic), zap.Int32("partition", e.Partition), zap.Int64("recorded", n), zap.Int64("log_start", st.Offset))
+				n = st.Offset
+			}
+			next[e.Partition] = n
+		case fromEnd:
+			next[e.Partition] = e.Offset
 		default:
-			out[p] = kgo.NewOffset().AtStart()
+			next[e.Partition] = st.Offset
 		}
+	})
+	if failed != nil {
+		return nil, failed
+	}
+	if err := r.store.Started(lctx, topic, next); err != nil {
+		return nil, err
+	}
+	out := make(map[int32]kgo.Offset, len(next))
+	for p, n := range next {
+		out[p] = kgo.NewOffset().At(n)
 	}
 	r.log.Info("reading a transaction topic", zap.String("topic", topic), zap.Int("partitions", len(out)),
-		zap.Bool("from_recorded_positions", len(stored) > 0), zap.Bool("from_end", len(stored) == 0 && applied))
+		zap.Int("recorded", len(stored)), zap.Bool("new_partitions_from_end", fromEnd))
 	return out, nil
+}
+
+func hasKey(m map[int32]int64, k int32) bool {
+	_, ok := m[k]
+	return ok
 }
 
 // poll reads what came within one tick.
@@ -267,16 +304,24 @@ func (r *Reader) poll(ctx context.Context, cl *kgo.Client) {
 			return
 		}
 		if err != nil {
-			// Its transaction is then not waited for: the watermark stays
-			// what it is without the topic.
-			r.warn("decode "+rec.Topic, "a transaction metadata record cannot be read; its transaction is not waited for",
+			// It may be the END of a transaction whose events are not
+			// all applied: it holds the horizon at its record's time, as
+			// a transaction that never completes, until it is given up.
+			r.log.Warn("a transaction metadata record cannot be read; it holds complete_through until it is given up",
 				zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.Error(err))
+			r.pending[rec.Topic] = append(r.pending[rec.Topic], txns.End{Partition: rec.Partition, Offset: rec.Offset,
+				ID: fmt.Sprintf("undecodable %d/%d", rec.Partition, rec.Offset), Commit: rec.Timestamp,
+				Counts: map[string]int64{"": 1}, Awaited: map[string]bool{"": true}})
 			return
 		}
 		if tr.Status != "END" {
 			return
 		}
-		e := txns.End{Partition: rec.Partition, Offset: rec.Offset, ID: tr.ID, Commit: tr.Commit, Counts: tr.Counts,
+		id := tr.ID
+		if r.cfg.ID != nil {
+			id = r.cfg.ID(rec.Topic, id)
+		}
+		e := txns.End{Partition: rec.Partition, Offset: rec.Offset, ID: id, Commit: tr.Commit, Counts: tr.Counts,
 			Awaited: map[string]bool{}}
 		for c := range tr.Counts {
 			e.Awaited[c] = r.cfg.Awaited != nil && r.cfg.Awaited(rec.Topic, c)
@@ -298,7 +343,11 @@ func (r *Reader) flush(ctx context.Context) {
 				r.warn("record "+topic, "recording a transaction topic's ENDs failed; retrying", zap.String("topic", topic), zap.Error(err))
 			}
 		}
-		given, err := r.store.Maintain(fctx, topic)
+		sweep := time.Since(r.swept[topic]) > time.Minute
+		given, err := r.store.Maintain(fctx, topic, sweep)
+		if err == nil && sweep {
+			r.swept[topic] = time.Now()
+		}
 		cancel()
 		if err != nil && !errors.Is(err, txns.ErrBusy) && ctx.Err() == nil {
 			r.warn("maintain "+topic, "pruning a transaction topic's transactions failed; retrying", zap.String("topic", topic), zap.Error(err))

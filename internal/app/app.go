@@ -65,6 +65,9 @@ type Options struct {
 	beforeCarry                    func()
 	afterEraseRound                func(round int)
 	retentionFirst, retentionEvery time.Duration
+	// transactionWait replaces how long after its END was read a
+	// transaction missing events waits at least (txns.Reads.ReadWait).
+	transactionWait time.Duration
 }
 
 // SinkConfig turns the configuration's tables into the sink's: the exact
@@ -377,14 +380,22 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		health.Postgres.Store(true)
 		if topics := transactionTopics(cfg); len(topics) > 0 && !cfg.Rebuilding {
+			reads := txns.NewReads(pool, cfg.Postgres.Schema, cfg.Kafka.GroupID)
+			if opts.transactionWait > 0 {
+				reads.ReadWait = opts.transactionWait
+			}
+			if err := beginTransactions(gctx, reads, topics, log); err != nil {
+				return nil // stopped first
+			}
 			tr := txlog.New(txlog.Config{Topics: topics, Logger: log.Named("transactions"),
 				Awaited: txlog.AwaitedBy(func(topic string) (string, bool) {
 					t, err := router.Resolve(topic)
 					return t.TransactionTopic, err == nil
 				}),
 				Client:    func(extra ...kgo.Opt) (*kgo.Client, error) { return opts.kafkaClient(cfg, extra...) },
+				ID:        func(topic, id string) string { return debezium.TransactionID(transactionConnector(cfg, topic), id) },
 				OnGivenUp: func(topic string, _ txns.GivenUp) { metrics.TransactionsGivenUp.WithLabelValues(topic).Inc() },
-			}, txns.NewReads(pool, cfg.Postgres.Schema, cfg.Kafka.GroupID), dec)
+			}, reads, dec)
 			g.Go(func() error { return tr.Run(gctx) })
 		}
 		if !cfg.Rebuilding {
@@ -411,6 +422,40 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		return nil
 	}
 	return err
+}
+
+// beginTransactions records where each transaction topic met for the first
+// time is read from, before the group applies anything (txns.Reads.Begin),
+// retrying while PostgreSQL fails; it fails only when ctx ends.
+func beginTransactions(ctx context.Context, reads *txns.Reads, topics []string, log *zap.Logger) error {
+	backoff := 200 * time.Millisecond
+	for _, topic := range topics {
+		for {
+			err := reads.Begin(ctx, topic)
+			if err == nil {
+				break
+			}
+			log.Warn("recording where a transaction topic is read from failed; retrying", zap.String("topic", topic), zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+		}
+	}
+	return nil
+}
+
+// transactionConnector is the connector of the tables that name the
+// transaction topic.
+func transactionConnector(cfg *config.Config, topic string) string {
+	for _, t := range cfg.Tables {
+		if t.TransactionTopic == topic {
+			return t.Connector
+		}
+	}
+	return ""
 }
 
 // transactionTopics are the transaction topics the tables name, each once.

@@ -58,10 +58,12 @@ type Origin struct {
 }
 
 // TxnMark places an event in its source transaction: the transaction's
-// id (as its BEGIN and END records name it), the data collection the
+// id (as its END record names it, debezium.TransactionID), the data collection the
 // event belongs to (as the END record's data_collections name it) and
 // its total_order in the transaction (unique within it, from 1).
 type TxnMark struct {
+	// Topic is the transaction metadata topic its END is read from.
+	Topic      string
 	ID         string
 	Collection string
 	Order      int64

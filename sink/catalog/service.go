@@ -228,7 +228,7 @@ func watermarkDDL(cat *Catalog, svc Service) []string {
 		fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
 			SELECT target, CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END AS complete_through
 			FROM (SELECT p.target, CASE WHEN p.transaction_topic IS NULL THEN q.w WHEN h.horizon IS NULL OR q.w IS NULL THEN NULL
-					ELSE least(q.w, h.horizon) END AS w
+					ELSE least(q.w, h.horizon - interval %[3]s) END AS w
 				FROM %[1]s.%[5]s AS p LEFT JOIN %[1]s.scd2sink_offsets AS o
 					ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
 				CROSS JOIN LATERAL (SELECT greatest(o.last_valid_from, p.caught_up_at) - interval %[3]s AS w) AS q

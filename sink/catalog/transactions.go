@@ -19,7 +19,9 @@ import (
 //     redelivered event counts once.
 //   - TransactionReadsTable: how far each transaction topic's partition
 //     was read (the next offset, written with the ENDs it covers) and the
-//     commit time of the last END read from it.
+//     commit time of the last END read from it (NULL before the first:
+//     the topic has no horizon while one of its partitions has none);
+//     partition -1 says where partitions met for the first time start.
 //   - TransactionHorizonView: per group and transaction topic, the
 //     instant through which every transaction is complete: the last END
 //     read, or just before the earliest transaction still missing events
@@ -29,7 +31,9 @@ import (
 //
 // The watermark view takes, for a target whose topic names a transaction
 // topic (scd2sink_progress.transaction_topic), the lesser of its own value
-// and the horizon, and NULL while there is no horizon.
+// and the horizon less the reorder window (commit times are milliseconds,
+// and a source's commit times may step back a little against commit
+// order), and NULL while there is no horizon.
 const (
 	TransactionsTable      = "scd2sink_transactions"
 	TransactionEventsTable = "scd2sink_transaction_events"
@@ -49,14 +53,15 @@ func transactionsDDL(cat *Catalog, svc Service) []string {
 			consumer_group text NOT NULL, topic text NOT NULL, id text NOT NULL, collection text NOT NULL,
 			expected bigint NOT NULL, awaited boolean NOT NULL, commit_at timestamptz NOT NULL,
 			"offset" bigint NOT NULL, read_at timestamptz NOT NULL DEFAULT now(), given_up_at timestamptz,
-			PRIMARY KEY (consumer_group, id, collection))`, s, TransactionsTable),
+			PRIMARY KEY (consumer_group, topic, id, collection))`, s, TransactionsTable),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[2]s_commit ON %[1]s.%[2]s (consumer_group, topic, commit_at)`, s, TransactionsTable))
 	}
 	if !cat.Has(TransactionEventsTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s.%[2]s (
-			consumer_group text NOT NULL, id text NOT NULL, collection text NOT NULL, total_order bigint NOT NULL,
+			consumer_group text NOT NULL, topic text NOT NULL, id text NOT NULL, collection text NOT NULL, total_order bigint NOT NULL,
 			at timestamptz, noted_at timestamptz NOT NULL DEFAULT now(),
-			PRIMARY KEY (consumer_group, id, collection, total_order))`, s, TransactionEventsTable))
+			PRIMARY KEY (consumer_group, topic, id, collection, total_order))`, s, TransactionEventsTable),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[2]s_noted ON %[1]s.%[2]s (consumer_group, noted_at)`, s, TransactionEventsTable))
 	}
 	if !cat.Has(TransactionReadsTable) {
 		out = append(out, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s.%[2]s (
@@ -75,12 +80,12 @@ func transactionsDDL(cat *Catalog, svc Service) []string {
 		SELECT r.consumer_group, r.topic, least(r.through, (
 				SELECT least(t.commit_at, e.first_at) FROM %[1]s.%[3]s t
 				CROSS JOIN LATERAL (SELECT count(*) AS n, min(m.at) AS first_at FROM %[1]s.%[4]s m
-					WHERE m.consumer_group = t.consumer_group AND m.id = t.id AND m.collection = t.collection) e
+					WHERE m.consumer_group = t.consumer_group AND m.topic = t.topic AND m.id = t.id AND m.collection = t.collection) e
 				WHERE t.consumer_group = r.consumer_group AND t.topic = r.topic AND t.given_up_at IS NULL
 					AND (t.awaited OR e.n > 0) AND e.n < t.expected
 				ORDER BY t.commit_at LIMIT 1) - interval '1 microsecond') AS horizon
-		FROM (SELECT consumer_group, topic, min(read_through) AS through FROM %[1]s.%[5]s
-			WHERE read_through IS NOT NULL GROUP BY consumer_group, topic) r`,
+		FROM (SELECT consumer_group, topic, CASE WHEN bool_or(read_through IS NULL) THEN NULL ELSE min(read_through) END AS through
+			FROM %[1]s.%[5]s WHERE partition >= 0 GROUP BY consumer_group, topic) r`,
 		s, TransactionHorizonView, TransactionsTable, TransactionEventsTable, TransactionReadsTable),
 		fmt.Sprintf(`COMMENT ON VIEW %s.%s IS %s`, s, TransactionHorizonView, QuoteLiteral(transactionsNote)))
 }

@@ -14,7 +14,8 @@ import (
 
 // GiveUpAfter is how far (in valid time) every partition of a transaction
 // topic's tables must have been applied past a transaction still missing
-// events before it is given up.
+// events, and how long ago its END must have been read, before it is
+// given up.
 const GiveUpAfter = 10 * time.Minute
 
 // ErrBusy says another member holds the transaction topic's lock: what
@@ -45,19 +46,45 @@ type GivenUp struct {
 type Reads struct {
 	pool          *pgxpool.Pool
 	schema, group string
+	// ReadWait is how long after its END was read a transaction still
+	// missing events waits at least (default GiveUpAfter): a connector
+	// catching up runs through ten minutes of valid time in seconds.
+	ReadWait time.Duration
 }
 
 // NewReads returns the store of group's reads in schema.
 func NewReads(pool *pgxpool.Pool, schema, group string) *Reads {
-	return &Reads{pool: pool, schema: schema, group: group}
+	return &Reads{pool: pool, schema: schema, group: group, ReadWait: GiveUpAfter}
 }
 
 func (r *Reads) s() string { return pgx.Identifier{r.schema}.Sanitize() }
 
+// Where a transaction topic met for the first time is read from: the row
+// of partition -1 (Begin) holds FromStart or FromEnd.
+const (
+	FromStart int64 = -2
+	FromEnd   int64 = -1
+)
+
+// Begin records, the first time the group reads topic, where its
+// partitions are read from: from the start when the group has applied
+// nothing yet (a new deployment reads the data topics from their start
+// too), else from the end (what was applied before left no marks). Call
+// it before the group applies anything, so that the answer is not raced.
+func (r *Reads) Begin(ctx context.Context, topic string) error {
+	_, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, topic, partition, next_offset)
+		SELECT $1, $2, -1, CASE WHEN EXISTS (SELECT 1 FROM %[1]s.%[3]s WHERE consumer_group = $1) THEN %[4]d ELSE %[5]d END
+		WHERE NOT EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND topic = $2)
+		ON CONFLICT DO NOTHING`, r.s(), catalog.TransactionReadsTable, catalog.OffsetsTable, FromEnd, FromStart), r.group, topic)
+	if err != nil {
+		return fmt.Errorf("recording where transaction topic %s is read from: %w", topic, err)
+	}
+	return nil
+}
+
 // Positions returns the next offset to read of each recorded partition of
-// topic, and whether the group has applied anything of any topic (a
-// transaction topic met for the first time is then read from its end:
-// what went before was applied without marks).
+// topic (partition -1: FromStart or FromEnd, see Begin), and whether the
+// group has applied anything of any topic.
 func (r *Reads) Positions(ctx context.Context, topic string) (map[int32]int64, bool, error) {
 	rows, err := r.pool.Query(ctx, fmt.Sprintf(`SELECT partition, next_offset FROM %s.%s WHERE consumer_group = $1 AND topic = $2`,
 		r.s(), catalog.TransactionReadsTable), r.group, topic)
@@ -181,14 +208,20 @@ func (r *Reads) Record(ctx context.Context, topic string, ends []End, next map[i
 }
 
 // applied counts the marks of a transactions row t.
-const applied = `(SELECT count(*) FROM %[1]s.%[2]s m WHERE m.consumer_group = t.consumer_group AND m.id = t.id AND m.collection = t.collection)`
+const applied = `(SELECT count(*) FROM %[1]s.%[2]s m WHERE m.consumer_group = t.consumer_group AND m.topic = t.topic
+	AND m.id = t.id AND m.collection = t.collection)`
+
+// oldest bounds what one Maintain looks at: the topic's oldest rows by
+// commit time (the complete ones among them go, so the next look sees
+// newer ones), however far the reader ran ahead of a lagging group.
+const oldest = 10000
 
 // Maintain gives up the transactions of topic that waited too long (see
 // GiveUpAfter) and prunes those complete or given up, with their marks;
-// marks a day old whose transaction no END names are dropped too (events
-// delivered again after their transaction was pruned). It returns what it
-// gave up; ErrBusy while another member holds the topic.
-func (r *Reads) Maintain(ctx context.Context, topic string) ([]GivenUp, error) {
+// marks a day old that no END names are dropped too (events delivered
+// again after their transaction was pruned), when sweep is set. It
+// returns what it gave up; ErrBusy while another member holds the topic.
+func (r *Reads) Maintain(ctx context.Context, topic string, sweep bool) ([]GivenUp, error) {
 	var out []GivenUp
 	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		out = out[:0]
@@ -196,14 +229,19 @@ func (r *Reads) Maintain(ctx context.Context, topic string) ([]GivenUp, error) {
 			return err
 		}
 		cnt := fmt.Sprintf(applied, r.s(), catalog.TransactionEventsTable)
-		rows, err := tx.Query(ctx, fmt.Sprintf(`UPDATE %[1]s.%[2]s t SET given_up_at = now()
-			WHERE t.consumer_group = $1 AND t.topic = $2 AND t.given_up_at IS NULL AND (t.awaited OR %[3]s > 0) AND %[3]s < t.expected
-				AND t.commit_at + make_interval(secs => $3) < (SELECT CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END
-					FROM (SELECT greatest(o.last_valid_from, p.caught_up_at) AS w FROM %[1]s.%[4]s p
-						LEFT JOIN %[1]s.%[5]s o ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
-						WHERE p.consumer_group = $1 AND p.transaction_topic = $2) q)
-			RETURNING t.id, t.collection, t.commit_at, t.expected, %[3]s`,
-			r.s(), catalog.TransactionsTable, cnt, catalog.ProgressTable, catalog.OffsetsTable), r.group, topic, GiveUpAfter.Seconds())
+		head := fmt.Sprintf(`(SELECT * FROM %s.%s WHERE consumer_group = $1 AND topic = $2 ORDER BY commit_at LIMIT %d)`,
+			r.s(), catalog.TransactionsTable, oldest)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`UPDATE %[1]s.%[2]s u SET given_up_at = now()
+			FROM (SELECT t.id, t.collection, %[3]s AS n FROM %[6]s t
+				WHERE t.given_up_at IS NULL AND t.read_at < now() - make_interval(secs => $4)
+					AND t.commit_at + make_interval(secs => $3) < (SELECT CASE WHEN bool_or(w IS NULL) THEN NULL ELSE min(w) END
+						FROM (SELECT greatest(o.last_valid_from, p.caught_up_at) AS w FROM %[1]s.%[4]s p
+							LEFT JOIN %[1]s.%[5]s o ON o.consumer_group = p.consumer_group AND o.topic = p.topic AND o.partition = p.partition
+							WHERE p.consumer_group = $1 AND p.transaction_topic = $2) q)) g
+			WHERE u.consumer_group = $1 AND u.topic = $2 AND u.id = g.id AND u.collection = g.collection
+				AND (u.awaited OR g.n > 0) AND g.n < u.expected
+			RETURNING u.id, u.collection, u.commit_at, u.expected, g.n`,
+			r.s(), catalog.TransactionsTable, cnt, catalog.ProgressTable, catalog.OffsetsTable, head), r.group, topic, GiveUpAfter.Seconds(), r.ReadWait.Seconds())
 		if err != nil {
 			return fmt.Errorf("giving up transactions of %s: %w", topic, err)
 		}
@@ -219,19 +257,46 @@ func (r *Reads) Maintain(ctx context.Context, topic string) ([]GivenUp, error) {
 			return fmt.Errorf("giving up transactions of %s: %w", topic, err)
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`WITH done AS (
-				DELETE FROM %[1]s.%[2]s t WHERE t.consumer_group = $1 AND t.topic = $2
-					AND (t.given_up_at IS NOT NULL OR %[3]s >= t.expected OR (NOT t.awaited AND %[3]s = 0))
-				RETURNING t.consumer_group, t.id, t.collection)
-			DELETE FROM %[1]s.%[4]s m USING done d WHERE m.consumer_group = d.consumer_group AND m.id = d.id AND m.collection = d.collection`,
-			r.s(), catalog.TransactionsTable, cnt, catalog.TransactionEventsTable), r.group, topic); err != nil {
+				DELETE FROM %[1]s.%[2]s d USING (SELECT t.id, t.collection FROM %[5]s t
+					WHERE t.given_up_at IS NOT NULL OR %[3]s >= t.expected OR (NOT t.awaited AND %[3]s = 0)) x
+				WHERE d.consumer_group = $1 AND d.topic = $2 AND d.id = x.id AND d.collection = x.collection
+				RETURNING d.consumer_group, d.topic, d.id, d.collection)
+			DELETE FROM %[1]s.%[4]s m USING done d WHERE m.consumer_group = d.consumer_group AND m.topic = d.topic
+				AND m.id = d.id AND m.collection = d.collection`,
+			r.s(), catalog.TransactionsTable, cnt, catalog.TransactionEventsTable, head), r.group, topic); err != nil {
 			return fmt.Errorf("pruning the complete transactions of %s: %w", topic, err)
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s.%[2]s m WHERE m.consumer_group = $1 AND m.noted_at < now() - interval '1 day'
-			AND NOT EXISTS (SELECT 1 FROM %[1]s.%[3]s t WHERE t.consumer_group = m.consumer_group AND t.id = m.id AND t.collection = m.collection)`,
-			r.s(), catalog.TransactionEventsTable, catalog.TransactionsTable), r.group); err != nil {
+		if !sweep {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s.%[2]s m WHERE m.consumer_group = $1 AND m.topic = $2
+			AND m.noted_at < now() - interval '1 day'
+			AND NOT EXISTS (SELECT 1 FROM %[1]s.%[3]s t WHERE t.consumer_group = m.consumer_group AND t.topic = m.topic
+				AND t.id = m.id AND t.collection = m.collection)`,
+			r.s(), catalog.TransactionEventsTable, catalog.TransactionsTable), r.group, topic); err != nil {
 			return fmt.Errorf("pruning the marks of %s: %w", topic, err)
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Started records the partitions of topic the reader starts reading, at
+// next (a partition met for the first time gets a row without an END
+// time: the topic has no horizon until every partition has one).
+func (r *Reads) Started(ctx context.Context, topic string, next map[int32]int64) error {
+	var parts []int32
+	var offs []int64
+	for p, n := range next {
+		parts, offs = append(parts, p), append(offs, n)
+	}
+	if _, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (consumer_group, topic, partition, next_offset)
+		SELECT $1, $2, x.p, x.n FROM unnest($3::int[], $4::bigint[]) AS x(p, n) ON CONFLICT DO NOTHING`,
+		r.s(), catalog.TransactionReadsTable), r.group, topic, parts, offs); err != nil {
+		return fmt.Errorf("recording the partitions of %s: %w", topic, err)
+	}
+	return nil
 }

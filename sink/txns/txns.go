@@ -19,10 +19,14 @@
 //   - A transaction's rows go (Reads.Maintain) only once it is complete:
 //     the horizon then no longer depends on it, only on the last END's
 //     time, which the reads table keeps. A transaction still missing
-//     events ten minutes of valid time after every partition of its
-//     topics has been applied past it is given up (its missing events
-//     were dead-lettered undecodable, or never come): logged, and no
-//     longer holding the horizon.
+//     events ten minutes after its END was read, and ten minutes of valid
+//     time after every partition of its topics was applied past it, is
+//     given up (its missing events were dead-lettered undecodable, or
+//     never come): logged, and no longer holding the horizon. An END
+//     that cannot be decoded holds the horizon as a transaction of its
+//     own that never completes, until it is given up likewise.
+//   - Every key is scoped by the transaction topic: two connectors'
+//     transaction ids never meet.
 package txns
 
 import (
@@ -37,6 +41,8 @@ import (
 
 // Mark is one applied event's place in its source transaction.
 type Mark struct {
+	// Topic is the transaction topic whose END counts the event.
+	Topic      string
 	ID         string
 	Collection string
 	Order      int64
@@ -55,6 +61,9 @@ func Applied(ctx context.Context, tx pgx.Tx, schema, group string, marks []Mark)
 	sorted := append([]Mark(nil), marks...)
 	sort.Slice(sorted, func(i, j int) bool {
 		a, b := sorted[i], sorted[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
 		if a.ID != b.ID {
 			return a.ID < b.ID
 		}
@@ -63,19 +72,20 @@ func Applied(ctx context.Context, tx pgx.Tx, schema, group string, marks []Mark)
 		}
 		return a.Order < b.Order
 	})
-	ids, colls := make([]string, len(sorted)), make([]string, len(sorted))
+	topics, ids, colls := make([]string, len(sorted)), make([]string, len(sorted)), make([]string, len(sorted))
 	orders, at := make([]int64, len(sorted)), make([]*time.Time, len(sorted))
 	for i := range sorted {
 		m := &sorted[i]
-		ids[i], colls[i], orders[i] = m.ID, m.Collection, m.Order
+		topics[i], ids[i], colls[i], orders[i] = m.Topic, m.ID, m.Collection, m.Order
 		if !m.At.IsZero() {
 			at[i] = &m.At
 		}
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (consumer_group, id, collection, total_order, at)
-		SELECT $1, x.id, x.c, x.o, x.a FROM unnest($2::text[], $3::text[], $4::bigint[], $5::timestamptz[]) WITH ORDINALITY AS x(id, c, o, a, i)
+	_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s (consumer_group, topic, id, collection, total_order, at)
+		SELECT $1, x.t, x.id, x.c, x.o, x.a FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[])
+			WITH ORDINALITY AS x(t, id, c, o, a, i)
 		ORDER BY x.i ON CONFLICT DO NOTHING`, pgx.Identifier{schema}.Sanitize(), catalog.TransactionEventsTable),
-		group, ids, colls, orders, at)
+		group, topics, ids, colls, orders, at)
 	if err != nil {
 		return fmt.Errorf("recording the applied events' transactions: %w", err)
 	}
