@@ -310,6 +310,7 @@ func (d *Decoder) decodeAvro(ctx context.Context, r *rule, o change.Origin, key,
 	})
 	if r.TransactionTopic != "" {
 		ev.Txn = avroTxnMark(r, s.root, rec)
+		d.noteTxn(r, ev)
 	}
 	if s.row != nil {
 		ev.Row = s.row

@@ -50,6 +50,9 @@ type rule struct {
 	// source.db, read from its first event that has a name): every event
 	// shares the string.
 	source atomic.Pointer[string]
+	// noTxn warns once of a streamed event without a transaction block
+	// on a topic with a transaction topic (txmeta.go).
+	noTxn sync.Once
 }
 
 // sourceName and sourceDB are the envelope paths of the connector's
@@ -111,6 +114,7 @@ type Decoder struct {
 	// streamHook hears of a topic's first event in a GTID stream other
 	// than those it saw before (SetStreamHook).
 	streamHook func(topic, stream, other string)
+	log        *zap.Logger
 }
 
 // SetStreamHook sets f to be called, from Decode, the first time an event
@@ -144,7 +148,7 @@ func New(rules []Rule, reg Registry, log *zap.Logger) *Decoder {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	d := &Decoder{schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg, log)}
+	d := &Decoder{schemas: newSchemaCache(maxSchemas), avro: newAvroCache(reg, log), log: log}
 	m := map[string]*rule{}
 	for _, r := range rules {
 		m[r.Topic] = newRule(r)

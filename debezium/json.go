@@ -384,6 +384,7 @@ func (d *Decoder) fromEnvelope(r *rule, o change.Origin, key []byte, env *jsonEn
 	ev.Source = r.connector(func() string { return sourceKey(env.get(sourceName).Str, env.get(sourceDB).Str) })
 	if r.TransactionTopic != "" {
 		ev.Txn = env.txnMark(r)
+		d.noteTxn(r, ev)
 	}
 	var seqBuf [64]byte
 	seq := seqBuf[:0]

@@ -9,6 +9,7 @@ import (
 
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 )
 
 // Debezium's transaction metadata (provide.transaction.metadata=true).
@@ -203,4 +204,18 @@ func (r TxRecord) check() error {
 		return errors.New("transaction END record has no ts_ms")
 	}
 	return nil
+}
+
+// noteTxn warns, once per topic, of a streamed event that has no
+// transaction block although its table names a transaction topic: the
+// connector lacks provide.transaction.metadata=true, and every
+// transaction would wait until given up.
+func (d *Decoder) noteTxn(r *rule, ev *change.Event) {
+	if ev.Txn != nil || ev.Op == change.OpRead {
+		return
+	}
+	r.noTxn.Do(func() {
+		d.log.Warn("an event has no transaction block although its table names transaction_topic: set provide.transaction.metadata=true on the connector",
+			zap.String("topic", r.Topic), zap.String("transaction_topic", r.TransactionTopic))
+	})
 }

@@ -20,8 +20,8 @@
 //     member holding the topic's lock) is kept and recorded again; while
 //     too much waits it reads no further.
 //   - It never stops the pipeline: failures are logged and retried. Until
-//     its first END is recorded, the targets of its topic have no
-//     complete_through.
+//     every partition of its topic has an END recorded, the targets of
+//     the topic have no complete_through.
 package txlog
 
 import (
@@ -32,8 +32,10 @@ import (
 	"time"
 
 	"github.com/scd2sink/scd2sink/debezium"
+	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/txns"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -97,6 +99,9 @@ type Reader struct {
 	next    map[string]map[int32]int64
 	warned  map[string]time.Time
 	swept   map[string]time.Time // per topic, the last sweep of marks no END names
+	// lastCommit is each partition's last END's commit time read (zero
+	// before the first: an undecodable END is held there).
+	lastCommit map[change.Partition]time.Time
 }
 
 // New returns a Reader.
@@ -108,7 +113,8 @@ func New(cfg Config, store Store, dec Decoder) *Reader {
 		cfg.Logger = zap.NewNop()
 	}
 	return &Reader{cfg: cfg, store: store, dec: dec, log: cfg.Logger, pending: map[string][]txns.End{},
-		next: map[string]map[int32]int64{}, warned: map[string]time.Time{}, swept: map[string]time.Time{}}
+		next: map[string]map[int32]int64{}, warned: map[string]time.Time{}, swept: map[string]time.Time{},
+		lastCommit: map[change.Partition]time.Time{}}
 }
 
 // AwaitedBy returns the Awaited of a configuration: an END's collection is
@@ -229,7 +235,7 @@ func (r *Reader) offsets(ctx context.Context, adm *kadm.Client, topic string) (m
 	if err != nil {
 		return nil, err
 	}
-	if len(ends[topic]) == 0 {
+	if err := ends.Error(); len(ends[topic]) == 0 || errors.Is(err, kerr.UnknownTopicOrPartition) {
 		return nil, fmt.Errorf("topic %s does not exist (is provide.transaction.metadata=true set on the connector?)", topic)
 	}
 	// A partition not recorded yet is read from where Begin said (from
@@ -237,6 +243,11 @@ func (r *Reader) offsets(ctx context.Context, adm *kadm.Client, topic string) (m
 	fromEnd := applied
 	if mode, ok := stored[-1]; ok {
 		fromEnd = mode == txns.FromEnd
+	}
+	for p := range stored {
+		if p >= 0 {
+			fromEnd = false // a partition added since: all of it is new
+		}
 	}
 	next := map[int32]int64{}
 	var failed error
@@ -288,6 +299,12 @@ func (r *Reader) poll(ctx context.Context, cl *kgo.Client) {
 		if errors.Is(fe.Err, context.DeadlineExceeded) || errors.Is(fe.Err, context.Canceled) {
 			continue
 		}
+		var loss *kgo.ErrDataLoss
+		if errors.As(fe.Err, &loss) {
+			r.log.Warn("the transaction topic lost ENDs not read yet (retention, or the topic re-created): their transactions are not waited for",
+				zap.String("topic", fe.Topic), zap.Int32("partition", fe.Partition), zap.Error(fe.Err))
+			continue
+		}
 		r.warn("fetch", "reading a transaction topic failed; retrying", zap.String("topic", fe.Topic), zap.Error(fe.Err))
 	}
 	fetches.EachRecord(func(rec *kgo.Record) {
@@ -310,12 +327,15 @@ func (r *Reader) poll(ctx context.Context, cl *kgo.Client) {
 			r.log.Warn("a transaction metadata record cannot be read; it holds complete_through until it is given up",
 				zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.Error(err))
 			r.pending[rec.Topic] = append(r.pending[rec.Topic], txns.End{Partition: rec.Partition, Offset: rec.Offset,
-				ID: fmt.Sprintf("undecodable %d/%d", rec.Partition, rec.Offset), Commit: rec.Timestamp,
+				ID: fmt.Sprintf("undecodable %d/%d", rec.Partition, rec.Offset), Commit: r.lastCommit[change.Partition{Topic: rec.Topic, Partition: rec.Partition}], Hold: true,
 				Counts: map[string]int64{"": 1}, Awaited: map[string]bool{"": true}})
 			return
 		}
 		if tr.Status != "END" {
 			return
+		}
+		if tr.Commit.After(r.lastCommit[change.Partition{Topic: rec.Topic, Partition: rec.Partition}]) {
+			r.lastCommit[change.Partition{Topic: rec.Topic, Partition: rec.Partition}] = tr.Commit
 		}
 		id := tr.ID
 		if r.cfg.ID != nil {
@@ -352,10 +372,14 @@ func (r *Reader) flush(ctx context.Context) {
 		if err != nil && !errors.Is(err, txns.ErrBusy) && ctx.Err() == nil {
 			r.warn("maintain "+topic, "pruning a transaction topic's transactions failed; retrying", zap.String("topic", topic), zap.Error(err))
 		}
+		if len(given) > 0 {
+			first := given[0]
+			r.log.Warn("source transactions still missed events long after their tables were applied past them: given up, they no longer hold complete_through",
+				zap.String("topic", topic), zap.Int("collections", len(given)), zap.String("first_transaction", first.ID),
+				zap.String("first_collection", first.Collection), zap.Time("first_commit", first.Commit),
+				zap.Int64("first_expected", first.Expected), zap.Int64("first_applied", first.Applied))
+		}
 		for _, g := range given {
-			r.log.Warn("a source transaction still misses events long after its tables were applied past it: given up, it no longer holds complete_through",
-				zap.String("topic", topic), zap.String("transaction", g.ID), zap.String("collection", g.Collection),
-				zap.Time("commit", g.Commit), zap.Int64("expected", g.Expected), zap.Int64("applied", g.Applied))
 			if r.cfg.OnGivenUp != nil {
 				r.cfg.OnGivenUp(topic, g)
 			}

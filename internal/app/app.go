@@ -384,7 +384,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			if opts.transactionWait > 0 {
 				reads.ReadWait = opts.transactionWait
 			}
-			if err := beginTransactions(gctx, reads, topics, log); err != nil {
+			if err := beginTransactions(gctx, reads, topics, cfg.Kafka.StartOffset == "latest", log); err != nil {
 				return nil // stopped first
 			}
 			tr := txlog.New(txlog.Config{Topics: topics, Logger: log.Named("transactions"),
@@ -427,11 +427,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 // beginTransactions records where each transaction topic met for the first
 // time is read from, before the group applies anything (txns.Reads.Begin),
 // retrying while PostgreSQL fails; it fails only when ctx ends.
-func beginTransactions(ctx context.Context, reads *txns.Reads, topics []string, log *zap.Logger) error {
+func beginTransactions(ctx context.Context, reads *txns.Reads, topics []string, latest bool, log *zap.Logger) error {
 	backoff := 200 * time.Millisecond
 	for _, topic := range topics {
 		for {
-			err := reads.Begin(ctx, topic)
+			err := reads.Begin(ctx, topic, latest)
 			if err == nil {
 				break
 			}

@@ -253,7 +253,7 @@ func (s *Source) AvroEnvelope(c Change, valueID, keyID int) (key, value []byte) 
 			"snapshot": goavro.Union("string", snap), "db": s.DB, "sequence": goavro.Union("string", seq),
 			"ts_us": goavro.Union("long", commit.UnixMicro()), "ts_ns": goavro.Union("long", commit.UnixNano()),
 			"schema": s.Schema, "table": s.Table, "txId": goavro.Union("long", c.TxID), "lsn": goavro.Union("long", c.LSN), "xmin": nil},
-		"transaction": nil, "op": c.Op,
+		"transaction": avroTxn(c.Txn), "op": c.Op,
 		"ts_ms": goavro.Union("long", commit.Add(37*time.Millisecond).UnixMilli()),
 		"ts_us": goavro.Union("long", commit.Add(37*time.Millisecond).UnixMicro()),
 		"ts_ns": goavro.Union("long", commit.Add(37*time.Millisecond).UnixNano()),
@@ -354,4 +354,37 @@ func ApicurioHeaders(b []byte) (body, id []byte) {
 func ApicurioWire8(b []byte) []byte {
 	out := binary.BigEndian.AppendUint64([]byte{0}, uint64(binary.BigEndian.Uint32(b[1:5])))
 	return append(out, b[5:]...)
+}
+
+// avroTxn is a transaction block as goavro encodes it (nil: null).
+func avroTxn(b *TxnBlock) any {
+	if b == nil {
+		return nil
+	}
+	return goavro.Union("event.block", map[string]any{"id": b.ID, "total_order": b.TotalOrder, "data_collection_order": b.DataCollectionOrder})
+}
+
+// AvroTransactionSchema is the Avro schema of a transaction metadata
+// record, as Debezium's AvroConverter writes it.
+const AvroTransactionSchema = `{"type":"record","name":"TransactionMetadataValue","namespace":"io.debezium.connector.common","fields":[
+{"name":"status","type":"string"},{"name":"id","type":"string"},{"name":"event_count","type":["null","long"],"default":null},
+{"name":"data_collections","type":["null",{"type":"array","items":{"type":"record","name":"ConnectDefault","namespace":"io.confluent.connect.avro",
+"fields":[{"name":"data_collection","type":"string"},{"name":"event_count","type":"long"}]}}],"default":null},
+{"name":"ts_ms","type":"long"}]}`
+
+// AvroTransactionRecord renders a BEGIN (counts nil) or END record as the
+// AvroConverter writes it, framed with the Confluent schema id valueID.
+func AvroTransactionRecord(id string, commit time.Time, counts map[string]int64, valueID int) []byte {
+	native := map[string]any{"status": "BEGIN", "id": id, "event_count": nil, "data_collections": nil, "ts_ms": commit.UnixMilli()}
+	if counts != nil {
+		var total int64
+		var list []any
+		for n, c := range counts {
+			total += c
+			list = append(list, map[string]any{"data_collection": n, "event_count": c})
+		}
+		native["status"], native["event_count"] = "END", goavro.Union("long", total)
+		native["data_collections"] = goavro.Union("array", list)
+	}
+	return encodeAvro(AvroTransactionSchema, valueID, native)
 }

@@ -193,7 +193,7 @@ func replayDDL(cat *Catalog, svc Service) []string {
 // watermarkNote marks the view's definition: it is replaced only when the
 // window changes, so that a restart runs no DDL.
 func WatermarkNote(window time.Duration) string {
-	return fmt.Sprintf("scd2sink watermarks v4: window %s", window)
+	return fmt.Sprintf("scd2sink watermarks v5: window %s", window)
 }
 
 // watermarkDDL creates scd2sink_progress, and creates or replaces the view

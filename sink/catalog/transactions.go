@@ -42,7 +42,7 @@ const (
 )
 
 // transactionsNote marks the horizon view's definition.
-const transactionsNote = "scd2sink transaction horizon v1"
+const transactionsNote = "scd2sink transaction horizon v3"
 
 // transactionsDDL creates what is missing of the tables and the view.
 func transactionsDDL(cat *Catalog, svc Service) []string {
@@ -75,15 +75,16 @@ func transactionsDDL(cat *Catalog, svc Service) []string {
 	// The earliest incomplete transaction first (by commit time, the
 	// index's order): pruning leaves few complete ones before it. Its
 	// bound is the earlier of its END's time and its first applied
-	// event's valid time, less a microsecond.
+	// event's valid time, less a microsecond. (least ignores NULLs: a
+	// topic with a partition not read yet has no horizon at all.)
 	return append(out, fmt.Sprintf(`CREATE OR REPLACE VIEW %[1]s.%[2]s AS
-		SELECT r.consumer_group, r.topic, least(r.through, (
+		SELECT r.consumer_group, r.topic, CASE WHEN r.through IS NOT NULL THEN least(r.through, (
 				SELECT least(t.commit_at, e.first_at) FROM %[1]s.%[3]s t
 				CROSS JOIN LATERAL (SELECT count(*) AS n, min(m.at) AS first_at FROM %[1]s.%[4]s m
 					WHERE m.consumer_group = t.consumer_group AND m.topic = t.topic AND m.id = t.id AND m.collection = t.collection) e
 				WHERE t.consumer_group = r.consumer_group AND t.topic = r.topic AND t.given_up_at IS NULL
 					AND (t.awaited OR e.n > 0) AND e.n < t.expected
-				ORDER BY t.commit_at LIMIT 1) - interval '1 microsecond') AS horizon
+				ORDER BY t.commit_at LIMIT 1) - interval '1 microsecond') END AS horizon
 		FROM (SELECT consumer_group, topic, CASE WHEN bool_or(read_through IS NULL) THEN NULL ELSE min(read_through) END AS through
 			FROM %[1]s.%[5]s WHERE partition >= 0 GROUP BY consumer_group, topic) r`,
 		s, TransactionHorizonView, TransactionsTable, TransactionEventsTable, TransactionReadsTable),

@@ -32,6 +32,9 @@ type End struct {
 	// collections this configuration applies.
 	Counts  map[string]int64
 	Awaited map[string]bool
+	// Hold marks the stand-in for a record that could not be decoded:
+	// it moves no END time on.
+	Hold bool
 }
 
 // GivenUp is a transaction collection given up (Maintain).
@@ -71,11 +74,13 @@ const (
 // nothing yet (a new deployment reads the data topics from their start
 // too), else from the end (what was applied before left no marks). Call
 // it before the group applies anything, so that the answer is not raced.
-func (r *Reads) Begin(ctx context.Context, topic string) error {
+// latest: a group without offsets starts at the data topics' ends
+// (kafka.start_offset: latest), so the transaction topic does too.
+func (r *Reads) Begin(ctx context.Context, topic string, latest bool) error {
 	_, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.%[2]s (consumer_group, topic, partition, next_offset)
-		SELECT $1, $2, -1, CASE WHEN EXISTS (SELECT 1 FROM %[1]s.%[3]s WHERE consumer_group = $1) THEN %[4]d ELSE %[5]d END
+		SELECT $1, $2, -1, CASE WHEN $3 OR EXISTS (SELECT 1 FROM %[1]s.%[3]s WHERE consumer_group = $1) THEN %[4]d ELSE %[5]d END
 		WHERE NOT EXISTS (SELECT 1 FROM %[1]s.%[2]s WHERE consumer_group = $1 AND topic = $2)
-		ON CONFLICT DO NOTHING`, r.s(), catalog.TransactionReadsTable, catalog.OffsetsTable, FromEnd, FromStart), r.group, topic)
+		ON CONFLICT DO NOTHING`, r.s(), catalog.TransactionReadsTable, catalog.OffsetsTable, FromEnd, FromStart), r.group, topic, latest)
 	if err != nil {
 		return fmt.Errorf("recording where transaction topic %s is read from: %w", topic, err)
 	}
@@ -161,7 +166,7 @@ func (r *Reads) Record(ctx context.Context, topic string, ends []End, next map[i
 			if n, ok := stored[e.Partition]; ok && e.Offset < n {
 				continue
 			}
-			if e.Commit.After(through[e.Partition]) {
+			if !e.Hold && e.Commit.After(through[e.Partition]) {
 				through[e.Partition] = e.Commit
 			}
 			names := make([]string, 0, len(e.Counts))
