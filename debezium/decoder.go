@@ -53,6 +53,8 @@ type rule struct {
 	// noTxn warns once of a streamed event without a transaction block
 	// on a topic with a transaction topic (txmeta.go).
 	noTxn sync.Once
+	// coll is the last data collection its events named (txmeta.go).
+	coll atomic.Pointer[collKey]
 }
 
 // sourceName and sourceDB are the envelope paths of the connector's

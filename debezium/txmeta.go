@@ -69,22 +69,37 @@ var (
 )
 
 // txnMark reads a JSON data event's transaction block (nil: none); the
-// connector is the record's, else the rule's.
+// connector is the record's, else the rule's. The source block is read
+// first: the envelope's sub-object in hand is the source's already.
 func (e *jsonEnvelope) txnMark(r *rule) *change.TxnMark {
+	conn, db, schema, table := e.get(srcConn).Str, e.get(srcDB).Str, e.get(srcSch).Str, e.get(srcTable).Str
+	if table == "" {
+		table = e.get(srcColl).Str
+	}
 	id := e.get(txnID)
 	if id.Type != gjson.String || id.Str == "" {
 		return nil
 	}
-	table := e.get(srcTable).Str
-	if table == "" {
-		table = e.get(srcColl).Str
-	}
-	conn := e.get(srcConn).Str
 	if conn == "" {
 		conn = r.Connector
 	}
 	return &change.TxnMark{Topic: r.TransactionTopic, ID: strings.Clone(TransactionID(conn, id.Str)), Order: e.get(txnOrder).Int(),
-		Collection: Collection(conn, e.get(srcDB).Str, e.get(srcSch).Str, table)}
+		Collection: r.collection(conn, db, schema, table)}
+}
+
+// collKey is a data collection's name and what it was made of.
+type collKey struct{ conn, db, schema, table, name string }
+
+// collection is Collection, remembering the topic's last answer: a
+// topic's events name one table.
+func (r *rule) collection(conn, db, schema, table string) string {
+	if c := r.coll.Load(); c != nil && c.conn == conn && c.db == db && c.schema == schema && c.table == table {
+		return c.name
+	}
+	c := &collKey{conn: strings.Clone(conn), db: strings.Clone(db), schema: strings.Clone(schema), table: strings.Clone(table)}
+	c.name = Collection(conn, db, schema, table)
+	r.coll.Store(c)
+	return c.name
 }
 
 // avroTxnMark reads an Avro data event's transaction block (nil: none).
@@ -114,7 +129,7 @@ func avroTxnMark(r *rule, s *Schema, rec map[string]any) *change.TxnMark {
 		conn = r.Connector
 	}
 	return &change.TxnMark{Topic: r.TransactionTopic, ID: TransactionID(conn, id), Order: order,
-		Collection: Collection(conn, str(srcDB), str(srcSch), table)}
+		Collection: r.collection(conn, str(srcDB), str(srcSch), table)}
 }
 
 // TxRecord is one record of a transaction metadata topic.

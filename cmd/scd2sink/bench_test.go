@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -83,8 +84,10 @@ func benchRecords(b *testing.B, work []scdtest.BenchRecord, format string) ([]*k
 		}
 	}
 	recs := make([]*kgo.Record, len(work))
+	marks := benchMarks(work)
 	for i, w := range work {
 		var k, v []byte
+		w.Change.Txn = marks[i]
 		switch format {
 		case "debezium-json":
 			k, v = w.Src.Envelope(w.Change)
@@ -99,6 +102,58 @@ func benchRecords(b *testing.B, work []scdtest.BenchRecord, format string) ([]*k
 		recs[i] = &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}
 	}
 	return recs, url
+}
+
+// benchTxnTopic is the transaction topic of BENCH_CONFIG='defaults:
+// {transaction_topic: bench.transaction}': the workload's changes carry
+// transaction blocks and its transactions END records (benchEnds), what
+// exact completeness costs (docs/benchmarks.md).
+const benchTxnTopic = "bench.transaction"
+
+func benchTransactions() bool { return strings.Contains(os.Getenv("BENCH_CONFIG"), benchTxnTopic) }
+
+// benchMarks gives each streamed change of work its transaction block
+// (nil without benchTransactions).
+func benchMarks(work []scdtest.BenchRecord) []*scdtest.TxnBlock {
+	out := make([]*scdtest.TxnBlock, len(work))
+	if !benchTransactions() {
+		return out
+	}
+	orders := map[int64]int64{}
+	for i, w := range work {
+		if w.Tombstone || w.Change.Op == "r" {
+			continue
+		}
+		orders[w.Change.TxID]++
+		out[i] = &scdtest.TxnBlock{ID: fmt.Sprintf("%d:%d", w.Change.TxID, w.Change.LSN), TotalOrder: orders[w.Change.TxID],
+			DataCollectionOrder: orders[w.Change.TxID]}
+	}
+	return out
+}
+
+// benchEnds are the END records of work's transactions, in commit order.
+func benchEnds(work []scdtest.BenchRecord) []*kgo.Record {
+	var order []int64
+	counts := map[int64]map[string]int64{}
+	commits := map[int64]time.Time{}
+	for _, w := range work {
+		if w.Tombstone || w.Change.Op == "r" {
+			continue
+		}
+		tx := w.Change.TxID
+		if counts[tx] == nil {
+			counts[tx] = map[string]int64{}
+			order = append(order, tx)
+		}
+		counts[tx]["public."+w.Src.Table]++
+		commits[tx] = w.Change.Commit
+	}
+	out := make([]*kgo.Record, 0, len(order))
+	for _, tx := range order {
+		k, v := scdtest.TransactionRecord(fmt.Sprintf("%d:%d", tx, 1), commits[tx], counts[tx])
+		out = append(out, &kgo.Record{Topic: benchTxnTopic, Key: k, Value: v})
+	}
+	return out
 }
 
 func avgSize(recs []*kgo.Record) int {
@@ -173,6 +228,21 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 	ctx := context.Background()
 	for iter := 0; iter < b.N; iter++ {
 		kafka := benchKafka(b, recs, codec)
+		if benchTransactions() {
+			ends := benchEnds(work)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ListenAddrs()...))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, benchTxnTopic); err != nil {
+				b.Fatal(err)
+			}
+			if err := cl.ProduceSync(ctx, ends...).FirstErr(); err != nil {
+				b.Fatal(err)
+			}
+			cl.Close()
+			b.Logf("%d END records on %s", len(ends), benchTxnTopic)
+		}
 		dsn := pgtest.NewDatabase(b)
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {

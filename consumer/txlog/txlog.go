@@ -55,6 +55,8 @@ type Store interface {
 	// Maintain gives up what waited too long and prunes what is done
 	// (sweep: marks no END names too).
 	Maintain(ctx context.Context, topic string, sweep bool) ([]txns.GivenUp, error)
+	// InFlight counts the transactions recorded and not yet pruned.
+	InFlight(ctx context.Context, topic string) (int64, error)
 }
 
 // Decoder decodes a transaction metadata record.
@@ -86,6 +88,12 @@ type Config struct {
 // maxPending is how many ENDs may wait to be recorded before the reader
 // stops reading.
 const maxPending = 50000
+
+// maxInFlight is how many transaction rows of a topic may be recorded and
+// not yet complete before the reader pauses that topic: with the group
+// far behind (a backlog) it would read every END ahead of the events,
+// and each look at the transactions would cost PostgreSQL more.
+const maxInFlight = 20000
 
 // Reader reads the transaction topics.
 type Reader struct {
@@ -188,7 +196,7 @@ func (r *Reader) Run(ctx context.Context) error {
 			case <-tick.C:
 			}
 		}
-		r.flush(ctx)
+		r.flush(ctx, cl)
 	}
 	return nil
 }
@@ -350,8 +358,9 @@ func (r *Reader) poll(ctx context.Context, cl *kgo.Client) {
 	})
 }
 
-// flush records what was read and maintains each topic.
-func (r *Reader) flush(ctx context.Context) {
+// flush records what was read and maintains each topic; a topic with
+// too many transactions in flight is paused until they are applied.
+func (r *Reader) flush(ctx context.Context, cl *kgo.Client) {
 	for _, topic := range r.cfg.Topics {
 		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if next := r.next[topic]; len(next) > 0 {
@@ -367,6 +376,13 @@ func (r *Reader) flush(ctx context.Context) {
 		given, err := r.store.Maintain(fctx, topic, sweep)
 		if err == nil && sweep {
 			r.swept[topic] = time.Now()
+		}
+		if n, ferr := r.store.InFlight(fctx, topic); ferr == nil {
+			if n > maxInFlight {
+				cl.PauseFetchTopics(topic)
+			} else {
+				cl.ResumeFetchTopics(topic)
+			}
 		}
 		cancel()
 		if err != nil && !errors.Is(err, txns.ErrBusy) && ctx.Err() == nil {

@@ -216,10 +216,10 @@ func (r *Reads) Record(ctx context.Context, topic string, ends []End, next map[i
 const applied = `(SELECT count(*) FROM %[1]s.%[2]s m WHERE m.consumer_group = t.consumer_group AND m.topic = t.topic
 	AND m.id = t.id AND m.collection = t.collection)`
 
-// oldest bounds what one Maintain looks at: the topic's oldest rows by
-// commit time (the complete ones among them go, so the next look sees
-// newer ones), however far the reader ran ahead of a lagging group.
-const oldest = 10000
+// oldest bounds the rows one Maintain considers giving up: the topic's
+// oldest by commit time (those before the earliest incomplete one are
+// pruned, so these are the ones that wait).
+const oldest = 100
 
 // Maintain gives up the transactions of topic that waited too long (see
 // GiveUpAfter) and prunes those complete or given up, with their marks;
@@ -261,14 +261,23 @@ func (r *Reads) Maintain(ctx context.Context, topic string, sweep bool) ([]Given
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("giving up transactions of %s: %w", topic, err)
 		}
+		// Every row before the earliest incomplete transaction is complete
+		// (or given up): those go, with their marks, without counting
+		// each (NULL: nothing incomplete, all go).
+		var first *time.Time
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT t.commit_at FROM %[1]s.%[2]s t
+			CROSS JOIN LATERAL (SELECT %[3]s AS n) e
+			WHERE t.consumer_group = $1 AND t.topic = $2 AND t.given_up_at IS NULL AND (t.awaited OR e.n > 0) AND e.n < t.expected
+			ORDER BY t.commit_at LIMIT 1`, r.s(), catalog.TransactionsTable, cnt), r.group, topic).Scan(&first); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("finding the earliest incomplete transaction of %s: %w", topic, err)
+		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`WITH done AS (
-				DELETE FROM %[1]s.%[2]s d USING (SELECT t.id, t.collection FROM %[5]s t
-					WHERE t.given_up_at IS NOT NULL OR %[3]s >= t.expected OR (NOT t.awaited AND %[3]s = 0)) x
-				WHERE d.consumer_group = $1 AND d.topic = $2 AND d.id = x.id AND d.collection = x.collection
-				RETURNING d.consumer_group, d.topic, d.id, d.collection)
-			DELETE FROM %[1]s.%[4]s m USING done d WHERE m.consumer_group = d.consumer_group AND m.topic = d.topic
+				DELETE FROM %[1]s.%[2]s t WHERE t.consumer_group = $1 AND t.topic = $2
+					AND ($3::timestamptz IS NULL OR t.commit_at < $3 OR t.given_up_at IS NOT NULL)
+				RETURNING t.consumer_group, t.topic, t.id, t.collection)
+			DELETE FROM %[1]s.%[3]s m USING done d WHERE m.consumer_group = d.consumer_group AND m.topic = d.topic
 				AND m.id = d.id AND m.collection = d.collection`,
-			r.s(), catalog.TransactionsTable, cnt, catalog.TransactionEventsTable, head), r.group, topic); err != nil {
+			r.s(), catalog.TransactionsTable, catalog.TransactionEventsTable), r.group, topic, first); err != nil {
 			return fmt.Errorf("pruning the complete transactions of %s: %w", topic, err)
 		}
 		if !sweep {
@@ -287,6 +296,17 @@ func (r *Reads) Maintain(ctx context.Context, topic string, sweep bool) ([]Given
 		return nil, err
 	}
 	return out, nil
+}
+
+// InFlight counts the transaction rows of topic recorded and not yet
+// pruned: what is read ahead of the applied events.
+func (r *Reads) InFlight(ctx context.Context, topic string) (int64, error) {
+	var n int64
+	if err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.%s WHERE consumer_group = $1 AND topic = $2`,
+		r.s(), catalog.TransactionsTable), r.group, topic).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the transactions of %s: %w", topic, err)
+	}
+	return n, nil
 }
 
 // Started records the partitions of topic the reader starts reading, at
