@@ -16,9 +16,11 @@
 //     takes the topic's advisory lock and skips what the stored position
 //     has passed: members reading the same topic record each END once,
 //     and a restart reads on from the stored position.
-//   - A transaction's rows go (Reads.Maintain) only once it is complete:
-//     the horizon then no longer depends on it, only on the last END's
-//     time, which the reads table keeps. A transaction still missing
+//   - A transaction's rows go (Reads.Maintain) only once it and every
+//     transaction committed before it are complete (or given up): the
+//     horizon then no longer depends on them, only on the earliest
+//     incomplete one and the last END's time, which the reads table
+//     keeps. A transaction still missing
 //     events ten minutes after its END was read, and ten minutes of valid
 //     time after every partition of its topics was applied past it, is
 //     given up (its missing events were dead-lettered undecodable, or
