@@ -54,13 +54,14 @@ type Mark struct {
 }
 
 // Applied records marks in tx, the batch's transaction, for group.
-// Rows are inserted in key order, so that two members' batches never
-// wait on each other in a cycle; a mark already there is left alone.
+// Rows are inserted in key order (marks is sorted in place), so that two
+// members' batches never wait on each other in a cycle; a mark already
+// there is left alone.
 func Applied(ctx context.Context, tx pgx.Tx, schema, group string, marks []Mark) error {
 	if len(marks) == 0 {
 		return nil
 	}
-	sorted := append([]Mark(nil), marks...)
+	sorted := marks
 	sort.Slice(sorted, func(i, j int) bool {
 		a, b := sorted[i], sorted[j]
 		if a.Topic != b.Topic {
