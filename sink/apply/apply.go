@@ -260,10 +260,12 @@ func mergeTruncates(evs, truncs []fold.Event, after change.Seq) []fold.Event {
 func (a *Applier) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l *fold.Latest, truncs []fold.Event, w *history.Writes, res *Result) *fold.Latest {
 	st := fold.State{Mem: w.Slabs()}
 	var orig *fold.Version
+	var prevSeq change.Seq // the event that set st.PrevT
 	if v := l.V; v != nil {
 		st.PrevRow, st.PrevT, st.HasPrev = l.PrevImage(&t.Shape, w.Slabs()), v.From, true
+		prevSeq = v.Seq
 		if v.Closed && v.To.After(st.PrevT) {
-			st.PrevT = v.To
+			st.PrevT, prevSeq = v.To, v.CloseSeq
 		}
 		if !v.Closed {
 			orig = v
@@ -273,9 +275,9 @@ func (a *Applier) appendKey(t *plan.Table, kp *plan.KeyPlan, evs []fold.Event, l
 		}
 	}
 	if l.SideMaxT != nil && (!st.HasPrev || l.SideMaxT.After(st.PrevT)) {
-		st.PrevT, st.HasPrev = *l.SideMaxT, true
+		st.PrevT, st.HasPrev, prevSeq = *l.SideMaxT, true, l.SideMaxSeq
 	}
-	res.noteDisagreements(t.Spec.Target, evs, st.PrevT)
+	res.noteDisagreements(t.Spec.Target, evs, st.PrevT, prevSeq)
 	merged := mergeTruncates(evs, truncs, l.MaxSeq())
 	out := t.Fold(&st, merged)
 	for _, v := range out.Versions {
@@ -464,7 +466,7 @@ func (a *Applier) repairKey(t *plan.Table, kp *plan.KeyPlan, batch []fold.Event,
 	for _, v := range out.Versions {
 		v.Key = kp.Key
 	}
-	res.noteDisagreements(t.Spec.Target, evs, time.Time{})
+	res.noteDisagreements(t.Spec.Target, evs, time.Time{}, nil)
 	if t.Spec.Type1Scope == fold.AllVersions && boundary != nil {
 		// The key's last event is past the boundary, unchanged: every
 		// version holds its Type 1 values, the boundary's too.

@@ -87,13 +87,16 @@ type Disagreement struct {
 const maxDisagreeNotes = 20
 
 // noteDisagreements walks a key's events in sequence order (after start,
-// the time of what the table holds before them, zero when nothing) and
+// the time of what the table holds before them, zero when nothing, set by
+// the event at startSeq) and
 // counts each event whose valid time is before an earlier event's where
 // one of the two is new in this batch. Snapshot reads take no part: their
 // time is when the snapshot read them, not when the row changed; nor do
-// events whose time stands in for a column they lack (TimeStandIn).
-func (r *Result) noteDisagreements(table string, evs []fold.Event, start time.Time) {
-	prev := start
+// events whose time stands in for a column they lack (TimeStandIn). A
+// pair is noted in full only when both sequences are known: a note names
+// the events it is about, or is not written (the count still holds it).
+func (r *Result) noteDisagreements(table string, evs []fold.Event, start time.Time, startSeq change.Seq) {
+	prev, prevSeq := start, startSeq
 	var holder *fold.Event // the event that set prev; nil: the table
 	for i := range evs {
 		e := &evs[i]
@@ -109,11 +112,8 @@ func (r *Result) noteDisagreements(table string, evs []fold.Event, start time.Ti
 				r.Disagreements = map[string]int{}
 			}
 			r.Disagreements[table]++
-			if len(r.Disagree) < maxDisagreeNotes {
-				d := Disagreement{Table: table, T: prev, Later: e.Seq, LaterT: in}
-				if holder != nil {
-					d.Seq = holder.Seq
-				}
+			if len(r.Disagree) < maxDisagreeNotes && len(prevSeq) > 0 && len(e.Seq) > 0 {
+				d := Disagreement{Table: table, T: prev, Seq: prevSeq, Later: e.Seq, LaterT: in}
 				if e.Src != nil {
 					d.Origin = e.Src.Origin
 				} else {
@@ -123,7 +123,7 @@ func (r *Result) noteDisagreements(table string, evs []fold.Event, start time.Ti
 			}
 		}
 		if in.After(prev) {
-			prev, holder = in, e
+			prev, prevSeq, holder = in, e.Seq, e
 		}
 	}
 }
