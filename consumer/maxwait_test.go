@@ -7,7 +7,7 @@ import (
 
 // TestBatchOld: a batch whose oldest event waited out a reorder window
 // shorter than batch_max_wait is old enough once it has gathered for
-// coalesce (a tenth of batch_max_wait at most); otherwise batch_max_wait
+// coalesce (a twenty-fifth of batch_max_wait at most); otherwise batch_max_wait
 // holds.
 func TestBatchOld(t *testing.T) {
 	ms := time.Millisecond
