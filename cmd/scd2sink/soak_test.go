@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,6 +77,15 @@ func BenchmarkSoak(b *testing.B) {
 			b.Fatal(err)
 		}
 		adm := kadm.NewClient(cl)
+		for up := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) { // the binary serves /metrics
+			if resp, err := http.Get("http://" + httpAddr + "/healthz"); err == nil {
+				resp.Body.Close()
+				break
+			}
+			if time.Now().After(up) {
+				b.Fatal("the binary did not serve /healthz within a minute")
+			}
+		}
 		var produced, garbage int64
 		produce := func(r *kgo.Record) {
 			produced++

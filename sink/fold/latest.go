@@ -12,6 +12,10 @@ type Latest struct {
 	OpenerSaved bool     // the latest version's opener is in the side table
 	SideMaxSeq  change.Seq
 	SideMaxT    *time.Time
+	// SideRead says SideMaxSeq and SideMaxT were read from the side
+	// table with the version (nil: the key has no side rows), also for a
+	// key without versions: it need not be asked again.
+	SideRead bool
 	sideT       time.Time // where SetSideMaxT points SideMaxT
 	// PrevAbsent names the columns the key's last after image lacked
 	// (dropped at the source, or not added yet): NULL in that image,

@@ -150,8 +150,14 @@ func LoadLatest(ctx context.Context, tx pgx.Tx, t *plan.Table, keys []*plan.KeyP
 			}
 		}
 	}
-	// Keys with only side rows (say, deletes of never-seen rows).
-	idx := withoutVersion(out, pending)
+	// Keys with only side rows (say, deletes of never-seen rows), unless
+	// their side rows were read with their (absent) version.
+	var idx []int
+	for _, i := range withoutVersion(out, pending) {
+		if !out[i].SideRead {
+			idx = append(idx, i)
+		}
+	}
 	if len(idx) == 0 {
 		return out, nil
 	}
@@ -216,11 +222,13 @@ func latestQuery(t *plan.Table, keys []*plan.KeyPlan, idx []int, onlyCurrent boo
 		cur = " AND x.is_current"
 	}
 	// Clamped times grow with the sequence, so the side row with the highest
-	// sequence also has the latest time.
+	// sequence also has the latest time. A key without a version has a
+	// row too (NULL version columns), with its side rows' summary: a new
+	// key costs no second statement (LoadLatest).
 	q := fmt.Sprintf(`SELECT k.scd_ord, %s, %s, s.scd_seq, s.scd_t,
 			EXISTS (SELECT 1 FROM %s o WHERE %s AND o.scd_seq = h.scd_seq)
 		FROM %s
-		JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
+		LEFT JOIN LATERAL (SELECT * FROM %s x WHERE %s%s ORDER BY x.scd_seq DESC LIMIT 1) h ON true
 		LEFT JOIN LATERAL (SELECT e.scd_seq, e.scd_t FROM %s e WHERE %s ORDER BY e.scd_seq DESC LIMIT 1) s ON true`,
 		versionCols, colList(t, "h."), t.Side.Sanitize(), t.KeyJoin("o", "k"), src, t.Hist.Sanitize(), t.KeyJoin("x", "k"), cur,
 		t.Side.Sanitize(), t.KeyJoin("e", "k"))
@@ -245,10 +253,21 @@ func scanLatest(t *plan.Table, rows pgx.Rows, idx []int, out []fold.Latest) erro
 }
 
 // latestFromRow sets l from a row of latestQuery (or readClosedLatest):
-// the key's ordinal, its version, the side-table summary and whether
-// the version's opener is saved.
+// the key's ordinal, its version (NULL columns: none), the side-table
+// summary and whether the version's opener is saved.
 func latestFromRow(t *plan.Table, vals []any, l *fold.Latest) error {
 	n := len(t.Cols)
+	l.SideRead = true
+	if vals[1] == nil { // no version (latestQuery's LEFT JOIN)
+		l.V = nil
+		if s := asBytes(vals[rowAt+n]); s != nil {
+			l.SideMaxSeq = change.Seq(s)
+		}
+		if mt, ok := vals[rowAt+1+n].(time.Time); ok {
+			l.SideMaxT = &mt
+		}
+		return nil
+	}
 	v, err := scanVersion(t, vals, 1)
 	if err != nil {
 		return err
