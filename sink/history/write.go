@@ -129,21 +129,21 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 			return err
 		}
 	}
+	// The deletes and updates go to PostgreSQL together, one round trip
+	// (a table's share of a steady load's batch is a few rows: each round
+	// trip costs about as much CPU as folding them).
+	var p pipe
 	if len(w.DelVersions) > 0 {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.DelVersions); err != nil {
-			return fmt.Errorf("deleting versions of %s: %w", hist, err)
-		}
+		p.add("deleting versions of "+hist, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.DelVersions)
 	}
 	if len(w.DelSide) > 0 {
 		types, names, args := keySeqColumns(t, len(w.DelSide),
 			func(j int) []any { return w.DelSide[j].Key }, func(j int) []byte { return w.DelSide[j].Event.Seq }, &w.mem.Boxes)
 		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), keyMatch(t, "e", "x"))
-		if _, err := tx.Exec(ctx, q, args...); err != nil {
-			return fmt.Errorf("deleting side rows of %s: %w", side, err)
-		}
+		p.add("deleting side rows of "+side, q, args...)
 	}
 	if len(w.T1Bulk) > 0 && len(t.Type1) > 0 {
-		if err := w.execType1(ctx, tx, t); err != nil {
+		if err := w.execType1(&p, tx, t); err != nil {
 			return err
 		}
 	}
@@ -153,9 +153,10 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
 		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
 			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
-		if _, err := tx.Exec(ctx, closeStmt(t, types, names), args...); err != nil {
-			return fmt.Errorf("closing versions of %s: %w", hist, err)
-		}
+		p.add("closing versions of "+hist, closeStmt(t, types, names), args...)
+	}
+	if err := p.run(ctx, tx); err != nil {
+		return err
 	}
 	if len(w.Full) > 0 {
 		if err := w.execFull(ctx, tx, t); err != nil {
@@ -224,9 +225,9 @@ func closeStmt(t *plan.Table, types, names []string) string {
 // partitions before it pruned at run time; none for keys without closed
 // versions): the others in every partition. Every statement names the
 // parent table, so locks are taken parent first, as by the other writes.
-func (w *Writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+func (w *Writes) execType1(p *pipe, tx pgx.Tx, t *plan.Table) error {
 	if t.Parts == nil {
-		return w.updateType1(ctx, tx, t, w.T1Bulk, "", false)
+		return w.updateType1(p, tx, t, w.T1Bulk, "", false)
 	}
 	var known, unknown, closed []T1Row
 	for _, r := range w.T1Bulk {
@@ -240,18 +241,19 @@ func (w *Writes) execType1(ctx context.Context, tx pgx.Tx, t *plan.Table) error 
 			}
 		}
 	}
-	if err := w.updateType1(ctx, tx, t, unknown, "", false); err != nil {
+	if err := w.updateType1(p, tx, t, unknown, "", false); err != nil {
 		return err
 	}
-	if err := w.updateType1(ctx, tx, t, known, " AND h.is_current", false); err != nil {
+	if err := w.updateType1(p, tx, t, known, " AND h.is_current", false); err != nil {
 		return err
 	}
-	return w.updateType1(ctx, tx, t, closed, " AND NOT h.is_current AND h.valid_to >= x.since", true)
+	return w.updateType1(p, tx, t, closed, " AND NOT h.is_current AND h.valid_to >= x.since", true)
 }
 
-// updateType1 updates the versions of rows' keys below each one's bound
-// and matching cond (withSince: cond names x.since) to their Type 1 values.
-func (w *Writes) updateType1(ctx context.Context, tx pgx.Tx, t *plan.Table, rows []T1Row, cond string, withSince bool) error {
+// updateType1 queues on p the update of the versions of rows' keys below
+// each one's bound and matching cond (withSince: cond names x.since) to
+// their Type 1 values.
+func (w *Writes) updateType1(p *pipe, tx pgx.Tx, t *plan.Table, rows []T1Row, cond string, withSince bool) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -282,10 +284,41 @@ func (w *Writes) updateType1(ctx context.Context, tx pgx.Tx, t *plan.Table, rows
 	}
 	q := fmt.Sprintf("UPDATE %s h SET %s FROM %s WHERE %s AND (x.below IS NULL OR h.scd_seq < x.below)%s AND ROW(%s) IS DISTINCT FROM ROW(%s)",
 		t.Hist.Sanitize(), strings.Join(sets, ", "), unnest("x", 1, types, names), keyMatch(t, "h", "x"), cond, strings.Join(lhs, ", "), strings.Join(rhs, ", "))
-	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return fmt.Errorf("updating Type 1 columns of %s: %w", t.Hist.Sanitize(), err)
-	}
+	p.add("updating Type 1 columns of "+t.Hist.Sanitize(), q, args...)
 	return nil
+}
+
+// pipe holds statements that go to PostgreSQL together, in one round
+// trip, and run in their order; the first that fails names what it did.
+type pipe struct {
+	b    pgx.Batch
+	what []string
+}
+
+func (p *pipe) add(what, q string, args ...any) {
+	p.b.Queue(q, args...)
+	p.what = append(p.what, what)
+}
+
+func (p *pipe) run(ctx context.Context, tx pgx.Tx) error {
+	switch len(p.what) {
+	case 0:
+		return nil
+	case 1:
+		q := p.b.QueuedQueries[0]
+		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
+			return fmt.Errorf("%s: %w", p.what[0], err)
+		}
+		return nil
+	}
+	br := tx.SendBatch(ctx, &p.b)
+	for _, what := range p.what {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return br.Close()
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.
