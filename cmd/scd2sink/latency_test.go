@@ -73,9 +73,7 @@ func BenchmarkLatency(b *testing.B) {
 			if w.Tombstone {
 				v = nil
 			}
-			if track {
-				vis.sent(b, w, k, v, time.Now())
-			}
+			vis.sent(b, w, k, v, time.Now(), track)
 			cl.Produce(ctx, &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}, func(r *kgo.Record, err error) {
 				if err != nil {
 					b.Error(err)
@@ -115,6 +113,9 @@ func BenchmarkLatency(b *testing.B) {
 		}
 		finished.Store(true)
 		<-done
+		if n := vis.outstanding(); n > 0 {
+			b.Errorf("%d followed events never became visible", n)
+		}
 		b.StopTimer()
 		m := scrape(b, "http://"+httpAddr+"/metrics", "scd2sink_batch_apply_seconds_sum", "scd2sink_batch_apply_seconds_count")
 		_ = cmd.Process.Signal(syscall.SIGTERM)

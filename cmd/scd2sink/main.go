@@ -31,21 +31,26 @@ import (
 var version = "dev"
 
 func main() {
-	// The garbage collector's defaults: no collection by growth (GOGC=off)
-	// under a soft limit of 200 MiB (GOMEMLIMIT), which the default
-	// buffers fit (the reorder buffer's 16 MiB, the sink's 32 MiB cache,
-	// three batches in flight). The heap goes to the limit in the first
-	// minute and stays there: the resident set is flat from then on,
-	// however slowly the state cache fills (with GOGC=200 it grew with the
-	// cache, by three times what the cache held, for as long as new keys
-	// kept arriving: BenchmarkSoak), and the collector runs less often
-	// than at any GOGC. GOGC and GOMEMLIMIT in the environment override
-	// them; raise GOMEMLIMIT with wide rows or larger buffers.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(-1)
-	}
-	if os.Getenv("GOMEMLIMIT") == "" {
+	// The garbage collector's defaults: a soft limit of 200 MiB
+	// (GOMEMLIMIT), which the default buffers fit (the reorder buffer's 16
+	// MiB, the sink's 32 MiB cache, three batches in flight), and, under
+	// that limit of ours, no collection by growth (GOGC=off). The heap goes
+	// to the limit in the first minute and stays there: the resident set
+	// is flat from then on, however slowly the state cache fills (with
+	// GOGC=200 it grew with the cache, by three times what the cache held,
+	// for as long as new keys kept arriving: BenchmarkSoak), and the
+	// collector runs less often than at any GOGC. GOGC and GOMEMLIMIT in
+	// the environment override them; with GOMEMLIMIT set there (perhaps to
+	// "off", or to the container's whole limit) and GOGC not, GOGC is 200:
+	// growth, not only a limit someone else chose, starts the collections.
+	switch limit := os.Getenv("GOMEMLIMIT"); {
+	case limit == "":
 		debug.SetMemoryLimit(200 << 20)
+		if os.Getenv("GOGC") == "" {
+			debug.SetGCPercent(-1)
+		}
+	case os.Getenv("GOGC") == "":
+		debug.SetGCPercent(200)
 	}
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
 }

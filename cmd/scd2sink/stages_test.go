@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 )
@@ -106,9 +107,20 @@ func reportStages(b *testing.B, path string, events int64) {
 // scrape reads the named counters from a Prometheus text endpoint.
 func scrape(tb testing.TB, url string, names ...string) map[string]float64 {
 	tb.Helper()
-	resp, err := http.Get(url)
+	out, err := tryScrape(url, names...)
 	if err != nil {
-		tb.Fatalf("scraping %s: %v", url, err)
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// tryScrape reads samples (name with labels, as exposed) from /metrics at
+// url, within 5 s.
+func tryScrape(url string, names ...string) (map[string]float64, error) {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	want := map[string]bool{}
@@ -127,10 +139,10 @@ func scrape(tb testing.TB, url string, names ...string) map[string]float64 {
 	}
 	for _, n := range names {
 		if _, ok := out[n]; !ok {
-			tb.Fatalf("%s: no %s", url, n)
+			return nil, fmt.Errorf("%s: no %s", url, n)
 		}
 	}
-	return out
+	return out, nil
 }
 
 func TestStageOf(t *testing.T) {

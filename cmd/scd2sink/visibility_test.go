@@ -41,8 +41,10 @@ func newVisibility(tb testing.TB, cfgFile string) *visibility {
 	return &visibility{dec: debezium.New(app.Rules(cfg), nil, nil), last: map[string]map[int64]scdtest.Row{}, wait: map[string][]pending{}}
 }
 
-// sent notes an event produced at at, if it opens a version.
-func (v *visibility) sent(tb testing.TB, w scdtest.BenchRecord, key, value []byte, at time.Time) {
+// sent notes an event produced at at and follows it (follow) if it
+// opens a version; every event's image is kept, to tell which later
+// updates change a tracked column.
+func (v *visibility) sent(tb testing.TB, w scdtest.BenchRecord, key, value []byte, at time.Time, follow bool) {
 	tb.Helper()
 	if w.Tombstone {
 		return
@@ -68,7 +70,7 @@ func (v *visibility) sent(tb testing.TB, w scdtest.BenchRecord, key, value []byt
 	if w.Change.After != nil {
 		v.last[tbl][rowID(w.Change.After)] = w.Change.After
 	}
-	if !opens {
+	if !opens || !follow {
 		return
 	}
 	ev, err := v.dec.Decode(context.Background(), change.Origin{Partition: change.Partition{Topic: w.Src.Topic()}}, key, value)

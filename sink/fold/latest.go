@@ -16,7 +16,7 @@ type Latest struct {
 	// table with the version (nil: the key has no side rows), also for a
 	// key without versions: it need not be asked again.
 	SideRead bool
-	sideT       time.Time // where SetSideMaxT points SideMaxT
+	sideT    time.Time // where SetSideMaxT points SideMaxT
 	// PrevAbsent names the columns the key's last after image lacked
 	// (dropped at the source, or not added yet): NULL in that image,
 	// while V's row may still hold what the version kept from before.

@@ -315,6 +315,17 @@ func (p *pipe) run(ctx context.Context, tx pgx.Tx) error {
 	for _, what := range p.what {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
+			// A statement pgx could not prepare or encode fails every
+			// statement of the batch: name the one it was.
+			var pe pgx.ErrPreprocessingBatch
+			if errors.As(err, &pe) {
+				for i, q := range p.b.QueuedQueries {
+					if q.SQL == pe.SQL() {
+						what = p.what[i]
+						break
+					}
+				}
+			}
 			return fmt.Errorf("%s: %w", what, err)
 		}
 	}
