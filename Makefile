@@ -66,4 +66,4 @@ e2e:
 # The peer benchmark on the real stack: Debezium's JDBC sink against scd2sink
 # over the same backlog of 200,000 events (docs/benchmarks.md).
 e2e-bench:
-	cd e2e && E2E_BENCH=1 $(GO) test -tags e2e -count=1 -v -timeout 40m -run TestPeerBenchmark .
+	cd e2e && E2E_BENCH=1 $(GO) test -tags e2e -count=1 -v -timeout 40m -run 'TestPeerBenchmark|TestMixedBenchmark' .

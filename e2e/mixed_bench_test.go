@@ -1,0 +1,273 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// mixedTables is the published mixed workload's table count.
+const mixedTables = 10
+
+// TestMixedBenchmark (E2E_BENCH=1, make e2e-bench): the mixed workload
+// others publish (Wirekite: 2 M inserts, 6 M updates and 2 M deletes over
+// 10 tables, single-row source transactions), scaled down by
+// E2E_MIX_SCALE (100 by default: 20,000 inserts, 60,000 updates, 20,000
+// deletes), through the real PostgreSQL connector into 10 topics; then
+// Debezium's JDBC sink and scd2sink over the same topics, in three
+// alternating pairs, as TestPeerBenchmark. It reports each side's
+// events/s, CPU and peak memory.
+func TestMixedBenchmark(t *testing.T) {
+	if os.Getenv("E2E_BENCH") == "" {
+		t.Skip("the mixed benchmark runs with E2E_BENCH=1 (make e2e-bench)")
+	}
+	skipOnCompose(t)
+	ctx := context.Background()
+	scale := 100
+	if v := os.Getenv("E2E_MIX_SCALE"); v != "" {
+		fmt.Sscan(v, &scale)
+	}
+	perTable := 2_000_000 / scale / mixedTables // inserts per table
+	var capture []string
+	for i := range mixedTables {
+		capture = append(capture, fmt.Sprintf("public.mix_%d", i))
+	}
+	st := newStackWith(t, ctx, stackOpts{capture: strings.Join(capture, ","), before: func(st *stack) {
+		for i := range mixedTables {
+			if _, err := st.src.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE mix_%d (id int PRIMARY KEY, name text, status text,
+				amount numeric(12,2), updated_at timestamptz, note text)`, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}})
+	// Single-row transactions: a procedure commits after each statement.
+	// Inserts first (each table's ids 1..perTable), then rounds over the
+	// tables of three updates of a random live row and a delete, the
+	// deletes in id order: every row is deleted in the end.
+	if _, err := st.src.pool.Exec(ctx, `CREATE PROCEDURE mix_load(per int, tables int) LANGUAGE plpgsql AS $$
+		DECLARE k int; gone int[] := array_fill(0, ARRAY[tables]);
+		BEGIN
+			FOR i IN 1..per LOOP
+				FOR t IN 0..tables-1 LOOP
+					EXECUTE format('INSERT INTO mix_%s VALUES ($1, $2, ''new'', $1 * 1.5, now(), repeat(''x'', 200))', t)
+						USING i, 'row ' || i;
+					COMMIT;
+				END LOOP;
+			END LOOP;
+			FOR r IN 0..per*4-1 LOOP
+				FOR t IN 0..tables-1 LOOP
+					IF r % 4 = 3 THEN
+						gone[t+1] := gone[t+1] + 1;
+						EXECUTE format('DELETE FROM mix_%s WHERE id = $1', t) USING gone[t+1];
+					ELSE
+						k := gone[t+1] + 1 + floor(random() * (per - gone[t+1]))::int;
+						EXECUTE format('UPDATE mix_%s SET status = (ARRAY[''open'',''held'',''paid''])[1 + $2 %% 3], amount = amount + 1, updated_at = now() WHERE id = $1', t)
+							USING least(k, per), r;
+					END IF;
+					COMMIT;
+				END LOOP;
+			END LOOP;
+		END $$`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := st.src.pool.Exec(ctx, fmt.Sprintf(`CALL mix_load(%d, %d)`, perTable, mixedTables), pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	ops := perTable * mixedTables * 5 // inserts + 3 updates and a delete per insert
+	t.Logf("source: %d single-row transactions (%d inserts, %d updates, %d deletes) in %v", ops, ops/5, ops*3/5, ops/5, time.Since(start).Round(time.Second))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(st.kafka.addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	isMix := func(topic string) bool { return strings.HasPrefix(topic, "shop.public.mix_") }
+	endOffset := func() int64 {
+		ends, err := adm.ListEndOffsets(ctx, mixTopics()...)
+		if err != nil {
+			return 0
+		}
+		var n int64
+		ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+		return n
+	}
+	want := int64(ops + ops/5) // every delete is followed by its tombstone
+	if err := waitFor(ctx, 15*time.Minute, func() (bool, error) { return endOffset() >= want, nil }); err != nil {
+		t.Fatalf("Debezium published %d of %d records: %v", endOffset(), want, err)
+	}
+	end := endOffset()
+	t.Logf("backlog: %d records in %d topics (%d changes), %v after the load began", end, mixedTables, ops, time.Since(start).Round(time.Second))
+	committed := func(group string) int64 {
+		offs, err := adm.FetchOffsets(ctx, group)
+		if err != nil {
+			return 0
+		}
+		var n int64
+		offs.Each(func(o kadm.OffsetResponse) {
+			if isMix(o.Topic) {
+				n += o.At
+			}
+		})
+		return n
+	}
+	var ratios []float64
+	for pair := 1; pair <= 3; pair++ {
+		peer, peerCPU, peerRSS := runMixJDBC(t, ctx, st, pair, end, committed)
+		ours, ourCPU, ourRSS := runMixOurs(t, ctx, st, adm, pair, end, perTable)
+		peerRate, ourRate := float64(ops)/peer.Seconds(), float64(ops)/ours.Seconds()
+		ratios = append(ratios, ourRate/peerRate)
+		t.Logf("pair %d: Debezium JDBC sink 3.6.0 (upsert, latest row): %d changes in %v = %.0f changes/s, %.1f s of Connect's CPU, Connect's RSS %.0f MiB",
+			pair, ops, peer.Round(time.Millisecond), peerRate, peerCPU, peerRSS)
+		t.Logf("pair %d: scd2sink (SCD2 history): %d changes in %v = %.0f changes/s, %.1f s of CPU, peak RSS %.0f MiB", pair, ops, ours.Round(time.Millisecond), ourRate, ourCPU, ourRSS)
+		t.Logf("pair %d: ratio scd2sink / JDBC sink: %.2f", pair, ourRate/peerRate)
+	}
+	t.Logf("mixed workload, ratios scd2sink / JDBC sink: %.2f, %.2f, %.2f", ratios[0], ratios[1], ratios[2])
+}
+
+func mixTopics() []string {
+	var out []string
+	for i := range mixedTables {
+		out = append(out, fmt.Sprintf("shop.public.mix_%d", i))
+	}
+	return out
+}
+
+// runMixJDBC runs Debezium's JDBC sink over the mixed topics into a
+// database of its own (jdbc_<pair>) until it has committed end, and
+// removes it: the time, Connect's CPU meanwhile and its resident set.
+func runMixJDBC(t *testing.T, ctx context.Context, st *stack, pair int, end int64, committed func(string) int64) (time.Duration, float64, float64) {
+	t.Helper()
+	db := fmt.Sprintf("jdbc_%d", pair)
+	if _, err := st.tpool.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("jdbc-mix-%d", pair)
+	cfg := fmt.Sprintf(`{"connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector", "tasks.max": "1",
+		"topics.regex": "shop\\.public\\.mix_.*", "connection.url": "jdbc:postgresql://127.0.0.1:%s/%s", "connection.username": "postgres",
+		"connection.password": "unused", "insert.mode": "upsert", "primary.key.mode": "record_key", "delete.enabled": "true",
+		"schema.evolution": "basic", "batch.size": "2000", "consumer.override.max.poll.records": "2000"}`, portOf(st.targetDSN), db)
+	u := fmt.Sprintf("http://127.0.0.1:%d/connectors/%s", st.conn.rest, name)
+	req, _ := http.NewRequest(http.MethodPut, u+"/config", bytes.NewBufferString(cfg))
+	req.Header.Set("Content-Type", "application/json")
+	pid := st.conn.proc.cmd.Process.Pid
+	cpu0 := procCPU(pid)
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		t.Fatalf("registering the JDBC sink: %s\n%s", resp.Status, st.conn.proc.tail(30))
+	}
+	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) { return committed("connect-"+name) >= end, nil }); err != nil {
+		t.Fatalf("the JDBC sink committed %d of %d: %v\n%s", committed("connect-"+name), end, err, st.conn.proc.tail(30))
+	}
+	took, cpu, rss := time.Since(start), procCPU(pid)-cpu0, procRSS(pid)
+	del, _ := http.NewRequest(http.MethodDelete, u, nil)
+	if resp, err := http.DefaultClient.Do(del); err == nil {
+		resp.Body.Close()
+	}
+	return took, cpu, rss
+}
+
+// runMixOurs runs scd2sink over the mixed topics into a database of its
+// own (mixhist_<pair>) until scd2sink_offsets reaches end, checks that
+// every table holds each key's versions and no current row, and forgets
+// its group: the time, its CPU and its peak resident set.
+func runMixOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, pair int, end int64, perTable int) (time.Duration, float64, float64) {
+	t.Helper()
+	db := fmt.Sprintf("mixhist_%d", pair)
+	if _, err := st.tpool.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(st.targetDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + db
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tables := "tables:\n  - topic_pattern: 'shop\\.public\\.mix_.*'\n    target: '{table}_history'\n    keys: [id]\n    track_history: [status, amount]\n"
+	var env []string
+	if dir := os.Getenv("E2E_BENCH_PROFILE"); dir != "" {
+		env = append(env, "SCD2SINK_CPUPROFILE="+filepath.Join(dir, fmt.Sprintf("scd2sink-mix-%d.prof", pair)))
+	}
+	start := time.Now()
+	p := runSinkTables(t, st.dir, fmt.Sprintf("scd2sink-mix-%d", pair), st.kafka.addr(), u.String(), tables, env...)
+	hwm := make(chan float64, 1)
+	go func() { // the peak resident set, read while it runs
+		var peak float64
+		for !p.exited() {
+			peak = max(peak, procHWM(p.cmd.Process.Pid))
+			time.Sleep(200 * time.Millisecond)
+		}
+		hwm <- peak
+	}()
+	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) {
+		var n int64
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE topic LIKE 'shop.public.mix_%'`).Scan(&n)
+		return n >= end, err
+	}); err != nil {
+		t.Fatalf("scd2sink did not catch up: %v\n%s", err, p.tail(20))
+	}
+	took := time.Since(start)
+	p.stop(30 * time.Second)
+	var cpu float64
+	if ps := p.cmd.ProcessState; ps != nil {
+		cpu = (ps.UserTime() + ps.SystemTime()).Seconds()
+	}
+	rss := <-hwm
+	if _, err := adm.DeleteGroup(ctx, "scd2sink"); err != nil {
+		t.Logf("forgetting scd2sink's consumer group: %v", err)
+	}
+	for i := range mixedTables {
+		var keys, current int64
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(DISTINCT id), count(*) FILTER (WHERE is_current) FROM mix_%d_history`, i)).Scan(&keys, &current); err != nil {
+			t.Fatal(err)
+		}
+		if keys != int64(perTable) || current != 0 {
+			t.Errorf("mix_%d_history: %d keys (want %d), %d current (every row was deleted: want 0)", i, keys, perTable, current)
+		}
+	}
+	return took, cpu, rss
+}
+
+// procRSS is a process's resident set now, and procHWM its peak, in MiB
+// (0 if unknown).
+func procRSS(pid int) float64 { return procStatus(pid, "VmRSS:") }
+
+func procHWM(pid int) float64 { return procStatus(pid, "VmHWM:") }
+
+func procStatus(pid int, field string) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
+			var kb float64
+			fmt.Sscan(f[1], &kb)
+			return kb / 1024
+		}
+	}
+	return 0
+}
