@@ -90,12 +90,12 @@ func TestPeerBenchmark(t *testing.T) {
 	// drifts by a third within an hour, a pair's two runs minutes apart.
 	var ratios []float64
 	for pair := 1; pair <= 3; pair++ {
-		peer, peerCPU := runJDBCSink(t, ctx, st, topic, pair, end, committed)
-		ours, ourCPU, versions := runOurs(t, ctx, st, adm, topic, pair, end)
+		peer, peerCPU, peerRSS := runJDBCSink(t, ctx, st, topic, pair, end, committed)
+		ours, ourCPU, ourRSS, versions := runOurs(t, ctx, st, adm, topic, pair, end)
 		peerRate, ourRate := float64(end)/peer.Seconds(), float64(end)/ours.Seconds()
 		ratios = append(ratios, ourRate/peerRate)
-		t.Logf("pair %d: Debezium JDBC sink 3.6.0 (upsert, latest row): %d events in %v = %.0f events/s, %.1f s of Connect's CPU", pair, end, peer.Round(time.Millisecond), peerRate, peerCPU)
-		t.Logf("pair %d: scd2sink (SCD2 history, %d versions): %d events in %v = %.0f events/s, %.1f s of CPU", pair, versions, end, ours.Round(time.Millisecond), ourRate, ourCPU)
+		t.Logf("pair %d: Debezium JDBC sink 3.6.0 (upsert, latest row): %d events in %v = %.0f events/s, %.1f s of Connect's CPU, Connect's RSS %.0f MiB", pair, end, peer.Round(time.Millisecond), peerRate, peerCPU, peerRSS)
+		t.Logf("pair %d: scd2sink (SCD2 history, %d versions): %d events in %v = %.0f events/s, %.1f s of CPU, peak RSS %.0f MiB", pair, versions, end, ours.Round(time.Millisecond), ourRate, ourCPU, ourRSS)
 		t.Logf("pair %d: ratio scd2sink / JDBC sink: %.2f", pair, ourRate/peerRate)
 	}
 	mean := 0.0
@@ -107,9 +107,9 @@ func TestPeerBenchmark(t *testing.T) {
 
 // runJDBCSink registers Debezium's JDBC sink as connector jdbc-sink-<pair>
 // (its own consumer group and table), waits until it has committed end,
-// and removes it. It returns the time from registering and the Connect
-// worker's CPU meanwhile.
-func runJDBCSink(t *testing.T, ctx context.Context, st *stack, topic string, pair int, end int64, committed func(string) int64) (time.Duration, float64) {
+// and removes it. It returns the time from registering, the Connect
+// worker's CPU meanwhile and its resident set at the end.
+func runJDBCSink(t *testing.T, ctx context.Context, st *stack, topic string, pair int, end int64, committed func(string) int64) (time.Duration, float64, float64) {
 	t.Helper()
 	name := fmt.Sprintf("jdbc-sink-%d", pair)
 	jdbc := fmt.Sprintf(`{"connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector", "tasks.max": "1",
@@ -117,10 +117,42 @@ func runJDBCSink(t *testing.T, ctx context.Context, st *stack, topic string, pai
 		"connection.password": "unused", "insert.mode": "upsert", "primary.key.mode": "record_key", "delete.enabled": "true",
 		"schema.evolution": "basic", "batch.size": "2000", "consumer.override.max.poll.records": "2000",
 		"collection.name.format": "jdbc_customers_%d"}`, topic, portOf(st.targetDSN), pair)
-	url := fmt.Sprintf("http://127.0.0.1:%d/connectors/%s", st.conn.rest, name)
-	req, _ := http.NewRequest(http.MethodPut, url+"/config", bytes.NewBufferString(jdbc))
+	took, cpu, rss := timeConnector(t, ctx, st, name, jdbc, func() bool { return committed("connect-"+name) >= end })
+	var latest int64
+	_ = st.tpool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM jdbc_customers_%d`, pair)).Scan(&latest)
+	if latest != 50000 {
+		t.Errorf("the JDBC sink wrote %d latest rows, want 50000", latest)
+	}
+	return took, cpu, rss
+}
+
+// runOurs runs scd2sink over the topic into a database of its own
+// (warehouse_<pair>, created empty) until scd2sink_offsets reaches end,
+// then stops it and forgets its consumer group. It returns the time from
+// starting the binary, its CPU, its peak resident set and the versions it
+// wrote.
+func runOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, topic string, pair int, end int64) (time.Duration, float64, float64, int64) {
+	t.Helper()
+	dsn, pool := benchDatabase(t, ctx, st, fmt.Sprintf("warehouse_%d", pair))
+	took, cpu, rss := timeSink(t, ctx, st, adm, fmt.Sprintf("scd2sink-%d", pair), dsn, "", pool, topic, end)
+	var versions int64
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&versions)
+	if versions < 50000 {
+		t.Errorf("scd2sink wrote %d versions, want at least 50000", versions)
+	}
+	return took, cpu, rss, versions
+}
+
+// timeConnector registers a sink connector in the stack's Connect worker,
+// waits until done, and removes it: the time from registering, the
+// worker's CPU meanwhile and its resident set at the end (MiB).
+func timeConnector(t *testing.T, ctx context.Context, st *stack, name, cfg string, done func() bool) (time.Duration, float64, float64) {
+	t.Helper()
+	u := fmt.Sprintf("http://127.0.0.1:%d/connectors/%s", st.conn.rest, name)
+	req, _ := http.NewRequest(http.MethodPut, u+"/config", bytes.NewBufferString(cfg))
 	req.Header.Set("Content-Type", "application/json")
-	cpu0 := procCPU(st.conn.proc.cmd.Process.Pid)
+	pid := st.conn.proc.cmd.Process.Pid
+	cpu0 := procCPU(pid)
 	start := time.Now()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -128,31 +160,23 @@ func runJDBCSink(t *testing.T, ctx context.Context, st *stack, topic string, pai
 	}
 	resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		t.Fatalf("registering the JDBC sink: %s\n%s", resp.Status, st.conn.proc.tail(30))
+		t.Fatalf("registering %s: %s\n%s", name, resp.Status, st.conn.proc.tail(30))
 	}
-	if err := waitFor(ctx, 15*time.Minute, func() (bool, error) { return committed("connect-"+name) >= end, nil }); err != nil {
-		t.Fatalf("the JDBC sink committed %d of %d: %v\n%s", committed("connect-"+name), end, err, st.conn.proc.tail(30))
+	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) { return done(), nil }); err != nil {
+		t.Fatalf("%s did not finish: %v\n%s", name, err, st.conn.proc.tail(30))
 	}
-	took, cpu := time.Since(start), procCPU(st.conn.proc.cmd.Process.Pid)-cpu0
-	del, _ := http.NewRequest(http.MethodDelete, url, nil)
+	took, cpu, rss := time.Since(start), procCPU(pid)-cpu0, procRSS(pid)
+	del, _ := http.NewRequest(http.MethodDelete, u, nil)
 	if resp, err := http.DefaultClient.Do(del); err == nil {
 		resp.Body.Close()
 	}
-	var latest int64
-	_ = st.tpool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM jdbc_customers_%d`, pair)).Scan(&latest)
-	if latest != 50000 {
-		t.Errorf("the JDBC sink wrote %d latest rows, want 50000", latest)
-	}
-	return took, cpu
+	return took, cpu, rss
 }
 
-// runOurs runs scd2sink over the topic into a database of its own
-// (warehouse_<pair>, created empty) until scd2sink_offsets reaches end,
-// then stops it and forgets its consumer group. It returns the time from
-// starting the binary, its CPU and the versions it wrote.
-func runOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, topic string, pair int, end int64) (time.Duration, float64, int64) {
+// benchDatabase creates an empty database in the stack's target and
+// returns its DSN and a pool on it (closed with the test).
+func benchDatabase(t *testing.T, ctx context.Context, st *stack, db string) (string, *pgxpool.Pool) {
 	t.Helper()
-	db := fmt.Sprintf("warehouse_%d", pair)
 	if _, err := st.tpool.Exec(ctx, "CREATE DATABASE "+db); err != nil {
 		t.Fatal(err)
 	}
@@ -165,16 +189,40 @@ func runOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, top
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return u.String(), pool
+}
+
+// timeSink runs scd2sink (the deployed tables, or tables when not empty)
+// into dsn until scd2sink_offsets of the topics named like topic (a LIKE
+// pattern) reaches end, stops it and forgets its consumer group: the time
+// from starting the binary, its CPU and its peak resident set (MiB).
+// E2E_BENCH_PROFILE=DIR keeps its CPU profile there.
+func timeSink(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, name, dsn, tables string, pool *pgxpool.Pool, topic string, end int64) (time.Duration, float64, float64) {
+	t.Helper()
 	var env []string
 	if dir := os.Getenv("E2E_BENCH_PROFILE"); dir != "" { // where the binary's CPU goes
-		env = append(env, "SCD2SINK_CPUPROFILE="+filepath.Join(dir, fmt.Sprintf("scd2sink-%d.prof", pair)))
+		env = append(env, "SCD2SINK_CPUPROFILE="+filepath.Join(dir, name+".prof"))
 	}
 	start := time.Now()
-	p := runSink(t, st.dir, fmt.Sprintf("scd2sink-%d", pair), st.kafka.addr(), u.String(), env...)
-	if err := waitFor(ctx, 15*time.Minute, func() (bool, error) {
+	var p *proc
+	if tables == "" {
+		p = runSink(t, st.dir, name, st.kafka.addr(), dsn, env...)
+	} else {
+		p = runSinkTables(t, st.dir, name, st.kafka.addr(), dsn, tables, env...)
+	}
+	hwm := make(chan float64, 1)
+	go func() { // the peak resident set, read while it runs
+		var peak float64
+		for !p.exited() {
+			peak = max(peak, procHWM(p.cmd.Process.Pid))
+			time.Sleep(200 * time.Millisecond)
+		}
+		hwm <- peak
+	}()
+	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) {
 		var n int64
-		err := pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE topic = $1`, topic).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE topic LIKE $1`, topic).Scan(&n)
 		return n >= end, err
 	}); err != nil {
 		t.Fatalf("scd2sink did not catch up: %v\n%s", err, p.tail(20))
@@ -182,18 +230,13 @@ func runOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, top
 	took := time.Since(start)
 	p.stop(30 * time.Second)
 	var cpu float64
-	if st := p.cmd.ProcessState; st != nil {
-		cpu = (st.UserTime() + st.SystemTime()).Seconds()
+	if ps := p.cmd.ProcessState; ps != nil {
+		cpu = (ps.UserTime() + ps.SystemTime()).Seconds()
 	}
 	if _, err := adm.DeleteGroup(ctx, "scd2sink"); err != nil {
 		t.Logf("forgetting scd2sink's consumer group: %v", err)
 	}
-	var versions int64
-	_ = pool.QueryRow(ctx, `SELECT count(*) FROM customers_history`).Scan(&versions)
-	if versions < 50000 {
-		t.Errorf("scd2sink wrote %d versions, want at least 50000", versions)
-	}
-	return took, cpu, versions
+	return took, cpu, <-hwm
 }
 
 // procCPU is a process's CPU so far, in seconds (user and system, from

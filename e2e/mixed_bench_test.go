@@ -3,19 +3,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -161,29 +156,7 @@ func runMixJDBC(t *testing.T, ctx context.Context, st *stack, pair int, end int6
 		"topics.regex": "shop\\.public\\.mix_.*", "connection.url": "jdbc:postgresql://127.0.0.1:%s/%s", "connection.username": "postgres",
 		"connection.password": "unused", "insert.mode": "upsert", "primary.key.mode": "record_key", "delete.enabled": "true",
 		"schema.evolution": "basic", "batch.size": "2000", "consumer.override.max.poll.records": "2000"}`, portOf(st.targetDSN), db)
-	u := fmt.Sprintf("http://127.0.0.1:%d/connectors/%s", st.conn.rest, name)
-	req, _ := http.NewRequest(http.MethodPut, u+"/config", bytes.NewBufferString(cfg))
-	req.Header.Set("Content-Type", "application/json")
-	pid := st.conn.proc.cmd.Process.Pid
-	cpu0 := procCPU(pid)
-	start := time.Now()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		t.Fatalf("registering the JDBC sink: %s\n%s", resp.Status, st.conn.proc.tail(30))
-	}
-	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) { return committed("connect-"+name) >= end, nil }); err != nil {
-		t.Fatalf("the JDBC sink committed %d of %d: %v\n%s", committed("connect-"+name), end, err, st.conn.proc.tail(30))
-	}
-	took, cpu, rss := time.Since(start), procCPU(pid)-cpu0, procRSS(pid)
-	del, _ := http.NewRequest(http.MethodDelete, u, nil)
-	if resp, err := http.DefaultClient.Do(del); err == nil {
-		resp.Body.Close()
-	}
-	return took, cpu, rss
+	return timeConnector(t, ctx, st, name, cfg, func() bool { return committed("connect-"+name) >= end })
 }
 
 // runMixOurs runs scd2sink over the mixed topics into a database of its
@@ -192,53 +165,9 @@ func runMixJDBC(t *testing.T, ctx context.Context, st *stack, pair int, end int6
 // its group: the time, its CPU and its peak resident set.
 func runMixOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, pair int, end int64, perTable int) (time.Duration, float64, float64) {
 	t.Helper()
-	db := fmt.Sprintf("mixhist_%d", pair)
-	if _, err := st.tpool.Exec(ctx, "CREATE DATABASE "+db); err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(st.targetDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + db
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	dsn, pool := benchDatabase(t, ctx, st, fmt.Sprintf("mixhist_%d", pair))
 	tables := "tables:\n  - topic_pattern: 'shop\\.public\\.mix_.*'\n    target: '{table}_history'\n    keys: [id]\n    track_history: [status, amount]\n"
-	var env []string
-	if dir := os.Getenv("E2E_BENCH_PROFILE"); dir != "" {
-		env = append(env, "SCD2SINK_CPUPROFILE="+filepath.Join(dir, fmt.Sprintf("scd2sink-mix-%d.prof", pair)))
-	}
-	start := time.Now()
-	p := runSinkTables(t, st.dir, fmt.Sprintf("scd2sink-mix-%d", pair), st.kafka.addr(), u.String(), tables, env...)
-	hwm := make(chan float64, 1)
-	go func() { // the peak resident set, read while it runs
-		var peak float64
-		for !p.exited() {
-			peak = max(peak, procHWM(p.cmd.Process.Pid))
-			time.Sleep(200 * time.Millisecond)
-		}
-		hwm <- peak
-	}()
-	if err := waitFor(ctx, 20*time.Minute, func() (bool, error) {
-		var n int64
-		err := pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM scd2sink_offsets WHERE topic LIKE 'shop.public.mix_%'`).Scan(&n)
-		return n >= end, err
-	}); err != nil {
-		t.Fatalf("scd2sink did not catch up: %v\n%s", err, p.tail(20))
-	}
-	took := time.Since(start)
-	p.stop(30 * time.Second)
-	var cpu float64
-	if ps := p.cmd.ProcessState; ps != nil {
-		cpu = (ps.UserTime() + ps.SystemTime()).Seconds()
-	}
-	rss := <-hwm
-	if _, err := adm.DeleteGroup(ctx, "scd2sink"); err != nil {
-		t.Logf("forgetting scd2sink's consumer group: %v", err)
-	}
+	took, cpu, rss := timeSink(t, ctx, st, adm, fmt.Sprintf("scd2sink-mix-%d", pair), dsn, tables, pool, "shop.public.mix_%", end)
 	for i := range mixedTables {
 		var keys, current int64
 		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(DISTINCT id), count(*) FILTER (WHERE is_current) FROM mix_%d_history`, i)).Scan(&keys, &current); err != nil {
