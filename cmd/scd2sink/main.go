@@ -43,16 +43,33 @@ func main() {
 	// the environment override them; with GOMEMLIMIT set there (perhaps to
 	// "off", or to the container's whole limit) and GOGC not, GOGC is 200:
 	// growth, not only a limit someone else chose, starts the collections.
-	switch limit := os.Getenv("GOMEMLIMIT"); {
-	case limit == "":
-		debug.SetMemoryLimit(200 << 20)
-		if os.Getenv("GOGC") == "" {
-			debug.SetGCPercent(-1)
-		}
-	case os.Getenv("GOGC") == "":
-		debug.SetGCPercent(200)
+	gc := gcDefaults(os.Getenv)
+	if gc.limit > 0 {
+		debug.SetMemoryLimit(gc.limit)
+	}
+	if gc.setPercent {
+		debug.SetGCPercent(gc.percent)
 	}
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// gcSettings are the collector's settings main applies: a memory limit
+// (0: the environment's) and a GOGC percentage when setPercent.
+type gcSettings struct {
+	limit      int64
+	percent    int
+	setPercent bool
+}
+
+// gcDefaults chooses them from the environment (see main).
+func gcDefaults(getenv func(string) string) gcSettings {
+	switch {
+	case getenv("GOMEMLIMIT") == "":
+		return gcSettings{limit: 200 << 20, percent: -1, setPercent: getenv("GOGC") == ""}
+	case getenv("GOGC") == "":
+		return gcSettings{percent: 200, setPercent: true}
+	}
+	return gcSettings{}
 }
 
 func realMain(args []string, stdout, stderr io.Writer) int {
