@@ -7,11 +7,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/scd2sink/scd2sink/sink/catalog"
 	"github.com/scd2sink/scd2sink/sink/erasure"
 	"github.com/scd2sink/scd2sink/sink/plan"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -200,21 +202,79 @@ func (r *registry) ensure(ctx context.Context, evs []*change.Event, afters []map
 		}
 		r.tables[target] = t
 	}
-	for _, target := range order {
-		cols := extra[target].cols
+	made, err := r.eachTable(ctx, order, func(ctx context.Context, target string) (*plan.Table, error) {
 		spec, _ := r.spec(target)
-		var t *plan.Table
-		err := once(ctx, r.pool, func(ctx context.Context) (err error) {
-			r.unlocked(func() { t, err = ensureTable(ctx, r.pool, spec, cols) })
-			return targetErr(target, err)
-		})
-		if err != nil {
-			return targetErr(target, err)
+		return ensureTable(ctx, r.pool, spec, extra[target].cols)
+	})
+	for i, t := range made {
+		if t != nil {
+			r.warnPlain(t)
+			r.tables[order[i]] = t
 		}
-		r.warnPlain(t)
-		r.tables[target] = t
 	}
-	return nil
+	return err
+}
+
+// ddlWorkers is how many tables' DDL run side by side when a batch meets
+// many tables for the first time (eachTable): creating one, or reading
+// an existing one's catalog, is a few milliseconds of PostgreSQL's
+// catalog work in a dozen round trips, and 200 tables one after the
+// other took seconds before their first rows.
+const ddlWorkers = 4
+
+// eachTable runs fn for each of targets without r.mu (unlocked), up to
+// ddlWorkers at once and never more than the pool's connections, and
+// returns their tables in targets' order (nil where fn returned none or
+// failed). The first target of each schema runs before the others, alone:
+// a schema not created yet is created once (CREATE SCHEMA IF NOT EXISTS
+// run side by side collide on the catalog's unique index). After a
+// failure no further target starts (each could wait lock_timeout); the
+// error is that of the first target, in targets' order, that failed, as
+// a TargetError. The caller stores the tables, holding r.mu.
+func (r *registry) eachTable(ctx context.Context, targets []string, fn func(ctx context.Context, target string) (*plan.Table, error)) ([]*plan.Table, error) {
+	out := make([]*plan.Table, len(targets))
+	errs := make([]error, len(targets))
+	var failed atomic.Bool
+	one := func(i int) {
+		if failed.Load() {
+			return
+		}
+		errs[i] = once(ctx, r.pool, func(ctx context.Context) (err error) {
+			out[i], err = fn(ctx, targets[i])
+			return targetErr(targets[i], err)
+		})
+		if errs[i] != nil {
+			failed.Store(true)
+		}
+	}
+	workers := ddlWorkers
+	if r.pool != nil {
+		workers = min(workers, max(1, int(r.pool.Config().MaxConns)))
+	}
+	r.unlocked(func() {
+		schemas := map[string]bool{}
+		var rest []int
+		for i, target := range targets {
+			if spec, _ := r.spec(target); !schemas[spec.Schema] {
+				schemas[spec.Schema] = true
+				one(i)
+				continue
+			}
+			rest = append(rest, i)
+		}
+		var g errgroup.Group
+		g.SetLimit(workers)
+		for _, i := range rest {
+			g.Go(func() error { one(i); return nil })
+		}
+		_ = g.Wait()
+	})
+	for _, err := range errs {
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
 }
 
 // targetErr makes err, of one target's DDL, a TargetError (nil stays
@@ -247,6 +307,7 @@ func (r *registry) unlocked(fn func()) {
 // widened while the service was stopped is widened, not dead-lettered.
 func (r *registry) loadExisting(ctx context.Context, evs []*change.Event) error {
 	seen := map[string]bool{}
+	var load []string
 	for _, ev := range evs {
 		if r.tables[ev.Table] != nil || seen[ev.Table] {
 			continue
@@ -257,31 +318,27 @@ func (r *registry) loadExisting(ctx context.Context, evs []*change.Event) error 
 			spec.Keys = ev.KeyNames // keys from the Kafka key, as ensure takes them
 			r.setSpec(spec)
 		}
-		if !ok || len(spec.Keys) == 0 {
-			continue
-		}
-		var t *plan.Table
-		err := once(ctx, r.pool, func(ctx context.Context) (err error) {
-			r.unlocked(func() {
-				var exists bool
-				if err = r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
-					err = fmt.Errorf("looking for table %s: %w", spec.Target, err)
-					return
-				}
-				if exists {
-					t, err = ensureTable(ctx, r.pool, spec, nil)
-				}
-			})
-			return targetErr(ev.Table, err)
-		})
-		if err != nil {
-			return targetErr(ev.Table, err)
-		}
-		if t != nil && r.tables[ev.Table] == nil {
-			r.tables[ev.Table] = t
+		if ok && len(spec.Keys) > 0 {
+			load = append(load, ev.Table)
 		}
 	}
-	return nil
+	found, err := r.eachTable(ctx, load, func(ctx context.Context, target string) (*plan.Table, error) {
+		spec, _ := r.spec(target)
+		var exists bool
+		if err := r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{spec.Schema, spec.Target}.Sanitize()).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("looking for table %s: %w", spec.Target, err)
+		}
+		if !exists {
+			return nil, nil
+		}
+		return ensureTable(ctx, r.pool, spec, nil)
+	})
+	for i, t := range found {
+		if t != nil && r.tables[load[i]] == nil {
+			r.tables[load[i]] = t
+		}
+	}
+	return err
 }
 
 func contains(list []string, s string) bool {

@@ -290,8 +290,21 @@ func poolConfig(cfg *config.Config) (*pgxpool.Config, error) {
 	if _, ok := pc.ConnConfig.RuntimeParams["jit"]; !ok {
 		pc.ConnConfig.RuntimeParams["jit"] = "off"
 	}
+	// Each history table has its own handful of prepared statements (the
+	// read-ahead, the closing update, the COPYs' describes): past pgx's
+	// 512 a connection re-prepares, and PostgreSQL plans afresh, every
+	// statement of every batch once tables number a hundred or more.
+	// Unless the DSN says otherwise (statement_cache_capacity).
+	if !strings.Contains(cfg.Postgres.DSN, "statement_cache_capacity") {
+		pc.ConnConfig.StatementCacheCapacity = statementCache
+	}
 	return pc, nil
 }
+
+// statementCache is how many prepared statements each of the service's
+// connections keeps (docs/operations.md): about ten per history table
+// for 200 tables.
+const statementCache = 2048
 
 // Run runs the pipeline until ctx ends, then drains within the configured
 // shutdown timeout. It returns nil after a clean shutdown.
