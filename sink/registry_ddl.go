@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -230,8 +231,14 @@ const ddlWorkers = 4
 // run side by side collide on the catalog's unique index). After a
 // failure no further target starts (each could wait lock_timeout); the
 // error is that of the first target, in targets' order, that failed, as
-// a TargetError. The caller stores the tables, holding r.mu.
+// a TargetError (a panic, recovered and logged, as a plain error, as
+// Prepare's own would stop the batch). fn must hold at most one
+// connection at a time (catalog.Ensure does): the workers may take every
+// connection of the pool. The caller stores the tables, holding r.mu.
 func (r *registry) eachTable(ctx context.Context, targets []string, fn func(ctx context.Context, target string) (*plan.Table, error)) ([]*plan.Table, error) {
+	if len(targets) == 0 {
+		return nil, nil
+	}
 	out := make([]*plan.Table, len(targets))
 	errs := make([]error, len(targets))
 	var failed atomic.Bool
@@ -239,6 +246,13 @@ func (r *registry) eachTable(ctx context.Context, targets []string, fn func(ctx 
 		if failed.Load() {
 			return
 		}
+		defer func() {
+			if p := recover(); p != nil { // as Prepare's own goroutine would have: logged with its stack, the batch failed
+				r.log.Error("panic making a history table", zap.String("target", targets[i]), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+				errs[i] = fmt.Errorf("panic making history table %s: %v", targets[i], p)
+				failed.Store(true)
+			}
+		}()
 		errs[i] = once(ctx, r.pool, func(ctx context.Context) (err error) {
 			out[i], err = fn(ctx, targets[i])
 			return targetErr(targets[i], err)
@@ -248,8 +262,8 @@ func (r *registry) eachTable(ctx context.Context, targets []string, fn func(ctx 
 		}
 	}
 	workers := ddlWorkers
-	if r.pool != nil {
-		workers = min(workers, max(1, int(r.pool.Config().MaxConns)))
+	if r.pool != nil && len(targets) > 1 {
+		workers = min(workers, max(1, int(r.pool.Stat().MaxConns())))
 	}
 	r.unlocked(func() {
 		schemas := map[string]bool{}

@@ -10,10 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
@@ -29,8 +31,11 @@ import (
 // event). Restart: the binary stopped, 48,000 more changes produced, the
 // binary started again over the existing tables. It reports events/s of
 // both runs, the restart's time to ready and the DDL it ran (an event
-// trigger counts it), the peak RSS; the 200-table case reports its ratios
-// to the 2-table case of the same run.
+// trigger counts it), the peak RSS and the most private memory of one of
+// its PostgreSQL backends (prepared statements and caches; a local server
+// only); the 200-table case reports its ratios to the 2-table case of the
+// same run. BENCH_DSN_EXTRA is appended to the DSN
+// ("&statement_cache_capacity=512").
 func BenchmarkManyTables(b *testing.B) {
 	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), 12_000, 72_000)
 	split := 0
@@ -49,6 +54,7 @@ func BenchmarkManyTables(b *testing.B) {
 				b.ReportMetric(r.ready.Seconds(), "restart_ready_s")
 				b.ReportMetric(float64(r.ddl), "restart_ddl")
 				b.ReportMetric(r.rssMiB, "peak_rss_MiB")
+				b.ReportMetric(r.backendMiB, "pg_backend_anon_MiB")
 				b.Logf("%d tables: first run (creating the tables) %.0f events/s; restart over existing tables %.0f events/s, ready after %v with %d DDL statements; peak RSS %.0f MiB",
 					tables, r.first, r.restart, r.ready.Round(time.Millisecond), r.ddl, r.rssMiB)
 				if tables == 2 {
@@ -72,6 +78,7 @@ type manyResult struct {
 	ready          time.Duration
 	ddl            int
 	rssMiB         float64
+	backendMiB     float64
 }
 
 func manyTables(b *testing.B, work []scdtest.BenchRecord, split, tables int) manyResult {
@@ -122,7 +129,7 @@ func manyTables(b *testing.B, work []scdtest.BenchRecord, split, tables int) man
 			b.Fatal(err)
 		}
 	}
-	dsn := pgtest.NewDatabase(b)
+	dsn := pgtest.NewDatabase(b) + os.Getenv("BENCH_DSN_EXTRA") // "&statement_cache_capacity=512"
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		b.Fatal(err)
@@ -161,6 +168,7 @@ tables:
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	var backendMiB float64 // the most private memory of one of the binary's PostgreSQL backends
 	run := func(want int64) (took, ready time.Duration, rss float64) {
 		cmd := exec.Command(binary(b), "run", "--config", cfgFile)
 		cmd.Stderr = os.Stderr
@@ -181,6 +189,7 @@ tables:
 		}
 		took = applied(want, start)
 		b.StopTimer()
+		backendMiB = max(backendMiB, backendsAnon(b, pool))
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
 			b.Fatalf("scd2sink: %v", err)
@@ -228,7 +237,41 @@ tables:
 	r.ready, r.rssMiB = ready, max(rss2, rss1)
 	_ = pool.QueryRow(ctx, `SELECT count(*) FROM ddl_log`).Scan(&r.ddl)
 	r.firstTook = took1
+	r.backendMiB = backendMiB
 	return r
+}
+
+// backendsAnon is the most anonymous (private) memory of one of the
+// binary's PostgreSQL backends, in MiB, read from /proc (0 when the
+// server runs elsewhere): its prepared statements, caches and work
+// memory, not shared buffers.
+func backendsAnon(b *testing.B, pool *pgxpool.Pool) float64 {
+	b.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = 'scd2sink' AND datname = current_database()`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	most := 0.0
+	for _, pid := range pids {
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "postgres" {
+			continue // a server elsewhere (a container's pids are not ours)
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "Anonymous:" {
+				kb, _ := strconv.ParseFloat(f[1], 64)
+				most = max(most, kb/1024)
+			}
+		}
+	}
+	return most
 }
 
 // benchPartitions is the partitions per topic of BenchmarkManyTables: 4,

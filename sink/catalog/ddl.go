@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
@@ -167,6 +169,17 @@ func viewTag(sql string) string {
 // order), running DDL only for what is missing or different, and reads
 // the table's columns back.
 func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*Table, error) {
+	t, err := ensure(ctx, pool, spec, extra)
+	if err != nil && schemaCollided(err) {
+		// Another session created the schema meanwhile (CREATE SCHEMA IF
+		// NOT EXISTS side by side collide): a new transaction finds it
+		// there. Once: it has been created by then.
+		return ensure(ctx, pool, spec, extra)
+	}
+	return t, err
+}
+
+func ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []change.Column) (*Table, error) {
 	n := NamesOf(spec.Target)
 	t := &Table{
 		Spec:    spec,
@@ -401,4 +414,12 @@ func Ensure(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, extra []cha
 		}
 	}
 	return t, nil
+}
+
+// schemaCollided reports whether err is CREATE SCHEMA IF NOT EXISTS
+// failing because another session created the schema at the same time
+// (the catalog's unique index on schema names).
+func schemaCollided(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "pg_namespace_nspname_index"
 }

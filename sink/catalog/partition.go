@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Partitioned history tables (partitioning: in the config, DESIGN.md
@@ -194,7 +195,10 @@ func covered(rs []Range, at time.Time) bool {
 
 // Ensure makes sure a partition holds every time of need, creating the
 // missing ones in tx (under the table's advisory lock, after reading the
-// catalog again: another writer may have created them).
+// catalog again: another writer may have created them). When one is
+// missing it reads the committed partitions on a second connection of
+// the pool while tx holds one: a batch's parts, at most two fewer than
+// the pool's connections, leave it one (EnsureOwn holds one alone).
 func (p *Partitions) Ensure(ctx context.Context, tx pgx.Tx, need []time.Time) error {
 	p.mu.Lock()
 	var missing []time.Time
@@ -217,7 +221,33 @@ func (p *Partitions) Ensure(ctx context.Context, tx pgx.Tx, need []time.Time) er
 	p.mu.Lock()
 	p.ranges = committed
 	p.mu.Unlock()
-	missing = slices.DeleteFunc(missing, func(at time.Time) bool { return covered(committed, at) })
+	return p.create(ctx, tx, slices.DeleteFunc(missing, func(at time.Time) bool { return covered(committed, at) }))
+}
+
+// EnsureOwn is Ensure in a transaction of its own on pool: the committed
+// partitions are read before it begins, so that it holds one connection
+// at a time (Ensure, inside a caller's transaction, reads them on a
+// second one).
+func (p *Partitions) EnsureOwn(ctx context.Context, pool *pgxpool.Pool, need []time.Time) error {
+	committed, err := ReadPartitions(ctx, pool, p.old)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ranges = committed
+	p.mu.Unlock()
+	missing := slices.DeleteFunc(slices.Clone(need), func(at time.Time) bool { return covered(committed, at) })
+	if len(missing) == 0 {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.create(ctx, tx, missing) })
+}
+
+// create makes partitions for the times of missing that the committed
+// partitions do not hold, in tx. It uses tx's connection alone: a caller
+// holding tx never waits for a second connection of the pool (callers
+// side by side could hold every connection, each waiting for another).
+func (p *Partitions) create(ctx context.Context, tx pgx.Tx, missing []time.Time) error {
 	if len(missing) == 0 {
 		return nil
 	}
@@ -333,7 +363,13 @@ func (t *Table) loadPartitions(ctx context.Context, pool Querier, existed bool) 
 		if err := p.ensureDir(ctx, db, t.Spec.Keys); err != nil {
 			return err
 		}
-		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return p.Ensure(ctx, tx, need) })
+		// rs was read just now, committed: the transaction needs no
+		// second connection to read them again (create).
+		missing := slices.DeleteFunc(need, func(at time.Time) bool { return covered(rs, at) })
+		if len(missing) == 0 {
+			return nil
+		}
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return p.create(ctx, tx, missing) })
 	}
 	return nil
 }

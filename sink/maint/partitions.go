@@ -16,7 +16,7 @@ import (
 func (m *Maint) partitionsAhead(ctx context.Context, p *catalog.Partitions, now time.Time) error {
 	need := p.Ahead(now)
 	_, err := m.cfg.Retry(ctx, "partitions", "creating partitions of "+p.Old().Sanitize(), func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error { return p.Ensure(ctx, tx, need) })
+		return p.EnsureOwn(ctx, m.pool, need)
 	})
 	return err
 }
