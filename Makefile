@@ -31,8 +31,9 @@ TEST_P ?= 3
 test: lint
 	$(GO) test -count=1 -p $(TEST_P) -timeout 20m $(TEST_PKGS)
 	# What a rebalance callback shares with the applying goroutine, and the
-	# parts of a batch applied side by side, under the race detector.
-	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure' ./sink/
+	# parts of a batch applied side by side, and new tables made side by side,
+	# under the race detector.
+	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure|TestManyNewTablesInNewSchema' ./sink/
 
 # Only Go: the demo and every package's tests with PostgreSQL's binaries
 # hidden, on the embedded PostgreSQL (as root: it uses a mount namespace).
