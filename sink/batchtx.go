@@ -94,6 +94,10 @@ type batchTx struct {
 func (b *batchTx) reset() {
 	b.res = apply.Result{}
 	b.ops = &apply.Ops{Ops: statecache.Ops{Off: b.isolate || b.s.mem.cache.Limit() <= 0}}
+	if !b.isolate && !b.s.applier.Tune().Unqueued {
+		// Isolating, each table's writes run inside its savepoints.
+		b.ops.Later = &history.Later{}
+	}
 	b.seen, b.dead = 0, b.p.dead
 }
 
@@ -167,7 +171,14 @@ func (b *batchTx) tables(ctx context.Context, tx pgx.Tx) error {
 		}
 		tp := b.p.plans[name]
 		r, d, err := s.applier.WithKeyChanges(ctx, tx, tp, b.ops, fold)
-		if err == nil && r.VersionsOpened > 0 && s.reg.snapshotDeletes(name) {
+		late := err == nil && r.VersionsOpened > 0 && s.reg.snapshotDeletes(name)
+		if err == nil && (late || tp.Table.Spec.NoOverlap) {
+			// Both read the table: its queued writes go first.
+			if owner, lerr := b.ops.Later.Run(ctx, tx); lerr != nil {
+				return &TargetError{Target: owner, Err: fmt.Errorf("applying batch to %s: %w", owner, lerr)}
+			}
+		}
+		if late {
 			err = s.recon.noteLate(ctx, tx, tp)
 		}
 		if err == nil && tp.Table.Spec.NoOverlap {
@@ -181,6 +192,9 @@ func (b *batchTx) tables(ctx context.Context, tx pgx.Tx) error {
 		}
 		b.res.Add(r)
 		b.dead = append(b.dead, d...)
+	}
+	if owner, err := b.ops.Later.Run(ctx, tx); err != nil {
+		return &TargetError{Target: owner, Err: fmt.Errorf("applying batch to %s: %w", owner, err)}
 	}
 	return nil
 }

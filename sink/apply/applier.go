@@ -35,6 +35,9 @@ type Tuning struct {
 	// TruncateChunk is how many keys a truncate folds again at a time:
 	// memory holds one chunk's histories (truncate.go).
 	TruncateChunk int
+	// Unqueued writes each table's share of a batch at once, never
+	// queued with the others' (history.Later; tests compare both).
+	Unqueued bool
 }
 
 // New returns an Applier writing to the service's tables in
@@ -42,6 +45,9 @@ type Tuning struct {
 func New(schema string, log *zap.Logger, tune *Tuning, cached func(k statecache.Key, boxes *change.Boxes, mem *fold.Mem) (*fold.Latest, bool)) *Applier {
 	return &Applier{schema: schema, log: log, tune: tune, cached: cached}
 }
+
+// Tune returns a's tuning.
+func (a *Applier) Tune() *Tuning { return a.tune }
 
 // BoundedRepairs counts the repairs that stopped at a boundary.
 func (a *Applier) BoundedRepairs() int64 { return a.bounded.Load() }

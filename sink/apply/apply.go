@@ -176,7 +176,7 @@ func (a *Applier) Table(ctx context.Context, tx pgx.Tx, p *plan.TablePlan, ops *
 			dead = append(dead, l)
 		}
 	}
-	if err := w.Exec(ctx, tx, t); err != nil {
+	if err := w.Exec(ctx, tx, t, ops.Later); err != nil {
 		return res, nil, err
 	}
 	return res, dead, nil

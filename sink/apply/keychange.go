@@ -36,6 +36,11 @@ func (a *Applier) WithKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePl
 	if err != nil {
 		return res, nil, err
 	}
+	// The old keys are read from the table: what the first step queued
+	// goes first.
+	if _, err := ops.Later.Run(ctx, tx); err != nil {
+		return res, nil, err
+	}
 	resolved := make([]*plan.KeyPlan, len(second))
 	for i, kp := range second {
 		if resolved[i], err = a.resolveOldKeys(ctx, tx, p.Table, kp); err != nil {

@@ -17,4 +17,8 @@ type Ops struct {
 	mem fold.Mem
 	// Pre is what the transaction read ahead for its tables (history.Prefetch).
 	Pre *history.Prefetched
+	// Later, when set, takes the tables' small writes, to go to
+	// PostgreSQL together (history.Later); its owner runs it before the
+	// transaction's next phase. Nil writes each table's share at once.
+	Later *history.Later
 }

@@ -48,7 +48,7 @@ func (a *Applier) refoldTruncated(ctx context.Context, tx pgx.Tx, p *plan.TableP
 			for i, kp := range chunk {
 				a.repairKey(t, kp, nil, hists[i], truncs, true, w, res)
 			}
-			if err := w.Exec(ctx, tx, t); err != nil {
+			if err := w.Exec(ctx, tx, t, nil); err != nil {
 				return err
 			}
 		}

@@ -100,8 +100,13 @@ func keyMatch(t *plan.Table, h, x string) string {
 	return strings.Join(parts, " AND ")
 }
 
-// Exec executes w's changes to t in tx, set-based.
-func (w *Writes) Exec(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
+// Exec executes w's changes to t in tx, set-based; or, given a Later and
+// when they fit one (few rows, nothing read around them), queues them on
+// it, to go with other tables' when it runs.
+func (w *Writes) Exec(ctx context.Context, tx pgx.Tx, t *plan.Table, later *Later) error {
+	if later != nil && w.fits(t) {
+		return w.queue(tx, t, later)
+	}
 	audit, err := w.recordRepairsBefore(ctx, tx, t)
 	if err != nil {
 		return err
@@ -133,29 +138,10 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 	// (a table's share of a steady load's batch is a few rows: each round
 	// trip costs about as much CPU as folding them).
 	var p pipe
-	if len(w.DelVersions) > 0 {
-		p.add("deleting versions of "+hist, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.DelVersions)
+	if err := w.queueUpdates(&p, tx, t); err != nil {
+		return err
 	}
-	if len(w.DelSide) > 0 {
-		types, names, args := keySeqColumns(t, len(w.DelSide),
-			func(j int) []any { return w.DelSide[j].Key }, func(j int) []byte { return w.DelSide[j].Event.Seq }, &w.mem.Boxes)
-		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), keyMatch(t, "e", "x"))
-		p.add("deleting side rows of "+side, q, args...)
-	}
-	if len(w.T1Bulk) > 0 && len(t.Type1) > 0 {
-		if err := w.execType1(&p, tx, t); err != nil {
-			return err
-		}
-	}
-	if len(w.CloseOnly) > 0 {
-		vs := w.CloseOnly
-		types, names, args := versionKeys(t, vs, &w.mem.Boxes)
-		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
-		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
-			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
-		p.add("closing versions of "+hist, closeStmt(t, types, names), args...)
-	}
-	if err := p.run(ctx, tx); err != nil {
+	if _, err := p.run(ctx, tx); err != nil {
 		return err
 	}
 	if len(w.Full) > 0 {
@@ -199,6 +185,35 @@ func (w *Writes) execWrites(ctx context.Context, tx pgx.Tx, t *plan.Table) (err 
 		}
 	}
 	return w.writeDir(ctx, tx, t)
+}
+
+// queueUpdates queues on p w's deletes, Type 1 updates and closes of t,
+// in that order.
+func (w *Writes) queueUpdates(p *pipe, tx pgx.Tx, t *plan.Table) error {
+	hist, side := t.Hist.Sanitize(), t.Side.Sanitize()
+	if len(w.DelVersions) > 0 {
+		p.add("deleting versions of "+hist, fmt.Sprintf("DELETE FROM %s WHERE scd_id = ANY($1::bigint[])", hist), w.DelVersions)
+	}
+	if len(w.DelSide) > 0 {
+		types, names, args := keySeqColumns(t, len(w.DelSide),
+			func(j int) []any { return w.DelSide[j].Key }, func(j int) []byte { return w.DelSide[j].Event.Seq }, &w.mem.Boxes)
+		q := fmt.Sprintf("DELETE FROM %s e USING %s WHERE %s AND e.scd_seq = x.seq", side, unnest("x", 1, types, names), keyMatch(t, "e", "x"))
+		p.add("deleting side rows of "+side, q, args...)
+	}
+	if len(w.T1Bulk) > 0 && len(t.Type1) > 0 {
+		if err := w.execType1(p, tx, t); err != nil {
+			return err
+		}
+	}
+	if len(w.CloseOnly) > 0 {
+		vs := w.CloseOnly
+		types, names, args := versionKeys(t, vs, &w.mem.Boxes)
+		types, names = append(types, "timestamptz", "bytea"), append(names, "vt", "cs")
+		args = append(args, column(len(vs), func(i int) any { return w.mem.Boxes.Time(vs[i].To) }),
+			column(len(vs), func(i int) any { return w.mem.Boxes.Bytes(vs[i].CloseSeq) }))
+		p.add("closing versions of "+hist, closeStmt(t, types, names), args...)
+	}
+	return nil
 }
 
 // closeStmt is the statement that closes versions in t, one per row of
@@ -300,19 +315,20 @@ func (p *pipe) add(what, q string, args ...any) {
 	p.what = append(p.what, what)
 }
 
-func (p *pipe) run(ctx context.Context, tx pgx.Tx) error {
+// run returns the index of the statement that failed, with its error.
+func (p *pipe) run(ctx context.Context, tx pgx.Tx) (int, error) {
 	switch len(p.what) {
 	case 0:
-		return nil
+		return -1, nil
 	case 1:
 		q := p.b.QueuedQueries[0]
 		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
-			return fmt.Errorf("%s: %w", p.what[0], err)
+			return 0, fmt.Errorf("%s: %w", p.what[0], err)
 		}
-		return nil
+		return -1, nil
 	}
 	br := tx.SendBatch(ctx, &p.b)
-	for _, what := range p.what {
+	for at, what := range p.what {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			// A statement pgx could not prepare or encode fails every
@@ -321,15 +337,15 @@ func (p *pipe) run(ctx context.Context, tx pgx.Tx) error {
 			if errors.As(err, &pe) {
 				for i, q := range p.b.QueuedQueries {
 					if q.SQL == pe.SQL() {
-						what = p.what[i]
+						what, at = p.what[i], i
 						break
 					}
 				}
 			}
-			return fmt.Errorf("%s: %w", what, err)
+			return at, fmt.Errorf("%s: %w", what, err)
 		}
 	}
-	return br.Close()
+	return -1, br.Close()
 }
 
 // versionKeys renders the (key, scd_seq) columns that identify versions, for unnest.

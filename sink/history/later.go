@@ -1,0 +1,220 @@
+package history
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/plan"
+)
+
+// laterRows is the most rows (versions and side rows) a table's share may
+// insert and still go with the others' (Later): below it an INSERT from
+// arrays costs PostgreSQL about what a COPY does, and saves the COPY's
+// round trips; above it COPY's multi-row inserts are cheaper.
+const laterRows = 256
+
+// Later holds the writes of several tables' shares of a batch, to go to
+// PostgreSQL together, in one round trip, when Run is called. A steady
+// load's batch gives each table a few rows: one round trip per statement
+// and a COPY per table (two round trips and a goroutine each) cost more
+// of our CPU than folding the rows did. A table's statements keep their
+// order; tables' writes are independent of each other (different
+// tables), so queuing one table's behind another's reads changes
+// nothing. Whoever reads a table whose writes are queued runs Later
+// first (the second pass of a primary-key change, the no-overlap check).
+// Later belongs to the transaction's goroutine; a retried transaction
+// starts a new one.
+type Later struct {
+	p pipe
+	// owner is the target of each queued statement.
+	owner []string
+}
+
+// Pending reports whether statements wait to be run.
+func (l *Later) Pending() bool { return l != nil && len(l.p.what) > 0 }
+
+// Run sends the queued statements in tx, in their order, and empties l.
+// On failure it returns the target of the statement that failed (the
+// rest of the transaction is void anyway).
+func (l *Later) Run(ctx context.Context, tx pgx.Tx) (string, error) {
+	if !l.Pending() {
+		return "", nil
+	}
+	i, err := l.p.run(ctx, tx)
+	owner := ""
+	if err != nil && i >= 0 && i < len(l.owner) {
+		owner = l.owner[i]
+	}
+	l.p, l.owner = pipe{}, nil
+	return owner, err
+}
+
+// fits reports whether w's changes to t can be queued on a Later: a plain
+// table (a partitioned one makes sure of its partitions, and reads its
+// key directory, around its writes), no repairs (they are audited, read
+// before and after their writes), no version rewritten whole, and few rows.
+func (w *Writes) fits(t *plan.Table) bool {
+	return t.Parts == nil && len(w.Repairs) == 0 && len(w.Full) == 0 && len(w.dir) == 0 &&
+		len(w.InsVersions)+len(w.InsSide) <= laterRows
+}
+
+// queue queues w's changes to t on l, in Exec's order: deletes, Type 1
+// updates, closes, then the inserts of versions and side rows (from
+// arrays, as COPY would write them).
+func (w *Writes) queue(tx pgx.Tx, t *plan.Table, l *Later) error {
+	n := len(l.p.what)
+	if err := w.queueUpdates(&l.p, tx, t); err != nil {
+		return err
+	}
+	if len(w.InsVersions) > 0 {
+		if err := w.queueInsertVersions(&l.p, tx, t); err != nil {
+			return err
+		}
+	}
+	if len(w.InsSide) > 0 {
+		if err := w.queueInsertSide(&l.p, tx, t); err != nil {
+			return err
+		}
+	}
+	for range len(l.p.what) - n {
+		l.owner = append(l.owner, t.Spec.Target)
+	}
+	return nil
+}
+
+// insertCols gathers the unnest columns of an insert: each column's array
+// type, name in the unnest and argument, and the expression it is
+// inserted as.
+type insertCols struct {
+	types, names, vals []string
+	args               []any
+}
+
+func (c *insertCols) add(typ, name, val string, arg any) {
+	c.types, c.names, c.vals, c.args = append(c.types, typ), append(c.names, name), append(c.vals, val), append(c.args, arg)
+}
+
+// source adds t's source columns, row(i) giving row i's values (nil for
+// a row of NULLs).
+func (c *insertCols) source(tx pgx.Tx, t *plan.Table, n int, row func(int) []any) error {
+	for ci := range t.Cols {
+		name := fmt.Sprintf("c%d", ci)
+		typ, arg, val, err := unnestColumn(t, tx, ci, n, func(i int) any {
+			if r := row(i); r != nil {
+				return r[ci]
+			}
+			return nil
+		}, "x."+name)
+		if err != nil {
+			return err
+		}
+		c.add(typ, name, val, arg)
+	}
+	return nil
+}
+
+// list adds a text[] bookkeeping column: unnest flattens arrays of
+// arrays, so each list travels joined (NULL stays NULL, an empty list
+// stays empty).
+func (c *insertCols) list(name string, n int, get func(int) []string) {
+	c.add("text", name, fmt.Sprintf("string_to_array(x.%s, chr(31))", name), column(n, func(i int) any {
+		l := get(i)
+		if l == nil {
+			return nil
+		}
+		return strings.Join(l, "\x1f")
+	}))
+}
+
+// insert renders the statement inserting c's columns into table's cols.
+func (c *insertCols) insert(table pgx.Identifier, cols []string) string {
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s", table.Sanitize(), strings.Join(quoteAll(cols), ", "),
+		strings.Join(c.vals, ", "), unnest("x", 1, c.types, c.names))
+}
+
+func quoteAll(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return out
+}
+
+// queueInsertVersions queues the insert of w.InsVersions, with the values
+// and bookkeeping the COPY of execWrites writes.
+func (w *Writes) queueInsertVersions(p *pipe, tx pgx.Tx, t *plan.Table) error {
+	vs, b := w.InsVersions, &w.mem.Boxes
+	var c insertCols
+	if err := c.source(tx, t, len(vs), func(i int) []any { return vs[i].Row }); err != nil {
+		return err
+	}
+	cols := append(t.ColNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash",
+		"scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
+	c.add("timestamptz", "b_from", "x.b_from", column(len(vs), func(i int) any { return b.Time(vs[i].From) }))
+	c.add("timestamptz", "b_to", "x.b_to", column(len(vs), func(i int) any {
+		if !vs[i].Closed {
+			return nil
+		}
+		return b.Time(vs[i].To)
+	}))
+	c.add("boolean", "b_cur", "x.b_cur", column(len(vs), func(i int) bool { return !vs[i].Closed }))
+	c.add("bytea", "b_seq", "x.b_seq", column(len(vs), func(i int) any { return b.Bytes(vs[i].Seq) }))
+	c.add("bytea", "b_cs", "x.b_cs", column(len(vs), func(i int) any {
+		if vs[i].CloseSeq == nil {
+			return nil
+		}
+		return b.Bytes(vs[i].CloseSeq)
+	}))
+	c.add("text", "b_op", "x.b_op", column(len(vs), func(i int) any { return opText[vs[i].Op] }))
+	c.add("bytea", "b_hash", "x.b_hash", column(len(vs), func(i int) any { return b.Bytes(vs[i].Hash) }))
+	c.list("b_unav", len(vs), func(i int) []string { return vs[i].Unavail })
+	c.list("b_abs", len(vs), func(i int) []string { return vs[i].Absent })
+	c.add("timestamptz", "b_raw", "x.b_raw", column(len(vs), func(i int) any { return timeOrNil(vs[i].Raw, b) }))
+	c.add("smallint", "b_att", "x.b_att", column(len(vs), func(i int) any { return attnumOf(t, vs[i].Complete) }))
+	if t.DeletedCol {
+		cols = append(cols, "scd_deleted")
+		c.add("boolean", "b_del", "x.b_del", column(len(vs), func(i int) bool { return vs[i].Deleted() }))
+	}
+	p.add("inserting versions into "+t.Hist.Sanitize(), c.insert(t.Hist, cols), c.args...)
+	return nil
+}
+
+// queueInsertSide queues the insert of w.InsSide, as execWrites's COPY
+// writes them (a row without an image carries only its key).
+func (w *Writes) queueInsertSide(p *pipe, tx pgx.Tx, t *plan.Table) error {
+	rows, b := w.InsSide, &w.mem.Boxes
+	keyOnly := make([][]any, len(rows))
+	for i := range rows {
+		if rows[i].Event.Row == nil {
+			r := make([]any, len(t.Cols))
+			for k, ki := range t.KeyIdx {
+				r[ki] = rows[i].Key[k]
+			}
+			keyOnly[i] = r
+		}
+	}
+	var c insertCols
+	if err := c.source(tx, t, len(rows), func(i int) []any {
+		if keyOnly[i] != nil {
+			return keyOnly[i]
+		}
+		return rows[i].Event.Row
+	}); err != nil {
+		return err
+	}
+	ev := func(i int) *fold.Event { return &rows[i].Event }
+	cols := append(t.ColNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
+	c.add("bytea", "b_seq", "x.b_seq", column(len(rows), func(i int) any { return b.Bytes(ev(i).Seq) }))
+	c.add("text", "b_op", "x.b_op", column(len(rows), func(i int) any { return opText[ev(i).Op] }))
+	c.add("timestamptz", "b_t", "x.b_t", column(len(rows), func(i int) any { return b.Time(ev(i).T) }))
+	c.add("bytea", "b_hash", "x.b_hash", column(len(rows), func(i int) any { return b.Bytes(ev(i).Hash) }))
+	c.list("b_unav", len(rows), func(i int) []string { return ev(i).Unavail })
+	c.list("b_abs", len(rows), func(i int) []string { return ev(i).Absent })
+	c.add("timestamptz", "b_raw", "x.b_raw", column(len(rows), func(i int) any { return timeOrNil(ev(i).Raw, b) }))
+	c.add("smallint", "b_att", "x.b_att", column(len(rows), func(i int) any { return attnumOf(t, ev(i).Complete) }))
+	p.add("inserting side rows into "+t.Side.Sanitize(), c.insert(t.Side, cols), c.args...)
+	return nil
+}
