@@ -110,13 +110,21 @@ func runSinkWith(t *testing.T, dir, name, bootstrap, targetDSN, extra string, en
 // (a tables section, and anything before it).
 func runSinkTables(t *testing.T, dir, name, bootstrap, targetDSN, rest string, env ...string) *proc {
 	t.Helper()
+	return runSinkKafka(t, dir, name, bootstrap, targetDSN, "", rest, env...)
+}
+
+// runSinkKafka is runSinkTables with more keys in the kafka section:
+// lines indented by two spaces, each ending in a newline, such as
+// "  group_id: g\n  start_offset: latest\n".
+func runSinkKafka(t *testing.T, dir, name, bootstrap, targetDSN, kafka, rest string, env ...string) *proc {
+	t.Helper()
 	brokers, _ := json.Marshal([]string{bootstrap})
 	cfg := filepath.Join(dir, name+".yaml")
 	yaml := fmt.Sprintf(`kafka:
   brokers: %s
   session_timeout: 10s
   metadata_max_age: 2s
-postgres:
+%spostgres:
   dsn: %q
 http:
   addr: "127.0.0.1:%d"
@@ -125,7 +133,7 @@ sequencer:
 sink:
   batch_max_wait: 100ms
 shutdown_timeout: 3s
-`, brokers, targetDSN, freePort(t)) + rest
+`, brokers, kafka, targetDSN, freePort(t)) + rest
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}

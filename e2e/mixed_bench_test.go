@@ -26,6 +26,15 @@ const mixedTables = 10
 // Debezium's JDBC sink and scd2sink over the same topics, in three
 // alternating pairs, as TestPeerBenchmark. It reports each side's
 // events/s, CPU and peak memory.
+//
+// Then a live phase measures the end-to-end lag, for each sink alone: the
+// sink starts at the topics' end, the same load runs on the source at
+// E2E_MIX_LIVE_SCALE (twice E2E_MIX_SCALE by default: half the rows),
+// paced at E2E_MIX_LIVE_RATE changes a second (2,000), and
+// the lag (now less the newest source commit time the sink's database
+// shows) is sampled every second while it runs. It reports the lag's p50,
+// p99 and max, how long after the load's last commit the sink had every
+// record, and the source's rate (runMixLive).
 func TestMixedBenchmark(t *testing.T) {
 	if os.Getenv("E2E_BENCH") == "" {
 		t.Skip("the mixed benchmark runs with E2E_BENCH=1 (make e2e-bench)")
@@ -53,14 +62,19 @@ func TestMixedBenchmark(t *testing.T) {
 	// Inserts first (each table's ids 1..perTable), then rounds over the
 	// tables of three updates of a random live row and a delete, the
 	// deletes in id order: every row is deleted in the end.
-	if _, err := st.src.pool.Exec(ctx, `CREATE PROCEDURE mix_load(per int, tables int) LANGUAGE plpgsql AS $$
-		DECLARE k int; gone int[] := array_fill(0, ARRAY[tables]);
+	// rate > 0 paces it at about rate changes a second (the live phase).
+	if _, err := st.src.pool.Exec(ctx, `CREATE PROCEDURE mix_load(per int, tables int, rate int DEFAULT 0) LANGUAGE plpgsql AS $$
+		DECLARE k int; gone int[] := array_fill(0, ARRAY[tables]); n bigint := 0; t0 timestamptz := clock_timestamp();
 		BEGIN
 			FOR i IN 1..per LOOP
 				FOR t IN 0..tables-1 LOOP
 					EXECUTE format('INSERT INTO mix_%s VALUES ($1, $2, ''new'', $1 * 1.5, now(), repeat(''x'', 200))', t)
 						USING i, 'row ' || i;
 					COMMIT;
+					n := n + 1;
+					IF rate > 0 AND n % 20 = 0 THEN
+						PERFORM pg_sleep(greatest(0, extract(epoch FROM t0 + make_interval(secs => n::float8 / rate) - clock_timestamp())));
+					END IF;
 				END LOOP;
 			END LOOP;
 			FOR r IN 0..per*4-1 LOOP
@@ -74,6 +88,10 @@ func TestMixedBenchmark(t *testing.T) {
 							USING least(k, per), r;
 					END IF;
 					COMMIT;
+					n := n + 1;
+					IF rate > 0 AND n % 20 = 0 THEN
+						PERFORM pg_sleep(greatest(0, extract(epoch FROM t0 + make_interval(secs => n::float8 / rate) - clock_timestamp())));
+					END IF;
 				END LOOP;
 			END LOOP;
 		END $$`); err != nil {
@@ -91,7 +109,6 @@ func TestMixedBenchmark(t *testing.T) {
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	isMix := func(topic string) bool { return strings.HasPrefix(topic, "shop.public.mix_") }
 	endOffset := func() int64 {
 		ends, err := adm.ListEndOffsets(ctx, mixTopics()...)
 		if err != nil {
@@ -114,7 +131,7 @@ func TestMixedBenchmark(t *testing.T) {
 		}
 		var n int64
 		offs.Each(func(o kadm.OffsetResponse) {
-			if isMix(o.Topic) {
+			if isMixTopic(o.Topic) {
 				n += o.At
 			}
 		})
@@ -132,8 +149,21 @@ func TestMixedBenchmark(t *testing.T) {
 		t.Logf("pair %d: ratio scd2sink / JDBC sink: %.2f", pair, ourRate/peerRate)
 	}
 	t.Logf("mixed workload, ratios scd2sink / JDBC sink: %.2f, %.2f, %.2f", ratios[0], ratios[1], ratios[2])
+	liveScale := 2 * scale
+	if v := os.Getenv("E2E_MIX_LIVE_SCALE"); v != "" {
+		fmt.Sscan(v, &liveScale)
+	}
+	liveRate := 2000
+	if v := os.Getenv("E2E_MIX_LIVE_RATE"); v != "" {
+		fmt.Sscan(v, &liveRate)
+	}
+	runMixLive(t, ctx, st, adm, 2_000_000/liveScale/mixedTables, liveRate)
 }
 
+// mixTablesYAML is scd2sink's tables section for the mixed topics.
+const mixTablesYAML = "tables:\n  - topic_pattern: 'shop\\.public\\.mix_.*'\n    target: '{table}_history'\n    keys: [id]\n    track_history: [status, amount]\n"
+
+// mixTopics are the mixed workload's topics.
 func mixTopics() []string {
 	var out []string
 	for i := range mixedTables {
@@ -166,8 +196,7 @@ func runMixJDBC(t *testing.T, ctx context.Context, st *stack, pair int, end int6
 func runMixOurs(t *testing.T, ctx context.Context, st *stack, adm *kadm.Client, pair int, end int64, perTable int) (time.Duration, float64, float64) {
 	t.Helper()
 	dsn, pool := benchDatabase(t, ctx, st, fmt.Sprintf("mixhist_%d", pair))
-	tables := "tables:\n  - topic_pattern: 'shop\\.public\\.mix_.*'\n    target: '{table}_history'\n    keys: [id]\n    track_history: [status, amount]\n"
-	took, cpu, rss := timeSink(t, ctx, st, adm, fmt.Sprintf("scd2sink-mix-%d", pair), dsn, tables, pool, "shop.public.mix_%", end)
+	took, cpu, rss := timeSink(t, ctx, st, adm, fmt.Sprintf("scd2sink-mix-%d", pair), dsn, mixTablesYAML, pool, "shop.public.mix_%", end)
 	for i := range mixedTables {
 		var keys, current int64
 		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(DISTINCT id), count(*) FILTER (WHERE is_current) FROM mix_%d_history`, i)).Scan(&keys, &current); err != nil {
