@@ -174,11 +174,9 @@ func (b *batchTx) tables(ctx context.Context, tx pgx.Tx) error {
 		late := err == nil && r.VersionsOpened > 0 && s.reg.snapshotDeletes(name)
 		if err == nil && (late || tp.Table.Spec.NoOverlap) {
 			// Both read the table: its queued writes go first.
-			if owner, lerr := b.ops.Later.Run(ctx, tx); lerr != nil {
-				return &TargetError{Target: owner, Err: fmt.Errorf("applying batch to %s: %w", owner, lerr)}
-			}
+			err = b.ops.Later.Run(ctx, tx)
 		}
-		if late {
+		if err == nil && late {
 			err = s.recon.noteLate(ctx, tx, tp)
 		}
 		if err == nil && tp.Table.Spec.NoOverlap {
@@ -187,16 +185,17 @@ func (b *batchTx) tables(ctx context.Context, tx pgx.Tx) error {
 			// parked, not the whole batch's at COMMIT.
 			err = catalog.CheckNoOverlap(ctx, tx, tp.Table.Table)
 		}
+		var owned *TargetError
+		if errors.As(err, &owned) {
+			return err // queued writes of this table or another (history.Later)
+		}
 		if err != nil {
 			return &TargetError{Target: name, Err: fmt.Errorf("applying batch to %s: %w", name, err)}
 		}
 		b.res.Add(r)
 		b.dead = append(b.dead, d...)
 	}
-	if owner, err := b.ops.Later.Run(ctx, tx); err != nil {
-		return &TargetError{Target: owner, Err: fmt.Errorf("applying batch to %s: %w", owner, err)}
-	}
-	return nil
+	return b.ops.Later.Run(ctx, tx)
 }
 
 // after writes what the batch leaves besides the history: its dead

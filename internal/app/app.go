@@ -302,9 +302,9 @@ func poolConfig(cfg *config.Config) (*pgxpool.Config, error) {
 }
 
 // statementCache is how many prepared statements each of the service's
-// connections keeps (docs/operations.md): about ten per history table
-// for 200 tables.
-const statementCache = 2048
+// connections keeps (docs/operations.md): about a dozen per history table
+// for 300 tables.
+const statementCache = 4096
 
 // Run runs the pipeline until ctx ends, then drains within the configured
 // shutdown timeout. It returns nil after a clean shutdown.

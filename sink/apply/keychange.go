@@ -38,8 +38,8 @@ func (a *Applier) WithKeyChanges(ctx context.Context, tx pgx.Tx, p *plan.TablePl
 	}
 	// The old keys are read from the table: what the first step queued
 	// goes first.
-	if _, err := ops.Later.Run(ctx, tx); err != nil {
-		return res, nil, err
+	if err := ops.Later.Run(ctx, tx); err != nil {
+		return res, nil, err // another table's, maybe (a *plan.TargetError)
 	}
 	resolved := make([]*plan.KeyPlan, len(second))
 	for i, kp := range second {

@@ -19,9 +19,13 @@ var Bookkeeping = []string{"scd_id", "valid_from", "valid_to", "is_current", "sc
 type ColumnInfo struct {
 	Name     string
 	OID      uint32
-	TypeName string // format_type() without modifier, usable in array casts
+	TypeName string // format_type() without modifier, as the schema checks compare types
 	FullType string // format_type() with modifier, for DDL
-	Attnum   int16  // its position in the history table (pg_attribute.attnum)
+	// CastName is the type as a cast names it (Cast): format_type() with
+	// the modifier -1, which, unlike TypeName, does not read as a length
+	// of one (character is char(1), bpchar any length).
+	CastName string
+	Attnum   int16 // its position in the history table (pg_attribute.attnum)
 	Key      bool
 	Tracked  bool
 }
@@ -57,6 +61,15 @@ type Table struct {
 	// PlainButPartitioned: the config asks for partitioning, the table
 	// existed unpartitioned (left as it is; rebuild migrates it).
 	PlainButPartitioned bool
+}
+
+// Cast is the type values are cast to for this column: CastName, or
+// TypeName when the catalog did not give one.
+func (c *ColumnInfo) Cast() string {
+	if c.CastName != "" {
+		return c.CastName
+	}
+	return c.TypeName
 }
 
 // QuoteIdents quotes names as identifiers, joined by commas.
@@ -179,7 +192,7 @@ func keyType(inferred string) string {
 
 // load reads the table's source columns and classifies them.
 func (t *Table) load(ctx context.Context, pool *pgxpool.Pool) error {
-	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod), a.attnum
+	rows, err := pool.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod), format_type(a.atttypid, -1), a.attnum
 		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY a.attnum`, t.Hist.Sanitize())
 	if err != nil {
@@ -189,7 +202,7 @@ func (t *Table) load(ctx context.Context, pool *pgxpool.Pool) error {
 	deleted := false
 	for rows.Next() {
 		var c ColumnInfo
-		if err := rows.Scan(&c.Name, &c.OID, &c.TypeName, &c.FullType, &c.Attnum); err != nil {
+		if err := rows.Scan(&c.Name, &c.OID, &c.TypeName, &c.FullType, &c.CastName, &c.Attnum); err != nil {
 			return err
 		}
 		if c.Name == "scd_seq" && c.TypeName != "bytea" {
@@ -268,11 +281,11 @@ func (t *Table) Has(name string, ignored []string) bool {
 	return ok || slices.Contains(ignored, name)
 }
 
-// KeyTypes are the types of t's key columns, in key order.
+// KeyTypes are the types of t's key columns, in key order, as casts name them.
 func (t *Table) KeyTypes() []string {
 	out := make([]string, len(t.KeyIdx))
 	for i, ki := range t.KeyIdx {
-		out[i] = t.Cols[ki].TypeName
+		out[i] = t.Cols[ki].Cast()
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -15,6 +16,12 @@ import (
 // arrays costs PostgreSQL about what a COPY does, and saves the COPY's
 // round trips; above it COPY's multi-row inserts are cheaper.
 const laterRows = 256
+
+// laterBytes bounds the values of a share's rows that go with the others'
+// (estimated, rowBytes): they are held until Later runs, and each column
+// travels as one array value (PostgreSQL's limit for one is 1 GB), where
+// COPY streams rows in 64 KiB pieces.
+const laterBytes = 8 << 20
 
 // Later holds the writes of several tables' shares of a batch, to go to
 // PostgreSQL together, in one round trip, when Run is called. A steady
@@ -37,19 +44,20 @@ type Later struct {
 func (l *Later) Pending() bool { return l != nil && len(l.p.what) > 0 }
 
 // Run sends the queued statements in tx, in their order, and empties l.
-// On failure it returns the target of the statement that failed (the
-// rest of the transaction is void anyway).
-func (l *Later) Run(ctx context.Context, tx pgx.Tx) (string, error) {
+// A statement's failure is its table's: a *plan.TargetError naming the
+// target (the rest of the transaction is void anyway); a failure no
+// statement owns (the round trip's) is returned as it is.
+func (l *Later) Run(ctx context.Context, tx pgx.Tx) error {
 	if !l.Pending() {
-		return "", nil
+		return nil
 	}
 	i, err := l.p.run(ctx, tx)
-	owner := ""
-	if err != nil && i >= 0 && i < len(l.owner) {
-		owner = l.owner[i]
-	}
+	owners := l.owner
 	l.p, l.owner = pipe{}, nil
-	return owner, err
+	if err != nil && i >= 0 && i < len(owners) {
+		return &plan.TargetError{Target: owners[i], Err: fmt.Errorf("applying batch to %s: %w", owners[i], err)}
+	}
+	return err
 }
 
 // fits reports whether w's changes to t can be queued on a Later: a plain
@@ -57,8 +65,39 @@ func (l *Later) Run(ctx context.Context, tx pgx.Tx) (string, error) {
 // key directory, around its writes), no repairs (they are audited, read
 // before and after their writes), no version rewritten whole, and few rows.
 func (w *Writes) fits(t *plan.Table) bool {
-	return t.Parts == nil && len(w.Repairs) == 0 && len(w.Full) == 0 && len(w.dir) == 0 &&
-		len(w.InsVersions)+len(w.InsSide) <= laterRows
+	if t.Parts != nil || len(w.Repairs) > 0 || len(w.Full) > 0 || len(w.dir) > 0 || len(w.InsVersions)+len(w.InsSide) > laterRows {
+		return false
+	}
+	n := 0
+	for _, v := range w.InsVersions {
+		n += rowBytes(v.Row)
+	}
+	for i := range w.InsSide {
+		n += rowBytes(w.InsSide[i].Event.Row)
+	}
+	for i := range w.T1Bulk {
+		n += rowBytes(w.T1Bulk[i].Row)
+	}
+	return n <= laterBytes
+}
+
+// rowBytes estimates what a row's values take: the bytes of strings,
+// byte slices and JSON, 16 for any other value.
+func rowBytes(row []any) int {
+	n := 0
+	for _, v := range row {
+		switch x := v.(type) {
+		case string:
+			n += len(x)
+		case []byte:
+			n += len(x)
+		case json.RawMessage:
+			n += len(x)
+		default:
+			n += 16
+		}
+	}
+	return n
 }
 
 // queue queues w's changes to t on l, in Exec's order: deletes, Type 1
@@ -66,6 +105,11 @@ func (w *Writes) fits(t *plan.Table) bool {
 // arrays, as COPY would write them).
 func (w *Writes) queue(tx pgx.Tx, t *plan.Table, l *Later) error {
 	n := len(l.p.what)
+	defer func() { // every statement queued is owned, whatever returns
+		for range len(l.p.what) - n {
+			l.owner = append(l.owner, t.Spec.Target)
+		}
+	}()
 	if err := w.queueUpdates(&l.p, tx, t); err != nil {
 		return err
 	}
@@ -75,12 +119,7 @@ func (w *Writes) queue(tx pgx.Tx, t *plan.Table, l *Later) error {
 		}
 	}
 	if len(w.InsSide) > 0 {
-		if err := w.queueInsertSide(&l.p, tx, t); err != nil {
-			return err
-		}
-	}
-	for range len(l.p.what) - n {
-		l.owner = append(l.owner, t.Spec.Target)
+		return w.queueInsertSide(&l.p, tx, t)
 	}
 	return nil
 }

@@ -25,7 +25,7 @@ func keysSource(t *plan.Table, keys []*plan.KeyPlan, firstParam int) (string, []
 			col[j] = kp.Key[i]
 		}
 		args[i] = col
-		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.Cols[ki].TypeName))
+		casts = append(casts, fmt.Sprintf("$%d::%s[]", firstParam+i, t.Cols[ki].Cast()))
 	}
 	names := catalog.QuoteIdents(t.KeyNames())
 	return fmt.Sprintf("unnest(%s) WITH ORDINALITY AS k(%s, scd_ord)", strings.Join(casts, ", "), names), args

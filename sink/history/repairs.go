@@ -154,7 +154,7 @@ func (w *Writes) noteBelow(ctx context.Context, tx pgx.Tx, t *plan.Table) error 
 		}
 		conds, args := make([]string, len(t.KeyIdx)), make([]any, 0, len(t.KeyIdx)+2)
 		for j, ki := range t.KeyIdx {
-			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.Cols[ki].Name}.Sanitize(), j+1, t.Cols[ki].TypeName)
+			conds[j] = fmt.Sprintf("%s = $%d::%s", pgx.Identifier{t.Cols[ki].Name}.Sanitize(), j+1, t.Cols[ki].Cast())
 			args = append(args, r.Key[j])
 		}
 		args = append(args, []byte(r.Below), maxAudited)

@@ -470,26 +470,50 @@ func (w *Writes) execFull(ctx context.Context, tx pgx.Tx, t *plan.Table) error {
 // unnestColumn renders one source column for an unnest: its array type,
 // the argument, and the expression giving the value from ref. unnest
 // flattens arrays of arrays, so array columns travel as their text and are
-// cast back.
+// cast back; so do columns of a type pgx has no codec for (an enum, a
+// domain, citext, an extension's type), whose arrays it cannot encode.
 func unnestColumn(t *plan.Table, tx pgx.Tx, ci, n int, get func(int) any, ref string) (typ string, arg any, val string, err error) {
 	c := &t.Cols[ci]
-	if !strings.HasSuffix(c.TypeName, "[]") {
-		return c.TypeName, column(n, get), ref, nil
-	}
 	m := tx.Conn().TypeMap()
+	_, known := m.TypeForOID(c.OID)
+	if known && !strings.HasSuffix(c.TypeName, "[]") {
+		return c.Cast(), column(n, get), ref, nil
+	}
 	texts := make(pgtype.FlatArray[any], n)
 	for i := range texts {
 		v := get(i)
 		if v == nil {
 			continue
 		}
-		b, err := m.Encode(c.OID, pgtype.TextFormatCode, v, nil)
+		s, err := textOf(m, c.OID, known, v)
 		if err != nil {
 			return "", nil, "", fmt.Errorf("column %s: %w", c.Name, err)
 		}
-		texts[i] = string(b)
+		texts[i] = s
 	}
-	return "text", texts, fmt.Sprintf("%s::%s", ref, c.TypeName), nil
+	return "text", texts, fmt.Sprintf("%s::%s", ref, c.Cast()), nil
+}
+
+// textOf is v in PostgreSQL's text form for a column of type oid (known:
+// pgx has a codec for it), as a cast from text reads it back.
+func textOf(m *pgtype.Map, oid uint32, known bool, v any) (string, error) {
+	if x, ok := v.(string); ok && !known {
+		return x, nil // an enum's label, a citext, a domain over text
+	}
+	if !known {
+		// A domain over another type, or an extension's: the value's own
+		// type spells it.
+		typ, ok := m.TypeForValue(v)
+		if !ok {
+			return "", fmt.Errorf("no text form for a %T value", v)
+		}
+		oid = typ.OID
+	}
+	b, err := m.Encode(oid, pgtype.TextFormatCode, v, nil)
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
 }
 
 // closedTimes are the valid_to of the versions w writes closed.
