@@ -46,7 +46,11 @@ func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 // maybeFlush takes what is due from the sequencer and applies the pending
 // batch when it is big or old enough (or force). Called with mu held.
 func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
-	c.collect(c.seq.Release())
+	if c.quiet(time.Now()) {
+		c.collect(c.seq.ReleaseQuiet())
+	} else {
+		c.collect(c.seq.Release())
+	}
 	c.noteBuffer()
 	n := len(c.pending) + len(c.dead)
 	// A batch that is old enough goes at once to an idle applier. While

@@ -203,6 +203,10 @@ type Consumer struct {
 	mu       sync.Mutex // guards everything below
 	seq      *sequencer.Sequencer
 	early    int64 // the sequencer's ReleasedEarly already counted
+	// lastRecord is when the last poll that brought records returned;
+	// looked are the logs' bounds the last watermark look listed (quiet.go).
+	lastRecord time.Time
+	looked     map[change.Partition]logBounds
 	// snaps are the completed snapshots whose last read is pending, by
 	// that event (snapshot.go).
 	snaps      map[*change.Event]sink.Snapshot
@@ -553,6 +557,7 @@ func (c *Consumer) pollWait() time.Duration {
 			wait = d // an idle applier takes the batch then (old)
 		}
 	}
+	wait = c.quietWait(wait)
 	if wait < 5*time.Millisecond {
 		wait = 5 * time.Millisecond
 	}

@@ -58,6 +58,9 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 		c.dataLoss[p] = o
 	}
 	c.notePositions(fetches, held)
+	if len(items) > 0 {
+		c.lastRecord = time.Unix(0, received)
+	}
 	c.sequence(items, received)
 	c.noteBuffer()
 }

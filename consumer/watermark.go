@@ -124,6 +124,7 @@ func (c *Consumer) lookAtEnds(ctx context.Context, adm *kadm.Client, before map[
 			failed[topic] = true
 		}
 	}
+	c.noteEnds(starts, ends)
 	ends.Each(func(e kadm.ListedOffset) {
 		st, _ := starts.Lookup(e.Topic, e.Partition)
 		if failed[e.Topic] {

@@ -87,6 +87,9 @@ type Stats struct {
 	// ReleasedEarly counts the events released before their window ended
 	// because the buffer was over MaxBufferedBytes.
 	ReleasedEarly int64
+	// ReleasedQuiet counts the events released before their window ended
+	// because the input was quiet (ReleaseQuiet).
+	ReleasedQuiet int64
 }
 
 type keyRef struct {
@@ -297,7 +300,19 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 // Release hands out every event that is due at the clock's current time,
 // together with the earlier buffered events of the same keys; and, while
 // the buffer is over MaxBufferedBytes, the keys due soonest.
-func (s *Sequencer) Release() Output {
+func (s *Sequencer) Release() Output { return s.releaseDue(false) }
+
+// ReleaseQuiet hands out every buffered event as if its window had ended:
+// the caller knows the input is quiet (every partition read to its end,
+// nothing new for a while), so no earlier event of a key is on its way,
+// and waiting out the rest of the window would only delay the history
+// (the end of a backlog, a burst followed by silence). Should one come
+// after all, the sink repairs it like any late event, exact as the budget's
+// early releases are. The create of a primary-key change still waits for
+// its old key on the real clock, with its key's later events.
+func (s *Sequencer) ReleaseQuiet() Output { return s.releaseDue(true) }
+
+func (s *Sequencer) releaseDue(quiet bool) Output {
 	clock := s.now().UnixNano()
 	out := s.takeReady()
 	// Over budget, a key whose primary-key create still waits for its
@@ -307,7 +322,7 @@ func (s *Sequencer) Release() Output {
 	// yet), and the other keys make the room.
 	var waiting []dueEntry
 	var aside map[*keyBuf]bool
-	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
+	for s.due.Len() > 0 && (s.due[0].at <= clock || quiet || s.overBudget()) {
 		e := s.due.pop()
 		kb := e.kb
 		if kb.gone || kb.scheduled != e.at {
@@ -349,7 +364,11 @@ func (s *Sequencer) Release() Output {
 		s.releaseKey(kb, &out, func(it item) bool {
 			take := it.ev.Seq.Compare(upto) <= 0
 			if take && e.at > clock && it.deadline > clock {
-				s.stats.ReleasedEarly++
+				if quiet {
+					s.stats.ReleasedQuiet++
+				} else {
+					s.stats.ReleasedEarly++
+				}
 			}
 			return take
 		})
