@@ -154,6 +154,10 @@ type Sequencer struct {
 	// MaxBufferedBytes bounds the reorder buffer's memory; above it the
 	// events due soonest are released before their window ends.
 	MaxBufferedBytes ByteSize `yaml:"max_buffered_bytes"`
+	// QuietAfter is how long no record must come, with a table's
+	// partitions read to their end, before its events wait no longer
+	// (nil: a quarter of the window, at most 500ms; 0: never).
+	QuietAfter *time.Duration `yaml:"quiet_after"`
 }
 
 // Sink is the sink: block.

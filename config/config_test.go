@@ -140,6 +140,7 @@ func TestBadValues(t *testing.T) {
 		{"dsn invalid", strings.Replace(minimal, `postgres://user:s3cret@127.0.0.1:5432/db`, "postgres://user:s3cret@127.0.0.1:notaport/db", 1), "postgres.dsn"},
 		{"schema", minimal + "sequencer:\n  reorder_window: -1s\n", "sequencer.reorder_window"},
 		{"duration", minimal + "sequencer:\n  reorder_window: soon\n", "sequencer.reorder_window"},
+		{"quiet_after", minimal + "sequencer:\n  quiet_after: -1s\n", "sequencer.quiet_after"},
 		{"number", minimal + "sink:\n  batch_max_events: many\n", "sink.batch_max_events"},
 		{"list", minimal + "    keys: id\n", "tables[0].keys"},
 		{"mongodb keys", minimal + "    connector: mongodb\n    keys: [customer_id]\n", "tables[0].keys"},

@@ -233,6 +233,9 @@ func (c *Config) validateServices() error {
 	if c.Sequencer.ReorderWindow < 0 {
 		return errf("sequencer.reorder_window", "must not be negative")
 	}
+	if q := c.Sequencer.QuietAfter; q != nil && *q < 0 {
+		return errf("sequencer.quiet_after", "must not be negative (0 turns it off)")
+	}
 	if c.Sequencer.MaxBufferedEvents < 1 {
 		return errf("sequencer.max_buffered_events", "must be at least 1")
 	}

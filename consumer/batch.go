@@ -46,8 +46,8 @@ func conflictLetter(cf sequencer.Conflict) sink.DeadLetter {
 // maybeFlush takes what is due from the sequencer and applies the pending
 // batch when it is big or old enough (or force). Called with mu held.
 func (c *Consumer) maybeFlush(ctx context.Context, force bool) error {
-	if c.quiet(time.Now()) {
-		c.collect(c.seq.ReleaseQuiet())
+	if quiet := c.quietTargets(time.Now()); len(quiet) > 0 {
+		c.collect(c.seq.ReleaseQuiet(func(target string) bool { return quiet[target] }))
 	} else {
 		c.collect(c.seq.Release())
 	}

@@ -155,7 +155,11 @@ type Config struct {
 	// Decoder decodes records (default: debezium.New(Rules, nil, Logger): JSON only).
 	Decoder Decoder
 
-	ReorderWindow     time.Duration
+	ReorderWindow time.Duration
+	// QuietAfter is how long no record must come before a target whose
+	// partitions are read to their end releases what waits (quiet.go): 0
+	// for a quarter of ReorderWindow, at most 500ms; negative for never.
+	QuietAfter        time.Duration
 	MaxBufferedEvents int
 	MaxBufferedBytes  int64
 	BatchMaxEvents    int
@@ -203,6 +207,8 @@ type Consumer struct {
 	mu       sync.Mutex // guards everything below
 	seq      *sequencer.Sequencer
 	early    int64 // the sequencer's ReleasedEarly already counted
+	// quietCount is the sequencer's ReleasedQuiet already counted.
+	quietCount int64
 	// lastRecord is when the last poll that brought records returned;
 	// looked are the logs' bounds the last watermark look listed (quiet.go).
 	lastRecord time.Time
@@ -568,9 +574,14 @@ func (c *Consumer) pollWait() time.Duration {
 func (c *Consumer) noteBuffer() {
 	c.m.Buffered.Set(float64(c.seq.Len()))
 	c.m.BufferedBytes.Set(float64(c.seq.Bytes()))
-	if early := c.seq.Stats().ReleasedEarly; early > c.early {
-		c.m.ReleasedEarly.Add(float64(early - c.early))
-		c.early = early
+	st := c.seq.Stats()
+	if st.ReleasedEarly > c.early {
+		c.m.ReleasedEarly.Add(float64(st.ReleasedEarly - c.early))
+		c.early = st.ReleasedEarly
+	}
+	if st.ReleasedQuiet > c.quietCount {
+		c.m.ReleasedQuiet.Add(float64(st.ReleasedQuiet - c.quietCount))
+		c.quietCount = st.ReleasedQuiet
 	}
 }
 

@@ -33,9 +33,12 @@ type Metrics struct {
 	Buffered       prometheus.Gauge
 	BufferedBytes  prometheus.Gauge
 	ReleasedEarly  prometheus.Counter
-	Paused         prometheus.Gauge
-	ApplySeconds   prometheus.Histogram
-	Lag            *prometheus.GaugeVec
+	// ReleasedQuiet counts events released before their window ended
+	// because their table's input was quiet (quiet.go).
+	ReleasedQuiet prometheus.Counter
+	Paused        prometheus.Gauge
+	ApplySeconds  prometheus.Histogram
+	Lag           *prometheus.GaugeVec
 	// Retries counts PostgreSQL errors retried, by SQLSTATE ("network"
 	// without one, "drift" for a history table changed by hand).
 	Retries *prometheus.CounterVec
@@ -122,6 +125,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Estimated memory of the events in the reorder buffer (bounded by sequencer.max_buffered_bytes)."}),
 		ReleasedEarly: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_released_early_total",
 			Help: "Events released before their reorder window ended because the buffer was over sequencer.max_buffered_bytes."}),
+		ReleasedQuiet: prometheus.NewCounter(prometheus.CounterOpts{Name: "scd2sink_events_released_quiet_total",
+			Help: "Events released before their reorder window ended because their table's partitions were read to their end and no record had come for sequencer.quiet_after."}),
 		Paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "scd2sink_fetch_paused",
 			Help: "1 while fetching is paused because the reorder buffer is full."}),
 		ApplySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "scd2sink_batch_apply_seconds",
@@ -169,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Consumed, m.Applied, m.DeadLettered, m.VersionsOpened, m.VersionsClosed, m.Repaired, m.RepairRead,
-			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.TransactionsGivenUp, m.FetchMaxBytes,
+			m.Duplicates, m.TypeMismatch, m.Rejected, m.Buffered, m.BufferedBytes, m.ReleasedEarly, m.ReleasedQuiet, m.Paused, m.ApplySeconds, m.Lag, m.Retries, m.OffsetsLost, m.OffsetsDiffer, m.TargetBlocked, m.TargetApplied, m.TopicsSkipped, m.WatermarkLag, m.TransactionsGivenUp, m.FetchMaxBytes,
 			m.Disagreements, m.Streams, m.ErasedDropped, m.RetentionRemoved, m.RetentionHorizon, m.RetentionFailures, m.Expired)
 		m.Kafka = kprom.NewMetrics("scd2sink_kafka", kprom.Registerer(reg), kprom.Gatherer(prometheus.NewRegistry()))
 	}

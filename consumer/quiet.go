@@ -14,37 +14,81 @@ import (
 // for a while (quietAfter), so whatever is buffered is released at once
 // (sequencer.ReleaseQuiet) instead of at the end of its window: the end
 // of a backlog, or of a burst followed by silence, is visible in the
-// history a moment after it is read. A steady stream is never quiet, and
-// nothing changes for it. An earlier event that comes after all is
-// repaired by the sink, as the byte budget's early releases are; the
-// create of a primary-key change still waits for its old key.
+// history a moment after it is read. A stream that brings records more
+// often than quietAfter is never quiet, and nothing changes for it; one
+// that comes in bursts (Debezium polls the WAL) is quiet between them,
+// and its events wait only for their burst. An earlier event that comes
+// after all is repaired by the sink, as the byte budget's early releases
+// are; the create of a primary-key change still waits for its old key.
 
 // maxQuietAfter bounds quietAfter for long windows.
 const maxQuietAfter = 500 * time.Millisecond
 
 // quietAfter is how long no record must come before the input counts as
-// quiet: a quarter of the reorder window, at most maxQuietAfter; 0 (never)
-// without a window.
+// quiet: Config.QuietAfter, by default a quarter of the reorder window,
+// at most maxQuietAfter; 0 (never) without a window or when turned off.
 func (c *Consumer) quietAfter() time.Duration {
+	switch q := c.cfg.QuietAfter; {
+	case q < 0 || c.cfg.ReorderWindow <= 0:
+		return 0
+	case q > 0:
+		return q
+	}
 	return min(c.cfg.ReorderWindow/4, maxQuietAfter)
 }
 
-// quiet reports whether the buffer holds events and the input is quiet at
-// now. Called with mu held.
-func (c *Consumer) quiet(now time.Time) bool {
+// quietTargets returns the targets whose input is quiet at now: no
+// record has come for quietAfter, and every assigned partition of their
+// topics has been read to its end. Each target reads one topic, and a
+// key's events come from its target's topic only, so a topic that is
+// behind (paused, parked, skipped, not fetched yet) holds back only its
+// own target. Nil when nothing is buffered or records came lately.
+// Called with mu held.
+func (c *Consumer) quietTargets(now time.Time) map[string]bool {
 	after := c.quietAfter()
 	if after <= 0 || c.seq.Len() == 0 || c.lastRecord.IsZero() || now.Sub(c.lastRecord) < after {
-		return false
+		return nil
 	}
-	return c.caughtUp()
+	behind := map[string]bool{}
+	c.commitMu.Lock()
+	for p := range c.assigned {
+		if !behind[p.Topic] && !c.readToEnd(p) {
+			behind[p.Topic] = true
+		}
+	}
+	topics := make(map[string]bool, len(c.assigned))
+	for p := range c.assigned {
+		topics[p.Topic] = true
+	}
+	c.commitMu.Unlock()
+	var out map[string]bool
+	held := map[string]bool{} // targets with a topic behind
+	for topic := range topics {
+		target := c.target(topic)
+		if target == "" {
+			continue
+		}
+		if behind[topic] {
+			held[target] = true
+			delete(out, target)
+			continue
+		}
+		if !held[target] {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[target] = true
+		}
+	}
+	return out
 }
 
 // logBounds are a partition's first and next offsets at a look.
 type logBounds struct{ start, end int64 }
 
 // noteEnds keeps the logs' bounds a watermark look listed (watermark.go):
-// a partition no fetch brought records of has no high watermark of a
-// fetch, and counts as read to its end when its log is empty.
+// a partition whose records no poll brought may have no high watermark of
+// a fetch, and counts as read to its end when its log is empty.
 func (c *Consumer) noteEnds(starts, ends kadm.ListedOffsets) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -60,36 +104,21 @@ func (c *Consumer) noteEnds(starts, ends kadm.ListedOffsets) {
 	})
 }
 
-// caughtUp reports whether every assigned partition has been read to its
-// end: the high watermark its last fetch reported, or the end the last
-// look listed, whichever is further. A partition with no known end, or
-// none read of it and a log that is not empty (not fetched yet, paused,
-// parked), is not. Called with mu held.
-func (c *Consumer) caughtUp() bool {
-	if len(c.assigned) == 0 {
+// readToEnd reports whether p has been read to its end: the high
+// watermark its last fetch reported, or the end the last look listed,
+// whichever is further. One with no known end, or none read of it and a
+// log that is not empty, is not. Called with mu and commitMu held.
+func (c *Consumer) readToEnd(p change.Partition) bool {
+	hw, fetched := c.hwm[p]
+	lb, looked := c.looked[p]
+	if !fetched && !looked {
 		return false
 	}
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
-	for p := range c.assigned {
-		hw, fetched := c.hwm[p]
-		lb, looked := c.looked[p]
-		if !fetched && !looked {
-			return false
-		}
-		end := max(hw, lb.end)
-		next, known := c.next[p]
-		if !known {
-			if !looked || lb.start < lb.end || hw > lb.end {
-				return false
-			}
-			continue
-		}
-		if next < end {
-			return false
-		}
+	next, known := c.next[p]
+	if !known {
+		return looked && lb.start == lb.end && hw <= lb.end
 	}
-	return true
+	return next >= max(hw, lb.end)
 }
 
 // quietWait shortens a poll's wait to the moment the input would turn

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/scd2sink/scd2sink/consumer"
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
@@ -72,5 +73,56 @@ func TestQuietInputIsReleased(t *testing.T) {
 		}
 		repairs += n
 	}
+	if repairs == 0 {
+		t.Error("no repair: the second burst brought no event earlier than what the first applied")
+	}
 	t.Logf("%d repairs of events that came after their keys' later ones were released", repairs)
+}
+
+// TestQuietReleaseOff: with sequencer.quiet_after 0 (a negative
+// QuietAfter) a quiet input's events wait out their window.
+func TestQuietReleaseOff(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sc := scdtest.GenScenario(rand.New(rand.NewPCG(6, 17)), "off")
+	specOf := map[string]sink.TableSpec{}
+	var topics []string
+	for _, s := range sc.Specs {
+		specOf[s.Target] = s
+		topics = append(topics, topicOf(s.Target))
+	}
+	kafka := newKafka(t, 3, topics...)
+	var recs []*kgo.Record
+	for _, ev := range sc.Events {
+		k, v := encodeEvent(ev, specOf[ev.Table])
+		recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
+	}
+	window := 4 * time.Second
+	r := startWith(t, kafka.ListenAddrs(), pool, "off", sc.Specs, window, func(c *consumer.Config) { c.QuietAfter = -1 })
+	defer r.stop(t)
+	began := time.Now()
+	produce(t, kafka.ListenAddrs(), recs)
+	time.Sleep(window / 2)
+	var applied int64
+	if err := pool.QueryRow(context.Background(), "SELECT coalesce(sum(next_offset), 0) FROM off.scd2sink_offsets").Scan(&applied); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{}
+	for _, rec := range recs {
+		want[rec.Topic]++
+	}
+	if applied >= int64(len(recs))/2 {
+		// (a truncate waits for no key: it may go at once)
+		t.Fatalf("%d of %d records applied %v after they were produced, within the window of %v", applied, len(recs), time.Since(began).Round(time.Millisecond), window)
+	}
+	waitApplied(t, pool, "off", want)
+	if took := time.Since(began); took < window {
+		t.Fatalf("applied after %v, before the window of %v", took, window)
+	}
+	check(t, pool, sc)
 }

@@ -425,6 +425,8 @@ func (c *Consumer) forgetCommitted(parts []change.Partition) {
 		delete(c.next, p) // next and origin: guarded by mu, held by every caller
 		delete(c.origin, p)
 		delete(c.assigned, p)
+		delete(c.hwm, p)    // a partition assigned back reads its end again
+		delete(c.looked, p) // (quiet.go)
 	}
 }
 

@@ -59,7 +59,7 @@ func (c *Consumer) take(ctx context.Context, fetches kgo.Fetches) {
 	}
 	c.notePositions(fetches, held)
 	if len(items) > 0 {
-		c.lastRecord = time.Unix(0, received)
+		c.lastRecord = time.Now() // after decoding, which may take a while: no poll has seen silence yet
 	}
 	c.sequence(items, received)
 	c.noteBuffer()

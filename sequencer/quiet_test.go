@@ -1,6 +1,7 @@
 package sequencer
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -8,10 +9,11 @@ import (
 	"github.com/scd2sink/scd2sink/internal/change"
 )
 
-// TestReleaseQuiet: a quiet input releases every buffered key at once, in
-// sequence order per key, before the window ends, and moves the commit
-// points past them; the create of a primary-key change whose old key's
-// delete has not come still waits for it, with its key's later events.
+// TestReleaseQuiet: a quiet input releases every buffered key of the
+// tables it names at once, in sequence order per key, before the window
+// ends, and moves the commit points past them (nothing of a table it does
+// not name); the create of a primary-key change whose old key's delete
+// has not come still waits for it, with its key's later events.
 func TestReleaseQuiet(t *testing.T) {
 	s, clk := newSeq(t, 2*time.Second, 0)
 	s.Add(ev(p0, 0, "a", 5, "x"))
@@ -26,7 +28,11 @@ func TestReleaseQuiet(t *testing.T) {
 	if out := s.Release(); out.Len() != 0 {
 		t.Fatalf("released %v before the window", seqs(out.Events))
 	}
-	out := s.ReleaseQuiet()
+	if out := s.ReleaseQuiet(func(table string) bool { return table != "tbl" }); out.Len() != 0 {
+		t.Fatalf("released %v of a table whose input is not quiet", seqs(out.Events))
+	}
+	all := func(string) bool { return true }
+	out := s.ReleaseQuiet(all)
 	if got := seqs(out.Events); !slices.Equal(got, []string{"a[3]", "a[5]", "b[2]"}) && !slices.Equal(got, []string{"b[2]", "a[3]", "a[5]"}) {
 		t.Fatalf("quiet release %v, want a[3] a[5] and b[2], not the waiting create", got)
 	}
@@ -46,10 +52,50 @@ func TestReleaseQuiet(t *testing.T) {
 	del.Op, del.After, del.KeyChanged = change.OpDelete, nil, true
 	s.Add(del)
 	clk.advance(gateStep)
-	if got := seqs(s.ReleaseQuiet().Events); !slices.Equal(got, []string{"old[120]", "new[121]", "new[130]"}) {
+	if got := seqs(s.ReleaseQuiet(all).Events); !slices.Equal(got, []string{"old[120]", "new[121]", "new[130]"}) {
 		t.Fatalf("after the old key's delete, quiet release %v", got)
 	}
 	if s.Len() != 0 {
 		t.Fatalf("%d events still buffered", s.Len())
+	}
+}
+
+// TestReleaseQuietWithBudgetAndWaitingCreates: many creates of primary-key
+// changes past their window and still waiting for their old keys, quiet
+// and over the byte budget at once: every other key is released, counted
+// as the budget's early releases while over it, the creates stay, and
+// repeated quiet releases leave the deadline heap as it was.
+func TestReleaseQuietWithBudgetAndWaitingCreates(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := New(Config{ReorderWindow: time.Second, MaxBufferedBytes: 2000}, clk.now)
+	for i := range 50 {
+		c := ev(p1, int64(i), fmt.Sprintf("new%d", i), int64(1000+i), "moved")
+		c.Op, c.OldKey = change.OpCreate, []any{fmt.Sprintf("old%d", i)}
+		s.Add(c)
+	}
+	clk.advance(2 * time.Second) // past their windows: they wait for their old keys only
+	for i := range 20 {
+		s.Add(ev(p0, int64(i), fmt.Sprintf("k%d", i), int64(i+1), "x"))
+	}
+	all := func(string) bool { return true }
+	out := s.ReleaseQuiet(all)
+	if len(out.Events) != 20 {
+		t.Fatalf("released %d events, want the 20 that wait for nothing", len(out.Events))
+	}
+	st := s.Stats()
+	if st.ReleasedEarly+st.ReleasedQuiet != 20 || st.ReleasedEarly == 0 {
+		t.Errorf("early %d, quiet %d: want 20 in all, some of them the budget's", st.ReleasedEarly, st.ReleasedQuiet)
+	}
+	heap := s.due.Len()
+	for range 5 {
+		if out := s.ReleaseQuiet(all); out.Len() != 0 {
+			t.Fatalf("released %v while the creates wait", seqs(out.Events))
+		}
+	}
+	if s.due.Len() > heap {
+		t.Errorf("the deadline heap grew from %d to %d entries", heap, s.due.Len())
+	}
+	if s.Len() != 50 {
+		t.Errorf("%d events buffered, want the 50 creates", s.Len())
 	}
 }

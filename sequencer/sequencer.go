@@ -300,19 +300,20 @@ func (s *Sequencer) NextDeadline() (time.Time, bool) {
 // Release hands out every event that is due at the clock's current time,
 // together with the earlier buffered events of the same keys; and, while
 // the buffer is over MaxBufferedBytes, the keys due soonest.
-func (s *Sequencer) Release() Output { return s.releaseDue(false) }
+func (s *Sequencer) Release() Output { return s.releaseDue(nil) }
 
-// ReleaseQuiet hands out every buffered event as if its window had ended:
-// the caller knows the input is quiet (every partition read to its end,
-// nothing new for a while), so no earlier event of a key is on its way,
-// and waiting out the rest of the window would only delay the history
-// (the end of a backlog, a burst followed by silence). Should one come
-// after all, the sink repairs it like any late event, exact as the budget's
-// early releases are. The create of a primary-key change still waits for
-// its old key on the real clock, with its key's later events.
-func (s *Sequencer) ReleaseQuiet() Output { return s.releaseDue(true) }
+// ReleaseQuiet is Release, and it hands out every buffered event of the
+// tables quiet names as if its window had ended: the caller knows their
+// input is quiet (their partitions read to their ends, nothing new for a
+// while), so no earlier event of their keys is on its way, and waiting
+// out the rest of the window would only delay the history (the end of a
+// backlog, a burst followed by silence). Should one come after all, the
+// sink repairs it like any late event, exact as the budget's early
+// releases are. The create of a primary-key change still waits for its
+// old key on the real clock, with its key's later events.
+func (s *Sequencer) ReleaseQuiet(quiet func(table string) bool) Output { return s.releaseDue(quiet) }
 
-func (s *Sequencer) releaseDue(quiet bool) Output {
+func (s *Sequencer) releaseDue(quiet func(table string) bool) Output {
 	clock := s.now().UnixNano()
 	out := s.takeReady()
 	// Over budget, a key whose primary-key create still waits for its
@@ -322,11 +323,17 @@ func (s *Sequencer) releaseDue(quiet bool) Output {
 	// yet), and the other keys make the room.
 	var waiting []dueEntry
 	var aside map[*keyBuf]bool
-	for s.due.Len() > 0 && (s.due[0].at <= clock || quiet || s.overBudget()) {
+	for s.due.Len() > 0 && (s.due[0].at <= clock || quiet != nil || s.overBudget()) {
 		e := s.due.pop()
 		kb := e.kb
 		if kb.gone || kb.scheduled != e.at {
 			continue // stale entry
+		}
+		early := e.at > clock
+		budget := early && s.overBudget()
+		if early && !budget && !quiet(kb.ref.table) {
+			waiting = append(waiting, e) // not due, and its table's input is not quiet
+			continue
 		}
 		if aside[kb] {
 			waiting = append(waiting, e)
@@ -363,11 +370,11 @@ func (s *Sequencer) releaseDue(quiet bool) Output {
 		}
 		s.releaseKey(kb, &out, func(it item) bool {
 			take := it.ev.Seq.Compare(upto) <= 0
-			if take && e.at > clock && it.deadline > clock {
-				if quiet {
-					s.stats.ReleasedQuiet++
-				} else {
+			if take && early && it.deadline > clock {
+				if budget {
 					s.stats.ReleasedEarly++
+				} else {
+					s.stats.ReleasedQuiet++
 				}
 			}
 			return take

@@ -301,6 +301,18 @@ func poolConfig(cfg *config.Config) (*pgxpool.Config, error) {
 	return pc, nil
 }
 
+// quietAfter is sequencer.quiet_after as the consumer takes it: 0 for
+// its default, negative for never.
+func quietAfter(q *time.Duration) time.Duration {
+	switch {
+	case q == nil:
+		return 0
+	case *q == 0:
+		return -1
+	}
+	return *q
+}
+
 // statementCache is how many prepared statements each of the service's
 // connections keeps (docs/operations.md): about a dozen per history table
 // for 300 tables.
@@ -420,7 +432,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			StartOffset: cfg.Kafka.StartOffset, SessionTimeout: cfg.Kafka.SessionTimeout, IsolationLevel: cfg.Kafka.IsolationLevel, OnOffsetLost: cfg.Kafka.OnOffsetLost, InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: opts.LeaveGroup, TLS: tlsCfg, SASL: kafkaSASL(cfg), Rules: Rules(cfg), Decoder: dec,
 			Patterns: router.Patterns(), Exclude: config.Internal, MetadataMaxAge: cfg.Kafka.MetadataMaxAge,
 			Route:         routeFunc(router, s),
-			ReorderWindow: cfg.Sequencer.ReorderWindow, MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
+			ReorderWindow: cfg.Sequencer.ReorderWindow, QuietAfter: quietAfter(cfg.Sequencer.QuietAfter), MaxBufferedEvents: cfg.Sequencer.MaxBufferedEvents,
 			MaxBufferedBytes: int64(cfg.Sequencer.MaxBufferedBytes), BatchMaxBytes: int64(cfg.Sink.BatchMaxBytes),
 			BatchMaxEvents: cfg.Sink.BatchMaxEvents, BatchMaxWait: cfg.Sink.BatchMaxWait,
 			Logger: log.Named("consumer"), Metrics: metrics, Opts: opts.KafkaOpts,
