@@ -31,9 +31,11 @@ TEST_P ?= 3
 test: lint
 	$(GO) test -count=1 -p $(TEST_P) -timeout 20m $(TEST_PKGS)
 	# What a rebalance callback shares with the applying goroutine, and the
-	# parts of a batch applied side by side, and new tables made side by side,
-	# under the race detector.
-	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure|TestManyNewTablesInNewSchema' ./sink/
+	# parts of a batch applied side by side, new tables made side by side,
+	# small shares' writes queued together, and the quiet release beside the
+	# watermark looks, under the race detector.
+	$(GO) test -race -short -count=1 -run 'TestForgetWhileApplying|TestFoldPropertyParallel|TestSplitBatchFailure|TestManyNewTablesInNewSchema|TestQueued' ./sink/
+	$(GO) test -race -short -count=1 -run 'TestQuiet' ./consumer/
 
 # Only Go: the demo and every package's tests with PostgreSQL's binaries
 # hidden, on the embedded PostgreSQL (as root: it uses a mount namespace).
