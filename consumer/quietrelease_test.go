@@ -12,6 +12,7 @@ import (
 	"github.com/scd2sink/scd2sink/internal/pgtest"
 	"github.com/scd2sink/scd2sink/internal/scdtest"
 	"github.com/scd2sink/scd2sink/sink"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -23,29 +24,8 @@ import (
 // into the same exact history.
 func TestQuietInputIsReleased(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	rng := rand.New(rand.NewPCG(5, 17))
-	sc := scdtest.GenScenario(rng, "quiet")
-	specOf := map[string]sink.TableSpec{}
-	var topics []string
-	for _, s := range sc.Specs {
-		specOf[s.Target] = s
-		topics = append(topics, topicOf(s.Target))
-	}
-	kafka := newKafka(t, 3, topics...)
-	var recs []*kgo.Record
-	for _, ev := range sc.Events {
-		k, v := encodeEvent(ev, specOf[ev.Table])
-		recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
-		if rng.IntN(6) == 0 {
-			recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
-		}
-	}
+	pool, sc, kafka, recs := quietScenario(t, rng, "quiet", true)
 	rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
 	half := len(recs) / 2
 	r := start(t, kafka.ListenAddrs(), pool, "quiet", sc.Specs, time.Minute)
@@ -83,25 +63,7 @@ func TestQuietInputIsReleased(t *testing.T) {
 // QuietAfter) a quiet input's events wait out their window.
 func TestQuietReleaseOff(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	sc := scdtest.GenScenario(rand.New(rand.NewPCG(6, 17)), "off")
-	specOf := map[string]sink.TableSpec{}
-	var topics []string
-	for _, s := range sc.Specs {
-		specOf[s.Target] = s
-		topics = append(topics, topicOf(s.Target))
-	}
-	kafka := newKafka(t, 3, topics...)
-	var recs []*kgo.Record
-	for _, ev := range sc.Events {
-		k, v := encodeEvent(ev, specOf[ev.Table])
-		recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
-	}
+	pool, sc, kafka, recs := quietScenario(t, rand.New(rand.NewPCG(6, 17)), "off", false)
 	window := 4 * time.Second
 	r := startWith(t, kafka.ListenAddrs(), pool, "off", sc.Specs, window, func(c *consumer.Config) { c.QuietAfter = -1 })
 	defer r.stop(t)
@@ -125,4 +87,33 @@ func TestQuietReleaseOff(t *testing.T) {
 		t.Fatalf("applied after %v, before the window of %v", took, window)
 	}
 	check(t, pool, sc)
+}
+
+// quietScenario makes a database, a random scenario in schema, an
+// in-process Kafka of three partitions per topic, and the scenario's
+// records in event order (some twice, with dups).
+func quietScenario(t *testing.T, rng *rand.Rand, schema string, dups bool) (*pgxpool.Pool, scdtest.Scenario, *kfake.Cluster, []*kgo.Record) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sc := scdtest.GenScenario(rng, schema)
+	specOf := map[string]sink.TableSpec{}
+	var topics []string
+	for _, s := range sc.Specs {
+		specOf[s.Target] = s
+		topics = append(topics, topicOf(s.Target))
+	}
+	kafka := newKafka(t, 3, topics...)
+	var recs []*kgo.Record
+	for _, ev := range sc.Events {
+		k, v := encodeEvent(ev, specOf[ev.Table])
+		recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
+		if dups && rng.IntN(6) == 0 {
+			recs = append(recs, &kgo.Record{Topic: topicOf(ev.Table), Key: k, Value: v})
+		}
+	}
+	return pool, sc, kafka, recs
 }

@@ -167,7 +167,7 @@ func (e *Event) PackAfterValues() {
 		return
 	}
 	e.Hash()
-	n := 2 + valuesSize(e.AfterValues, 10)
+	n := 2 + ValuesSize(e.AfterValues, 10)
 	if b, ok := AppendValues(make([]byte, 0, n), e.AfterValues); ok {
 		e.afterPacked, e.AfterValues = b, nil
 	}
@@ -197,12 +197,12 @@ func (e *Event) Size() int {
 	if e.After != nil {
 		n += 128 * len(e.After) // a decoded image: map slots and boxed values
 	}
-	return n + len(e.afterPacked) + valuesSize(e.AfterValues, 40) // 40: a boxed value
+	return n + len(e.afterPacked) + ValuesSize(e.AfterValues, 40) // 40: a boxed value
 }
 
-// valuesSize is per bytes for each value, plus the text of strings, byte
-// slices and JSON.
-func valuesSize(vs []any, per int) int {
+// ValuesSize estimates the memory of values: per bytes for each, plus
+// the text of strings, byte slices and JSON.
+func ValuesSize(vs []any, per int) int {
 	n := per * len(vs)
 	for _, v := range vs {
 		switch x := v.(type) {

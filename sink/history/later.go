@@ -2,11 +2,11 @@ package history
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
@@ -17,10 +17,10 @@ import (
 // round trips; above it COPY's multi-row inserts are cheaper.
 const laterRows = 256
 
-// laterBytes bounds the values of a share's rows that go with the others'
-// (estimated, rowBytes): they are held until Later runs, and each column
-// travels as one array value (PostgreSQL's limit for one is 1 GB), where
-// COPY streams rows in 64 KiB pieces.
+// laterBytes bounds the values of a share's rows that go with the
+// others' (estimated, change.ValuesSize): they are held until Later runs,
+// and each column travels as one array value (PostgreSQL's limit for one
+// is 1 GB), where COPY streams rows in 64 KiB pieces.
 const laterBytes = 8 << 20
 
 // Later holds the writes of several tables' shares of a batch, to go to
@@ -70,34 +70,15 @@ func (w *Writes) fits(t *plan.Table) bool {
 	}
 	n := 0
 	for _, v := range w.InsVersions {
-		n += rowBytes(v.Row)
+		n += change.ValuesSize(v.Row, 16)
 	}
 	for i := range w.InsSide {
-		n += rowBytes(w.InsSide[i].Event.Row)
+		n += change.ValuesSize(w.InsSide[i].Event.Row, 16)
 	}
 	for i := range w.T1Bulk {
-		n += rowBytes(w.T1Bulk[i].Row)
+		n += change.ValuesSize(w.T1Bulk[i].Row, 16)
 	}
 	return n <= laterBytes
-}
-
-// rowBytes estimates what a row's values take: the bytes of strings,
-// byte slices and JSON, 16 for any other value.
-func rowBytes(row []any) int {
-	n := 0
-	for _, v := range row {
-		switch x := v.(type) {
-		case string:
-			n += len(x)
-		case []byte:
-			n += len(x)
-		case json.RawMessage:
-			n += len(x)
-		default:
-			n += 16
-		}
-	}
-	return n
 }
 
 // queue queues w's changes to t on l, in Exec's order: deletes, Type 1
