@@ -49,38 +49,21 @@ func (c *Consumer) quietTargets(now time.Time) map[string]bool {
 	if after <= 0 || c.seq.Len() == 0 || c.lastRecord.IsZero() || now.Sub(c.lastRecord) < after {
 		return nil
 	}
-	behind := map[string]bool{}
+	quiet := map[string]bool{} // by target: every partition seen so far read to its end
 	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
 	for p := range c.assigned {
-		if !behind[p.Topic] && !c.readToEnd(p) {
-			behind[p.Topic] = true
+		target := c.target(p.Topic)
+		if ok, seen := quiet[target]; target != "" && (!seen || ok) {
+			quiet[target] = c.readToEnd(p)
 		}
 	}
-	topics := make(map[string]bool, len(c.assigned))
-	for p := range c.assigned {
-		topics[p.Topic] = true
-	}
-	c.commitMu.Unlock()
-	var out map[string]bool
-	held := map[string]bool{} // targets with a topic behind
-	for topic := range topics {
-		target := c.target(topic)
-		if target == "" {
-			continue
-		}
-		if behind[topic] {
-			held[target] = true
-			delete(out, target)
-			continue
-		}
-		if !held[target] {
-			if out == nil {
-				out = map[string]bool{}
-			}
-			out[target] = true
+	for target, ok := range quiet {
+		if !ok {
+			delete(quiet, target)
 		}
 	}
-	return out
+	return quiet
 }
 
 // logBounds are a partition's first and next offsets at a look.
