@@ -151,6 +151,32 @@ func (s *Sink) SkipReconcile(skip func(target string) bool) { s.recon.skip = ski
 const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	set_config('enable_mergejoin', 'off', true)`
 
+// genericPlans is keyedPlans, and the transaction's prepared statements
+// keep the one plan PostgreSQL made for them (plan_cache_mode). Left to
+// itself, PostgreSQL plans a statement afresh on each of its first five
+// runs on a connection, and after that whenever the plan made for the
+// parameters at hand looks cheaper than the kept one, which for a
+// statement over unnest of arrays it always does (the kept one guesses
+// their length): a table's read of its keys' latest versions costs
+// about half a millisecond to plan, run after run, and at 200 tables of a
+// few keys each that was a third of the transaction. With the joins held
+// to index probes (keyedPlans) a kept plan has the shape a fresh one
+// would have. Not used when a batch writes a partitioned history table:
+// before a kept plan runs, PostgreSQL locks every partition it may touch
+// (years of partitions), where a fresh plan locks those it reads.
+const genericPlans = keyedPlans + `, set_config('plan_cache_mode', 'force_generic_plan', true)`
+
+// plannerOptions is the statement setting a batch's planner options over
+// plans: genericPlans, or keyedPlans when one of them is partitioned.
+func plannerOptions(plans map[string]*plan.TablePlan) string {
+	for _, tp := range plans {
+		if tp != nil && tp.Table != nil && tp.Table.Parts != nil {
+			return keyedPlans
+		}
+	}
+	return genericPlans
+}
+
 // applyTx is a batch's transaction: READ COMMITTED whatever the server's
 // default, so that each statement sees what committed before it and took
 // its locks (the column types read after a table's lock, history.Prefetch; the

@@ -118,7 +118,7 @@ func (b *batchTx) run(ctx context.Context, tx pgx.Tx) error {
 // an outside write counted, and the read-ahead of every table's state.
 func (b *batchTx) before(ctx context.Context, tx pgx.Tx) error {
 	s, p := b.s, b.p
-	if err := s.fence(ctx, tx, p.positions, p.lock); err != nil {
+	if err := s.fence(ctx, tx, plannerOptions(p.plans), p.positions, p.lock); err != nil {
 		return err
 	}
 	for _, name := range p.lockTargets {

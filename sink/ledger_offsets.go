@@ -20,11 +20,12 @@ import (
 // advisory lock per partition, taken in a fixed order) and empties the
 // cache if another writer applied one of them since this Sink did.
 //
-// It also sets the transaction's planner options (keyedPlans): the three
-// statements go to PostgreSQL as one pipeline, one round trip.
-func (l *Ledger) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partition]Position, lock []change.Partition) error {
+// It also sets the transaction's planner options (options: keyedPlans or
+// genericPlans): the three statements go to PostgreSQL as one pipeline,
+// one round trip.
+func (l *Ledger) fence(ctx context.Context, tx pgx.Tx, options string, offsets map[change.Partition]Position, lock []change.Partition) error {
 	if len(offsets) == 0 && len(lock) == 0 {
-		if _, err := tx.Exec(ctx, keyedPlans); err != nil {
+		if _, err := tx.Exec(ctx, options); err != nil {
 			return fmt.Errorf("setting the batch's planner options: %w", err)
 		}
 		return nil
@@ -59,7 +60,7 @@ func (l *Ledger) fence(ctx context.Context, tx pgx.Tx, offsets map[change.Partit
 		tmax[len(tmax)-1] = p.Partition
 	}
 	b := &pgx.Batch{}
-	b.Queue(keyedPlans)
+	b.Queue(options)
 	b.Queue(`SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT k FROM unnest($1::bigint[]) WITH ORDINALITY AS x(k, o) ORDER BY o) l`, locks)
 	// Topics whose partitions were added to (ledger_topics.go): keys moved
 	// between partitions, so writers of the topic take turns, after the

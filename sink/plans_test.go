@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/scd2sink/scd2sink/internal/change"
+	"github.com/scd2sink/scd2sink/sink"
 )
 
 // seqScans returns how often PostgreSQL has scanned a table sequentially,
@@ -65,4 +66,62 @@ func TestBatchesProbeKeys(t *testing.T) {
 		t.Fatalf("the batch scanned customers_history sequentially %d times", after-before)
 	}
 	verifyClean(t, s, "customers_history")
+}
+
+// TestBatchPlannerOptions: a batch's transaction probes key indexes
+// (no sequential scan, hash or merge join) and, over plain history
+// tables, keeps one plan per prepared statement (plan_cache_mode
+// force_generic_plan); over a partitioned one it leaves PostgreSQL to
+// plan afresh (a kept plan locks every partition). A trigger on the
+// history table records the settings its insert ran under.
+func TestBatchPlannerOptions(t *testing.T) {
+	t.Parallel()
+	pool := sharedPool(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		partitioned bool
+		want        string
+	}{
+		{"plain", false, "force_generic_plan"},
+		{"partitioned", true, "auto"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := "plans_" + tc.name
+			spec := custSpec(schema)
+			if tc.partitioned {
+				spec.Partitioning = sink.Partitioning{Interval: "month", Ahead: 2}
+			}
+			s := newSink(t, pool, schema, spec)
+			if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{
+				cust(change.OpCreate, 10, day, "C1", "name", "Ann", "plan", "basic", "city", "Wien", "visits", 1),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s.seen (mode text, seqscan text, hashjoin text);
+				CREATE FUNCTION %[1]s.note() RETURNS trigger LANGUAGE plpgsql AS
+				$$ BEGIN INSERT INTO %[1]s.seen VALUES (current_setting('plan_cache_mode'), current_setting('enable_seqscan'), current_setting('enable_hashjoin')); RETURN NULL; END $$;
+				CREATE TRIGGER note AFTER INSERT ON %[1]s.customers_history FOR EACH ROW EXECUTE FUNCTION %[1]s.note()`, schema)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Apply(ctx, sink.Batch{Events: []*change.Event{
+				cust(change.OpUpdate, 20, day.AddDate(0, 0, 1), "C1", "name", "Ann", "plan", "pro", "city", "Wien", "visits", 2),
+				cust(change.OpCreate, 21, day.AddDate(0, 0, 1), "C2", "name", "Bo", "plan", "basic", "city", "Graz", "visits", 1),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			var mode, seqscan, hashjoin string
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), min(mode), min(seqscan), min(hashjoin) FROM %s.seen`, schema)).Scan(&n, &mode, &seqscan, &hashjoin); err != nil {
+				t.Fatal(err)
+			}
+			if n < 2 || mode != tc.want || seqscan != "off" || hashjoin != "off" {
+				t.Fatalf("%d inserts under plan_cache_mode %s, enable_seqscan %s, enable_hashjoin %s; want 2 (a partitioned table moves a closed version: 3) under %s, off, off", n, mode, seqscan, hashjoin, tc.want)
+			}
+			// Outside the batch's transaction, the settings are the server's.
+			if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil || mode != "auto" {
+				t.Fatalf("plan_cache_mode outside the batch: %q, %v", mode, err)
+			}
+		})
+	}
 }

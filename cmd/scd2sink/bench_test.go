@@ -356,6 +356,7 @@ func benchPipeline(b *testing.B, recs []*kgo.Record, work []scdtest.BenchRecord,
 		b.ReportMetric(leastEPS, "least_sql_events/s")
 		b.ReportMetric(eps/leastEPS, "of_least_sql")
 		b.ReportMetric(sustained/rps, "sustained_ratio")
+		b.ReportMetric(sustained/leastEPS, "sustained_of_least_sql")
 		b.ReportMetric(rssMiB, "peak_rss_MiB")
 		b.ReportMetric(m["go_memstats_mallocs_total"]/float64(nEvents), "allocs/event")
 		b.ReportMetric(m["go_gc_duration_seconds_count"], "gc_cycles")

@@ -35,11 +35,18 @@ import (
 // its PostgreSQL backends (prepared statements and caches; a local server
 // only); the 200-table case reports its ratios to the 2-table case of the
 // same run. BENCH_DSN_EXTRA is appended to the DSN
-// ("&statement_cache_capacity=512").
+// ("&statement_cache_capacity=512"), BENCH_CONFIG to the
+// configuration file ("sequencer: {quiet_after: 0s}\n"); BENCH_MANY_SCALE
+// multiplies the keys and changes (fixed costs, such as a table's first
+// statements, weigh less in a longer run).
 func BenchmarkManyTables(b *testing.B) {
-	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), 12_000, 72_000)
+	scale := 1
+	if n, err := strconv.Atoi(os.Getenv("BENCH_MANY_SCALE")); err == nil && n > 0 {
+		scale = n
+	}
+	work := scdtest.BenchWorkload(rand.New(rand.NewPCG(3, 4)), scale*12_000, scale*72_000)
 	split := 0
-	for n := 0; split < len(work) && n < 24_000; split++ {
+	for n := 0; split < len(work) && n < scale*24_000; split++ {
 		if !work[split].Tombstone {
 			n++
 		}
@@ -152,7 +159,7 @@ tables:
   - topic_pattern: 'bench\.public\..*'
     target: "{table}_history"
     keys: [id]
-`, brokers, dsn, httpAddr, benchLogLevel())), 0o600); err != nil {
+%s`, brokers, dsn, httpAddr, benchLogLevel(), os.Getenv("BENCH_CONFIG"))), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	applied := func(want int64, start time.Time) time.Duration {

@@ -43,6 +43,9 @@ import (
 // steady one, in a binary started afresh, is reported against it (the
 // goal: within 1.5). The steady load then starts over the backlog's keys
 // and history: set SOAK_BACKLOG_SECONDS=0 to compare with runs before it.
+// After the steady load, SOAK_TAIL_SECONDS (30; 0: none) more of the
+// stream are produced at once and a new binary started over them: the
+// full-speed figure of the steady load's own mix of keys and history.
 func BenchmarkSoak(b *testing.B) {
 	minutes, tables, rate, fixed := envInt("SOAK_MINUTES", 3), envInt("SOAK_TABLES", 20), envInt("SOAK_RATE", 3000), envInt("SOAK_KEYS", 0)
 	warm := time.Duration(envInt("SOAK_WARMUP_MINUTES", 0)) * time.Minute
@@ -93,39 +96,45 @@ func BenchmarkSoak(b *testing.B) {
 		if v, err := strconv.Atoi(os.Getenv("SOAK_BACKLOG_SECONDS")); err == nil && v >= 0 { // 0: none
 			backlog = v * rate
 		}
-		type heldBack struct {
-			rec *kgo.Record
-			due int
-		}
-		var lateBacklog []heldBack
-		from := time.Now().Add(-time.Duration(backlog) * time.Second / time.Duration(rate))
-		for i := 0; i < backlog; i++ {
-			for len(lateBacklog) > 0 && lateBacklog[0].due <= i {
-				produce(lateBacklog[0].rec)
-				lateBacklog = lateBacklog[1:]
+		// produceBacklog produces n changes of the stream at once, as if
+		// they had come at rate up to now, its late changes 3 s (of the
+		// stream) after their turn.
+		produceBacklog := func(n int) {
+			type heldBack struct {
+				rec *kgo.Record
+				due int
 			}
-			for _, w := range soak.Next(from.Add(time.Duration(i) * time.Second / time.Duration(rate))) {
-				k, v := w.Src.Envelope(w.Change)
-				if w.Tombstone {
-					v = nil
+			var lateBacklog []heldBack
+			from := time.Now().Add(-time.Duration(n) * time.Second / time.Duration(rate))
+			for i := 0; i < n; i++ {
+				for len(lateBacklog) > 0 && lateBacklog[0].due <= i {
+					produce(lateBacklog[0].rec)
+					lateBacklog = lateBacklog[1:]
 				}
-				r := &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}
-				switch x := rng.IntN(1000); {
-				case x < 20 && !w.Tombstone:
-					lateBacklog = append(lateBacklog, heldBack{r, i + 3*rate})
-					continue
-				case x == 20:
-					produce(&kgo.Record{Topic: r.Topic, Key: k, Value: v})
+				for _, w := range soak.Next(from.Add(time.Duration(i) * time.Second / time.Duration(rate))) {
+					k, v := w.Src.Envelope(w.Change)
+					if w.Tombstone {
+						v = nil
+					}
+					r := &kgo.Record{Topic: w.Src.Topic(), Key: k, Value: v}
+					switch x := rng.IntN(1000); {
+					case x < 20 && !w.Tombstone:
+						lateBacklog = append(lateBacklog, heldBack{r, i + 3*rate})
+						continue
+					case x == 20:
+						produce(&kgo.Record{Topic: r.Topic, Key: k, Value: v})
+					}
+					produce(r)
 				}
-				produce(r)
+			}
+			for _, h := range lateBacklog {
+				produce(h.rec)
+			}
+			if err := cl.Flush(ctx); err != nil {
+				b.Fatal(err)
 			}
 		}
-		for _, h := range lateBacklog {
-			produce(h.rec)
-		}
-		if err := cl.Flush(ctx); err != nil {
-			b.Fatal(err)
-		}
+		produceBacklog(backlog)
 		// run starts the binary, writing a CPU profile to prof (none: "").
 		run := func(prof string) *exec.Cmd {
 			cmd := exec.Command(binary(b), "run", "--config", cfgFile)
@@ -148,26 +157,33 @@ func BenchmarkSoak(b *testing.B) {
 			return cmd
 		}
 		prof := os.Getenv("SOAK_CPUPROFILE")
-		var full float64 // µs of CPU per change through the backlog
-		if backlog > 0 {
-			// Its own process (and profile: SOAK_CPUPROFILE.backlog), its
-			// CPU counted from /healthz on; the steady load starts a new
-			// one, as the hidden soak does: no burst before its warm-up.
-			backProf := ""
+		// throughBacklog starts a binary over a backlog of n changes and
+		// returns its CPU per change (µs, from /healthz on) until all is
+		// applied; it writes its profile to prof+suffix.
+		throughBacklog := func(n int, suffix, what string) float64 {
+			p := ""
 			if prof != "" {
-				backProf = prof + ".backlog"
+				p = prof + suffix
 			}
-			cmd := run(backProf)
+			cmd := run(p)
 			up := sampleProcess(b, cmd.Process.Pid, "http://"+httpAddr+"/metrics")
 			waitApplied(b, pool, produced, 10*time.Minute)
 			s := sampleProcess(b, cmd.Process.Pid, "http://"+httpAddr+"/metrics")
-			full = (s.cpu - up.cpu) / float64(backlog) * 1e6
-			fmt.Fprintf(os.Stderr, "soak backlog: %d changes applied at full speed, %.1f s of CPU, %.0f µs per change, RSS %.0f MiB\n",
-				backlog, s.cpu-up.cpu, full, s.rss)
+			us := (s.cpu - up.cpu) / float64(n) * 1e6
+			fmt.Fprintf(os.Stderr, "soak %s: %d changes applied at full speed, %.1f s of CPU, %.0f µs per change, RSS %.0f MiB\n",
+				what, n, s.cpu-up.cpu, us, s.rss)
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			if err := cmd.Wait(); err != nil {
 				b.Fatalf("scd2sink: %v", err)
 			}
+			return us
+		}
+		var full float64 // µs of CPU per change through the backlog
+		if backlog > 0 {
+			// Its own process (and profile: SOAK_CPUPROFILE.backlog); the
+			// steady load starts a new one, as the hidden soak does: no
+			// burst before its warm-up.
+			full = throughBacklog(backlog, ".backlog", "backlog")
 		}
 		cmd := run(prof)
 		type held struct {
@@ -248,6 +264,18 @@ func BenchmarkSoak(b *testing.B) {
 		if err := cmd.Wait(); err != nil {
 			b.Fatalf("scd2sink: %v", err)
 		}
+		// The tail: the stream goes on while no binary runs, then one
+		// starts over it. Its keys and history are the steady load's, so
+		// its CPU per change is the full-speed figure of the steady mix
+		// (the first backlog's keys are new: mostly creates of keys
+		// whose later changes fold in memory in the same batch).
+		var tail float64
+		if tailN := envInt("SOAK_TAIL_SECONDS", 30) * rate; tailN > 0 {
+			// Its changes are timed after the steady load's last ones.
+			time.Sleep(time.Until(end.Add(time.Duration(tailN) * time.Second / time.Duration(rate))))
+			produceBacklog(tailN)
+			tail = throughBacklog(tailN, ".tail", "tail")
+		}
 		cl.Close()
 		pool.Close()
 		kafka.Close()
@@ -256,6 +284,11 @@ func BenchmarkSoak(b *testing.B) {
 			b.ReportMetric(full, "full_cpu_us/change")
 			b.ReportMetric(steady/full, "steady/full_cpu")
 			b.Logf("CPU per change: %.0f µs at %d changes/s against %.0f µs through the backlog at full speed (%.2fx)", steady, rate, full, steady/full)
+		}
+		if tail > 0 {
+			b.ReportMetric(tail, "tail_cpu_us/change")
+			b.ReportMetric(steady/tail, "steady/tail_cpu")
+			b.Logf("CPU per change: %.0f µs at %d changes/s against %.0f µs through the tail backlog at full speed (%.2fx)", steady, rate, tail, steady/tail)
 		}
 	}
 }
