@@ -154,16 +154,17 @@ const keyedPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config
 // genericPlans is keyedPlans, and the transaction's prepared statements
 // keep the one plan PostgreSQL made for them (plan_cache_mode). Left to
 // itself, PostgreSQL plans a statement afresh on each of its first five
-// runs on a connection, and after that whenever the plan made for the
-// parameters at hand looks cheaper than the kept one, which for a
-// statement over unnest of arrays it always does (the kept one guesses
-// their length): a table's read of its keys' latest versions costs
+// runs on a connection, and after that whenever the kept plan's cost
+// passes the average of the fresh ones, which for a statement over unnest
+// of arrays it does (the kept one guesses their length, the fresh ones
+// count short arrays): a table's read of its keys' latest versions costs
 // about half a millisecond to plan, run after run, and at 200 tables of a
 // few keys each that was a third of the transaction. With the joins held
 // to index probes (keyedPlans) a kept plan has the shape a fresh one
-// would have. Not used when a batch writes a partitioned history table:
-// before a kept plan runs, PostgreSQL locks every partition it may touch
-// (years of partitions), where a fresh plan locks those it reads.
+// would have. Not used when a batch writes a partitioned history table
+// (then for none of its tables): before a kept plan runs, PostgreSQL
+// locks every partition it may touch (years of partitions), where a
+// fresh plan locks those it reads.
 const genericPlans = keyedPlans + `, set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // plannerOptions is the statement setting a batch's planner options over

@@ -270,7 +270,11 @@ func BenchmarkSoak(b *testing.B) {
 		// (the first backlog's keys are new: mostly creates of keys
 		// whose later changes fold in memory in the same batch).
 		var tail float64
-		if tailN := envInt("SOAK_TAIL_SECONDS", 30) * rate; tailN > 0 {
+		tailN := 30 * rate
+		if v, err := strconv.Atoi(os.Getenv("SOAK_TAIL_SECONDS")); err == nil && v >= 0 { // 0: none
+			tailN = v * rate
+		}
+		if tailN > 0 {
 			// Its changes are timed after the steady load's last ones.
 			time.Sleep(time.Until(end.Add(time.Duration(tailN) * time.Second / time.Duration(rate))))
 			produceBacklog(tailN)
