@@ -6,8 +6,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/scd2sink/scd2sink/internal/change"
 	"github.com/scd2sink/scd2sink/sink/fold"
+	"github.com/scd2sink/scd2sink/sink/pgcodec"
 	"github.com/scd2sink/scd2sink/sink/plan"
 )
 
@@ -111,15 +113,38 @@ func (w *Writes) queue(tx pgx.Tx, t *plan.Table, l *Later) error {
 type insertCols struct {
 	types, names, vals []string
 	args               []any
+	m                  *pgtype.Map // the connection's (source sets it)
+	err                error       // the first column that failed to encode
 }
 
 func (c *insertCols) add(typ, name, val string, arg any) {
 	c.types, c.names, c.vals, c.args = append(c.types, typ), append(c.names, name), append(c.vals, val), append(c.args, arg)
 }
 
+// addRaw adds a bookkeeping column of type typ (its OID oid), inserted as
+// it is, its n values encoded here (pgcodec.RawArray).
+func (c *insertCols) addRaw(typ string, oid uint32, name string, n int, get func(int) any) {
+	c.addRawAs(typ, oid, name, "x."+name, n, get)
+}
+
+// addRawAs is addRaw with the expression the column is inserted as.
+func (c *insertCols) addRawAs(typ string, oid uint32, name, val string, n int, get func(int) any) {
+	if c.err != nil {
+		return
+	}
+	raw, err := pgcodec.NewRawArray(c.m, oid, n, get)
+	if err != nil {
+		c.err = fmt.Errorf("column %s: %w", name, err)
+		return
+	}
+	c.add(typ, name, val, raw)
+}
+
 // source adds t's source columns, row(i) giving row i's values (nil for
 // a row of NULLs).
 func (c *insertCols) source(tx pgx.Tx, t *plan.Table, n int, row func(int) []any) error {
+	c.m = tx.Conn().TypeMap()
+	pgcodec.Register(c.m) // RawArray's plan (a batch's transaction has it already)
 	for ci := range t.Cols {
 		name := fmt.Sprintf("c%d", ci)
 		typ, arg, val, err := unnestColumn(t, tx, ci, n, func(i int) any {
@@ -140,13 +165,13 @@ func (c *insertCols) source(tx pgx.Tx, t *plan.Table, n int, row func(int) []any
 // arrays, so each list travels joined (NULL stays NULL, an empty list
 // stays empty).
 func (c *insertCols) list(name string, n int, get func(int) []string) {
-	c.add("text", name, fmt.Sprintf("string_to_array(x.%s, chr(31))", name), column(n, func(i int) any {
+	c.addRawAs("text", pgtype.TextOID, name, fmt.Sprintf("string_to_array(x.%s, chr(31))", name), n, func(i int) any {
 		l := get(i)
 		if l == nil {
 			return nil
 		}
 		return strings.Join(l, "\x1f")
-	}))
+	})
 }
 
 // insert renders the statement inserting c's columns into table's cols.
@@ -173,30 +198,33 @@ func (w *Writes) queueInsertVersions(p *pipe, tx pgx.Tx, t *plan.Table) error {
 	}
 	cols := append(t.ColNames(), "valid_from", "valid_to", "is_current", "scd_seq", "scd_close_seq", "scd_op", "scd_hash",
 		"scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-	c.add("timestamptz", "b_from", "x.b_from", column(len(vs), func(i int) any { return b.Time(vs[i].From) }))
-	c.add("timestamptz", "b_to", "x.b_to", column(len(vs), func(i int) any {
+	c.addRaw("timestamptz", pgtype.TimestamptzOID, "b_from", len(vs), func(i int) any { return b.Time(vs[i].From) })
+	c.addRaw("timestamptz", pgtype.TimestamptzOID, "b_to", len(vs), func(i int) any {
 		if !vs[i].Closed {
 			return nil
 		}
 		return b.Time(vs[i].To)
-	}))
-	c.add("boolean", "b_cur", "x.b_cur", column(len(vs), func(i int) bool { return !vs[i].Closed }))
-	c.add("bytea", "b_seq", "x.b_seq", column(len(vs), func(i int) any { return b.Bytes(vs[i].Seq) }))
-	c.add("bytea", "b_cs", "x.b_cs", column(len(vs), func(i int) any {
+	})
+	c.addRaw("boolean", pgtype.BoolOID, "b_cur", len(vs), func(i int) any { return !vs[i].Closed })
+	c.addRaw("bytea", pgtype.ByteaOID, "b_seq", len(vs), func(i int) any { return b.Bytes(vs[i].Seq) })
+	c.addRaw("bytea", pgtype.ByteaOID, "b_cs", len(vs), func(i int) any {
 		if vs[i].CloseSeq == nil {
 			return nil
 		}
 		return b.Bytes(vs[i].CloseSeq)
-	}))
-	c.add("text", "b_op", "x.b_op", column(len(vs), func(i int) any { return opText[vs[i].Op] }))
-	c.add("bytea", "b_hash", "x.b_hash", column(len(vs), func(i int) any { return b.Bytes(vs[i].Hash) }))
+	})
+	c.addRaw("text", pgtype.TextOID, "b_op", len(vs), func(i int) any { return opText[vs[i].Op] })
+	c.addRaw("bytea", pgtype.ByteaOID, "b_hash", len(vs), func(i int) any { return b.Bytes(vs[i].Hash) })
 	c.list("b_unav", len(vs), func(i int) []string { return vs[i].Unavail })
 	c.list("b_abs", len(vs), func(i int) []string { return vs[i].Absent })
-	c.add("timestamptz", "b_raw", "x.b_raw", column(len(vs), func(i int) any { return timeOrNil(vs[i].Raw, b) }))
-	c.add("smallint", "b_att", "x.b_att", column(len(vs), func(i int) any { return attnumOf(t, vs[i].Complete) }))
+	c.addRaw("timestamptz", pgtype.TimestamptzOID, "b_raw", len(vs), func(i int) any { return timeOrNil(vs[i].Raw, b) })
+	c.addRaw("smallint", pgtype.Int2OID, "b_att", len(vs), func(i int) any { return attnumOf(t, vs[i].Complete) })
 	if t.DeletedCol {
 		cols = append(cols, "scd_deleted")
-		c.add("boolean", "b_del", "x.b_del", column(len(vs), func(i int) bool { return vs[i].Deleted() }))
+		c.addRaw("boolean", pgtype.BoolOID, "b_del", len(vs), func(i int) any { return vs[i].Deleted() })
+	}
+	if c.err != nil {
+		return c.err
 	}
 	p.add("inserting versions into "+t.Hist.Sanitize(), c.insert(t.Hist, cols), c.args...)
 	return nil
@@ -227,14 +255,17 @@ func (w *Writes) queueInsertSide(p *pipe, tx pgx.Tx, t *plan.Table) error {
 	}
 	ev := func(i int) *fold.Event { return &rows[i].Event }
 	cols := append(t.ColNames(), "scd_seq", "scd_op", "scd_t", "scd_hash", "scd_unavailable", "scd_absent", "scd_raw_t", "scd_attnum")
-	c.add("bytea", "b_seq", "x.b_seq", column(len(rows), func(i int) any { return b.Bytes(ev(i).Seq) }))
-	c.add("text", "b_op", "x.b_op", column(len(rows), func(i int) any { return opText[ev(i).Op] }))
-	c.add("timestamptz", "b_t", "x.b_t", column(len(rows), func(i int) any { return b.Time(ev(i).T) }))
-	c.add("bytea", "b_hash", "x.b_hash", column(len(rows), func(i int) any { return b.Bytes(ev(i).Hash) }))
+	c.addRaw("bytea", pgtype.ByteaOID, "b_seq", len(rows), func(i int) any { return b.Bytes(ev(i).Seq) })
+	c.addRaw("text", pgtype.TextOID, "b_op", len(rows), func(i int) any { return opText[ev(i).Op] })
+	c.addRaw("timestamptz", pgtype.TimestamptzOID, "b_t", len(rows), func(i int) any { return b.Time(ev(i).T) })
+	c.addRaw("bytea", pgtype.ByteaOID, "b_hash", len(rows), func(i int) any { return b.Bytes(ev(i).Hash) })
 	c.list("b_unav", len(rows), func(i int) []string { return ev(i).Unavail })
 	c.list("b_abs", len(rows), func(i int) []string { return ev(i).Absent })
-	c.add("timestamptz", "b_raw", "x.b_raw", column(len(rows), func(i int) any { return timeOrNil(ev(i).Raw, b) }))
-	c.add("smallint", "b_att", "x.b_att", column(len(rows), func(i int) any { return attnumOf(t, ev(i).Complete) }))
+	c.addRaw("timestamptz", pgtype.TimestamptzOID, "b_raw", len(rows), func(i int) any { return timeOrNil(ev(i).Raw, b) })
+	c.addRaw("smallint", pgtype.Int2OID, "b_att", len(rows), func(i int) any { return attnumOf(t, ev(i).Complete) })
+	if c.err != nil {
+		return c.err
+	}
 	p.add("inserting side rows into "+t.Side.Sanitize(), c.insert(t.Side, cols), c.args...)
 	return nil
 }

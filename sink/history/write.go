@@ -477,7 +477,12 @@ func unnestColumn(t *plan.Table, tx pgx.Tx, ci, n int, get func(int) any, ref st
 	m := tx.Conn().TypeMap()
 	_, known := m.TypeForOID(c.OID)
 	if known && !strings.HasSuffix(c.TypeName, "[]") {
-		return c.Cast(), column(n, get), ref, nil
+		pgcodec.Register(m) // RawArray's plan (a batch's transaction has it already)
+		raw, err := pgcodec.NewRawArray(m, c.OID, n, get)
+		if err != nil {
+			return "", nil, "", fmt.Errorf("column %s: %w", c.Name, err)
+		}
+		return c.Cast(), raw, ref, nil
 	}
 	texts := make(pgtype.FlatArray[any], n)
 	for i := range texts {

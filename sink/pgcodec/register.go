@@ -37,11 +37,12 @@ const timetzArrayOID = 1270
 var fastTypesOnce = fastTypes()
 
 // Register installs rawJSONTypes and fastTypes on a connection's type
-// map, once.
+// map, and the encode plan of a RawArray, once.
 func Register(m *pgtype.Map) {
 	if t, ok := m.TypeForOID(pgtype.JSONBOID); ok && t == rawJSONTypes[1] {
 		return
 	}
 	m.RegisterTypes(rawJSONTypes)
 	m.RegisterTypes(fastTypesOnce)
+	m.TryWrapEncodePlanFuncs = append([]pgtype.TryWrapEncodePlanFunc{tryRawArray}, m.TryWrapEncodePlanFuncs...)
 }
