@@ -477,6 +477,9 @@ func unnestColumn(t *plan.Table, tx pgx.Tx, ci, n int, get func(int) any, ref st
 	m := tx.Conn().TypeMap()
 	_, known := m.TypeForOID(c.OID)
 	if known && !strings.HasSuffix(c.TypeName, "[]") {
+		if !pgcodec.RawArrayFits(m, c.OID) {
+			return c.Cast(), column(n, get), ref, nil // a type pgx sends as text
+		}
 		pgcodec.Register(m) // RawArray's plan (a batch's transaction has it already)
 		raw, err := pgcodec.NewRawArray(m, c.OID, n, get)
 		if err != nil {

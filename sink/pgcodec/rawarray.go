@@ -36,9 +36,9 @@ func (r RawArray) Bytes() []byte { return r.b }
 
 // NewRawArray encodes n values, get(i) for each, as a one-dimensional
 // array of elements of type elem (a column type's OID, as CopyIn would
-// encode them into a column of that type).
+// encode them into a column of that type; RawArrayFits).
 func NewRawArray(m *pgtype.Map, elem uint32, n int, get func(int) any) (RawArray, error) {
-	buf := make([]byte, 0, 20+n*16)
+	buf := make([]byte, 0, 20+n*32) // most fields are short: a few grow it
 	buf = binary.BigEndian.AppendUint32(buf, 1)
 	nulls := len(buf)
 	buf = binary.BigEndian.AppendUint32(buf, 0)
@@ -57,6 +57,15 @@ func NewRawArray(m *pgtype.Map, elem uint32, n int, get func(int) any) (RawArray
 		}
 	}
 	return RawArray{buf}, nil
+}
+
+// RawArrayFits reports whether values of type elem can travel as a
+// RawArray: pgx knows the type and has a binary form of it (not, for
+// example, of jsonpath or aclitem, which it sends as text: NewRawArray
+// would write their text where PostgreSQL reads a binary form).
+func RawArrayFits(m *pgtype.Map, elem uint32) bool {
+	t, ok := m.TypeForOID(elem)
+	return ok && t.Codec.FormatSupported(pgtype.BinaryFormatCode)
 }
 
 // rawArrayPlan sends a RawArray's bytes as they are.

@@ -130,3 +130,21 @@ func TestRawArrayRoundTrip(t *testing.T) {
 		t.Fatal("a connection without Register took a RawArray")
 	}
 }
+
+// TestRawArrayFits: the types pgx sends in binary travel as a RawArray,
+// those it sends as text (jsonpath, aclitem) and those it does not know
+// do not.
+func TestRawArrayFits(t *testing.T) {
+	m := pgtype.NewMap()
+	Register(m)
+	for _, tc := range rawArrayTypes {
+		if !RawArrayFits(m, tc.elem) {
+			t.Errorf("%s does not fit", tc.name)
+		}
+	}
+	for _, oid := range []uint32{pgtype.JSONPathOID, 1033 /* aclitem */, 987654 /* unknown */} {
+		if RawArrayFits(m, oid) {
+			t.Errorf("OID %d fits", oid)
+		}
+	}
+}
