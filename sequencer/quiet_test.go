@@ -99,3 +99,62 @@ func TestReleaseQuietWithBudgetAndWaitingCreates(t *testing.T) {
 		t.Errorf("%d events buffered, want the 50 creates", s.Len())
 	}
 }
+
+// TestReleaseQuietOneTableOfTwo: with one table's input quiet and
+// another's busy, a quiet release takes every buffered event of the
+// quiet table's keys, however many deadlines they span, and nothing of
+// the busy one's, whose events are then released at their deadlines; the
+// deadline heap stays a heap and holds no more entries than keys.
+func TestReleaseQuietOneTableOfTwo(t *testing.T) {
+	s, clk := newSeq(t, 2*time.Second, 0)
+	q := change.Partition{Topic: "q", Partition: 0}
+	off := map[change.Partition]int64{}
+	add := func(p change.Partition, table, key string, seq int64) {
+		e := ev(p, off[p], key, seq, "v")
+		e.Table = table
+		off[p]++
+		s.Add(e)
+	}
+	for round := range 5 { // five deadlines per key, 100 ms apart
+		for k := range 40 {
+			add(q, "quiet", fmt.Sprintf("q%d", k), int64(10*round+1))
+			add(p0, "busy", fmt.Sprintf("b%d", k), int64(10*round+1))
+		}
+		clk.advance(100 * time.Millisecond)
+	}
+	isQuiet := func(table string) bool { return table == "quiet" }
+	for range 3 { // later polls find nothing more of it
+		out := s.ReleaseQuiet(isQuiet)
+		for _, e := range out.Events {
+			if e.Table != "quiet" {
+				t.Fatalf("released %s of the busy table", e.Key)
+			}
+		}
+		if s.Len() != 200 {
+			t.Fatalf("%d events buffered, want the busy table's 200", s.Len())
+		}
+	}
+	if got := s.Stats().ReleasedQuiet; got != 200 {
+		t.Fatalf("ReleasedQuiet %d, want 200", got)
+	}
+	for i := range s.due {
+		if l := 2*i + 1; l < len(s.due) && s.due[l].at < s.due[i].at {
+			t.Fatalf("heap order broken at %d", i)
+		}
+		if r := 2*i + 2; r < len(s.due) && s.due[r].at < s.due[i].at {
+			t.Fatalf("heap order broken at %d", i)
+		}
+	}
+	if s.due.Len() > 40 {
+		t.Errorf("%d heap entries for 40 buffered keys", s.due.Len())
+	}
+	released := 0
+	for range 30 { // the busy table's at their deadlines, 100 ms at a time
+		clk.advance(100 * time.Millisecond)
+		out := s.ReleaseQuiet(isQuiet)
+		released += len(out.Events)
+	}
+	if released != 200 || s.Len() != 0 {
+		t.Fatalf("released %d of the busy table's 200 at their deadlines, %d left", released, s.Len())
+	}
+}

@@ -33,6 +33,7 @@ package sequencer
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -323,23 +324,30 @@ func (s *Sequencer) releaseDue(quiet func(table string) bool) Output {
 	// yet), and the other keys make the room.
 	var waiting []dueEntry
 	var aside map[*keyBuf]bool
-	for s.due.Len() > 0 && (s.due[0].at <= clock || quiet != nil || s.overBudget()) {
-		e := s.due.pop()
+	// take releases what is due of e's key: at the clock, or (e early)
+	// over budget or with its table quiet; all of it when all is set (a
+	// quiet table's key: what rounds of its next deadline would release
+	// one after the other). Entries it cannot take yet go back to the
+	// heap at the end (waiting).
+	take := func(e dueEntry, all bool) {
 		kb := e.kb
 		if kb.gone || kb.scheduled != e.at {
-			continue // stale entry
+			return // stale entry
 		}
 		early := e.at > clock
 		budget := early && s.overBudget()
-		if early && !budget && !quiet(kb.ref.table) {
+		if early && !budget && (quiet == nil || !quiet(kb.ref.table)) {
 			waiting = append(waiting, e) // not due, and its table's input is not quiet
-			continue
+			return
 		}
 		if aside[kb] {
 			waiting = append(waiting, e)
-			continue
+			return
 		}
 		now := max(clock, e.at) // over budget: as if the clock were at the key's deadline
+		if all {
+			now = math.MaxInt64
+		}
 		var upto change.Seq
 		for _, it := range kb.items {
 			// Every due event counts, not only those before the first
@@ -365,7 +373,7 @@ func (s *Sequencer) releaseDue(quiet func(table string) bool) Output {
 			}
 			if upto == nil {
 				s.reschedule(kb.ref, kb)
-				continue
+				return
 			}
 		}
 		s.releaseKey(kb, &out, func(it item) bool {
@@ -379,6 +387,23 @@ func (s *Sequencer) releaseDue(quiet func(table string) bool) Output {
 			}
 			return take
 		})
+	}
+	// Due at the clock, or over budget: soonest first.
+	for s.due.Len() > 0 && (s.due[0].at <= clock || s.overBudget()) {
+		take(s.due.pop(), false)
+	}
+	if quiet != nil {
+		// The keys of quiet tables, soonest first, taken out of the heap
+		// in one pass (with the stale entries met): popping every entry
+		// to find them cost a heap operation per buffered key and poll
+		// while another table's input was busy.
+		picked := s.due.extract(func(e dueEntry) bool {
+			return e.kb.gone || e.kb.scheduled != e.at || quiet(e.kb.ref.table)
+		})
+		sort.Slice(picked, func(i, j int) bool { return picked[i].at < picked[j].at })
+		for _, e := range picked {
+			take(e, true)
+		}
 	}
 	for _, e := range waiting {
 		s.due.push(e)
@@ -515,22 +540,48 @@ func (h *deadlineHeap) pop() dueEntry {
 	q[0] = q[n]
 	q[n] = dueEntry{} // no pointer kept past the end
 	q = q[:n]
-	for i := 0; ; {
+	q.down(0)
+	*h = q
+	return top
+}
+
+// down moves the entry at i down to its place.
+func (h deadlineHeap) down(i int) {
+	for n := len(h); ; {
 		small, l, r := i, 2*i+1, 2*i+2
-		if l < n && q[l].at < q[small].at {
+		if l < n && h[l].at < h[small].at {
 			small = l
 		}
-		if r < n && q[r].at < q[small].at {
+		if r < n && h[r].at < h[small].at {
 			small = r
 		}
 		if small == i {
-			break
+			return
 		}
-		q[i], q[small] = q[small], q[i]
+		h[i], h[small] = h[small], h[i]
 		i = small
 	}
-	*h = q
-	return top
+}
+
+// extract removes the entries pick chooses and returns them, in no
+// order; the rest is a heap again. One pass, and a linear rebuild.
+func (h *deadlineHeap) extract(pick func(dueEntry) bool) []dueEntry {
+	q := *h
+	var out []dueEntry
+	kept := q[:0]
+	for _, e := range q {
+		if pick(e) {
+			out = append(out, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	clear(q[len(kept):]) // no pointer kept past the end
+	for i := len(kept)/2 - 1; i >= 0; i-- {
+		kept.down(i)
+	}
+	*h = kept
+	return out
 }
 
 func errConflict(first, second *change.Event) error {
